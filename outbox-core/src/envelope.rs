@@ -1,0 +1,426 @@
+//! What is stored and published for one event: [`EventEnvelope`] (the message)
+//! and [`OutboxRecord`] (the message plus its delivery state).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::{DomainEvent, Error, EventStatus};
+
+/// String headers carried with an event (trace context, correlation ids).
+///
+/// Well-known keys are associated constants; any other key is allowed.
+///
+/// ```
+/// use outbox_core::Headers;
+///
+/// let headers = Headers::new()
+///     .with(Headers::CORRELATION_ID, "req-42")
+///     .with("tenant", "acme");
+/// assert_eq!(headers.get(Headers::CORRELATION_ID), Some("req-42"));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Headers(BTreeMap<String, String>);
+
+impl Headers {
+    /// W3C trace context `traceparent`.
+    pub const TRACEPARENT: &'static str = "traceparent";
+    /// W3C trace context `tracestate`.
+    pub const TRACESTATE: &'static str = "tracestate";
+    /// Groups every event caused, directly or not, by one request.
+    pub const CORRELATION_ID: &'static str = "correlation_id";
+    /// The id of the event (or command) that directly caused this one.
+    pub const CAUSATION_ID: &'static str = "causation_id";
+
+    /// Empty headers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces a header, builder style.
+    #[must_use]
+    pub fn with(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.insert(key, value);
+        self
+    }
+
+    /// Adds or replaces a header, returning the previous value.
+    pub fn insert(&mut self, key: impl Into<String>, value: impl Into<String>) -> Option<String> {
+        self.0.insert(key.into(), value.into())
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// Removes `key`, returning its value.
+    pub fn remove(&mut self, key: &str) -> Option<String> {
+        self.0.remove(key)
+    }
+
+    /// Iterates over the headers in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// Number of headers.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// `true` when there are no headers.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Adds every header of `other` that is not already set here.
+    pub fn merge_missing(&mut self, other: &Headers) {
+        for (k, v) in other.iter() {
+            self.0.entry(k.to_owned()).or_insert_with(|| v.to_owned());
+        }
+    }
+}
+
+impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Headers {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        Headers(
+            iter.into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )
+    }
+}
+
+/// One event as it is stored in the outbox and put on the wire.
+///
+/// Built from a [`DomainEvent`] with [`EventEnvelope::from_event`], which
+/// assigns a time-ordered UUID v7 id and serializes the payload.
+///
+/// ```
+/// use outbox_core::{DomainEvent, EventEnvelope, Headers};
+/// # #[derive(serde::Serialize)] struct OrderPaid { order_id: u32 }
+/// # impl DomainEvent for OrderPaid {
+/// #     fn aggregate_type(&self) -> &'static str { "order" }
+/// #     fn event_type(&self) -> &'static str { "order.paid" }
+/// #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
+/// # }
+///
+/// let envelope = EventEnvelope::from_event(&OrderPaid { order_id: 9 })?
+///     .with_correlation_id("req-1");
+/// assert_eq!(envelope.event_type, "order.paid");
+/// assert_eq!(envelope.aggregate_id, "9");
+/// assert_eq!(envelope.payload, r#"{"order_id":9}"#);
+/// assert_eq!(envelope.headers.get(Headers::CORRELATION_ID), Some("req-1"));
+/// # Ok::<(), outbox_core::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct EventEnvelope {
+    /// Unique, time-ordered (UUID v7) event id; the message id consumers dedup on.
+    pub id: Uuid,
+    /// Aggregate type, e.g. `"order"`.
+    pub aggregate_type: String,
+    /// Aggregate id, e.g. the order's UUID as text.
+    pub aggregate_id: String,
+    /// The aggregate's version after this event, when the application tracks one.
+    pub aggregate_version: Option<i64>,
+    /// Event type, e.g. `"order.placed"`.
+    pub event_type: String,
+    /// Version of the event type's payload schema.
+    pub schema_version: i32,
+    /// The payload as JSON text, kept byte-exact from serialization to the wire.
+    pub payload: String,
+    /// Trace context and correlation/causation ids.
+    pub headers: Headers,
+    /// When the event was recorded.
+    pub occurred_at: DateTime<Utc>,
+}
+
+impl fmt::Debug for EventEnvelope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The payload may be large or sensitive: show its size, not its text.
+        f.debug_struct("EventEnvelope")
+            .field("id", &self.id)
+            .field("aggregate_type", &self.aggregate_type)
+            .field("aggregate_id", &self.aggregate_id)
+            .field("aggregate_version", &self.aggregate_version)
+            .field("event_type", &self.event_type)
+            .field("schema_version", &self.schema_version)
+            .field("payload_bytes", &self.payload.len())
+            .field("headers", &self.headers)
+            .field("occurred_at", &self.occurred_at)
+            .finish()
+    }
+}
+
+impl EventEnvelope {
+    /// Builds the envelope of `event`: a new UUID v7 id, the current time, and
+    /// the payload serialized to JSON.
+    ///
+    /// # Errors
+    /// [`Error::Serialize`] if the payload cannot be serialized (e.g. a map
+    /// with non-string keys), [`Error::InvalidEvent`] if the aggregate type,
+    /// aggregate id or event type is empty or contains a NUL character
+    /// (PostgreSQL text cannot hold one).
+    pub fn from_event<E: DomainEvent + ?Sized>(event: &E) -> Result<Self, Error> {
+        let event_type = event.event_type();
+        let payload = serde_json::to_string(event)
+            .map_err(|source| Error::Serialize { event_type, source })?;
+        let envelope = EventEnvelope {
+            id: Uuid::now_v7(),
+            aggregate_type: event.aggregate_type().to_owned(),
+            aggregate_id: event.aggregate_id(),
+            aggregate_version: event.aggregate_version(),
+            event_type: event_type.to_owned(),
+            schema_version: event.schema_version(),
+            payload,
+            headers: Headers::new(),
+            occurred_at: Utc::now(),
+        };
+        envelope.validate()?;
+        Ok(envelope)
+    }
+
+    /// Checks the invariants every store relies on; see [`EventEnvelope::from_event`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidEvent`] naming the offending field.
+    pub fn validate(&self) -> Result<(), Error> {
+        let fields = [
+            ("aggregate_type", self.aggregate_type.as_str()),
+            ("aggregate_id", self.aggregate_id.as_str()),
+            ("event_type", self.event_type.as_str()),
+        ];
+        for (field, value) in fields {
+            if value.is_empty() {
+                return Err(self.invalid(format!("{field} is empty")));
+            }
+            if value.contains('\0') {
+                return Err(self.invalid(format!("{field} contains a NUL character")));
+            }
+        }
+        if let Some((key, _)) = self
+            .headers
+            .iter()
+            .find(|(k, v)| k.is_empty() || k.contains('\0') || v.contains('\0'))
+        {
+            return Err(self.invalid(format!(
+                "header {key:?} is empty or contains a NUL character"
+            )));
+        }
+        Ok(())
+    }
+
+    fn invalid(&self, reason: String) -> Error {
+        Error::InvalidEvent {
+            event_type: self.event_type.clone(),
+            reason,
+        }
+    }
+
+    /// Adds or replaces a header.
+    #[must_use]
+    pub fn with_header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(key, value);
+        self
+    }
+
+    /// Sets the correlation id header.
+    #[must_use]
+    pub fn with_correlation_id(self, id: impl Into<String>) -> Self {
+        self.with_header(Headers::CORRELATION_ID, id)
+    }
+
+    /// Sets the causation id header (the id of the event that caused this one).
+    #[must_use]
+    pub fn with_causation_id(self, id: impl Into<String>) -> Self {
+        self.with_header(Headers::CAUSATION_ID, id)
+    }
+
+    /// Sets the W3C `traceparent` header.
+    #[must_use]
+    pub fn with_traceparent(self, traceparent: impl Into<String>) -> Self {
+        self.with_header(Headers::TRACEPARENT, traceparent)
+    }
+
+    /// The key that defines per-aggregate order: `(aggregate_type, aggregate_id)`.
+    pub fn aggregate_key(&self) -> (&str, &str) {
+        (&self.aggregate_type, &self.aggregate_id)
+    }
+}
+
+/// An outbox row: the [`EventEnvelope`] plus its delivery state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRecord {
+    /// Database-assigned sequence number; defines per-aggregate order.
+    pub seq: i64,
+    /// The event itself.
+    pub envelope: EventEnvelope,
+    /// Delivery status.
+    pub status: EventStatus,
+    /// Failed publish attempts so far (connection losses do not count).
+    pub attempts: u32,
+    /// When a `Retry` event may be claimed again.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// The reason of the last failed attempt.
+    pub last_error: Option<String>,
+    /// When the broker confirmed the event.
+    pub published_at: Option<DateTime<Utc>>,
+}
+
+impl OutboxRecord {
+    /// A new `Pending` record for `envelope` with sequence number `seq`.
+    pub fn pending(seq: i64, envelope: EventEnvelope) -> Self {
+        OutboxRecord {
+            seq,
+            envelope,
+            status: EventStatus::Pending,
+            attempts: 0,
+            next_attempt_at: None,
+            last_error: None,
+            published_at: None,
+        }
+    }
+
+    /// The event id.
+    pub fn id(&self) -> Uuid {
+        self.envelope.id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Serialize;
+    use std::collections::HashMap;
+
+    #[derive(Serialize)]
+    struct Placed<T: Serialize> {
+        id: String,
+        body: T,
+    }
+
+    impl<T: Serialize> DomainEvent for Placed<T> {
+        fn aggregate_type(&self) -> &'static str {
+            "order"
+        }
+        fn event_type(&self) -> &'static str {
+            "order.placed"
+        }
+        fn schema_version(&self) -> i32 {
+            3
+        }
+        fn aggregate_id(&self) -> String {
+            self.id.clone()
+        }
+        fn aggregate_version(&self) -> Option<i64> {
+            Some(4)
+        }
+    }
+
+    #[test]
+    fn from_event_copies_metadata_and_serializes_the_payload() {
+        let before = Utc::now();
+        let env = EventEnvelope::from_event(&Placed {
+            id: "o-1".into(),
+            body: "ünïcode \"quoted\"",
+        })
+        .unwrap();
+        assert_eq!(env.id.get_version_num(), 7);
+        assert_eq!(env.aggregate_key(), ("order", "o-1"));
+        assert_eq!(env.event_type, "order.placed");
+        assert_eq!(env.schema_version, 3);
+        assert_eq!(env.aggregate_version, Some(4));
+        assert_eq!(env.payload, r#"{"id":"o-1","body":"ünïcode \"quoted\""}"#);
+        assert!(env.headers.is_empty());
+        assert!(env.occurred_at >= before && env.occurred_at <= Utc::now());
+    }
+
+    #[test]
+    fn ids_are_unique_and_time_ordered() {
+        let ids: Vec<Uuid> = (0..1000)
+            .map(|i| {
+                EventEnvelope::from_event(&Placed {
+                    id: i.to_string(),
+                    body: (),
+                })
+                .unwrap()
+                .id
+            })
+            .collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted, ids, "v7 ids must be unique and increasing");
+    }
+
+    #[test]
+    fn unserializable_payload_is_a_typed_error() {
+        let mut body = HashMap::new();
+        body.insert((1, 2), "tuple keys are not JSON object keys");
+        let err = EventEnvelope::from_event(&Placed {
+            id: "o-1".into(),
+            body,
+        })
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Serialize {
+                    event_type: "order.placed",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("order.placed"), "{err}");
+    }
+
+    #[test]
+    fn empty_or_nul_ids_are_rejected() {
+        for id in ["", "a\0b"] {
+            let err = EventEnvelope::from_event(&Placed {
+                id: id.into(),
+                body: (),
+            })
+            .unwrap_err();
+            assert!(
+                matches!(&err, Error::InvalidEvent { reason, .. } if reason.contains("aggregate_id")),
+                "{err:?}"
+            );
+        }
+        let env = EventEnvelope::from_event(&Placed {
+            id: "x".into(),
+            body: (),
+        })
+        .unwrap()
+        .with_header("bad", "nul\0");
+        assert!(env.validate().is_err());
+    }
+
+    #[test]
+    fn headers_builders_and_debug_hides_payload() {
+        let env = EventEnvelope::from_event(&Placed {
+            id: "x".into(),
+            body: "secret-card-number",
+        })
+        .unwrap()
+        .with_correlation_id("c")
+        .with_causation_id("d")
+        .with_traceparent("00-abc-def-01");
+        assert_eq!(env.headers.get(Headers::CORRELATION_ID), Some("c"));
+        assert_eq!(env.headers.get(Headers::CAUSATION_ID), Some("d"));
+        assert_eq!(env.headers.get(Headers::TRACEPARENT), Some("00-abc-def-01"));
+        let debug = format!("{env:?}");
+        assert!(!debug.contains("secret-card-number"), "{debug}");
+        let mut merged = Headers::new().with(Headers::CORRELATION_ID, "mine");
+        merged.merge_missing(&env.headers);
+        assert_eq!(merged.get(Headers::CORRELATION_ID), Some("mine"));
+        assert_eq!(merged.get(Headers::CAUSATION_ID), Some("d"));
+        assert_eq!(merged.len(), 3);
+    }
+}

@@ -1,0 +1,60 @@
+//! The broker side: [`Publisher`] and the per-message [`PublishOutcome`].
+
+use std::future::Future;
+
+use crate::EventEnvelope;
+
+/// What the broker said about one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PublishOutcome {
+    /// Confirmed by the broker (`basic.ack`, not returned): the event may be
+    /// marked `Sent`.
+    Acked,
+    /// The broker refused this message (nack, unroutable return, a channel
+    /// closed by the broker because of it) or did not confirm it in time.
+    /// Spends an attempt.
+    Rejected {
+        /// A reason a person can act on, stored as the event's `last_error`.
+        reason: String,
+    },
+    /// The connection was lost before the message was confirmed; nothing is
+    /// known about it. Spends no attempt: the relay pauses and tries again.
+    ConnectionLost {
+        /// What happened to the connection.
+        reason: String,
+    },
+}
+
+impl PublishOutcome {
+    /// A [`PublishOutcome::Rejected`] with `reason`.
+    pub fn rejected(reason: impl Into<String>) -> Self {
+        PublishOutcome::Rejected {
+            reason: reason.into(),
+        }
+    }
+
+    /// A [`PublishOutcome::ConnectionLost`] with `reason`.
+    pub fn connection_lost(reason: impl Into<String>) -> Self {
+        PublishOutcome::ConnectionLost {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Sends events to a broker and reports one [`PublishOutcome`] per event.
+///
+/// Implementations publish the whole slice pipelined (without waiting for one
+/// confirm before sending the next message) and then wait for every confirm.
+/// The returned vector has one outcome per input event, in input order; the
+/// relay treats a missing outcome as `ConnectionLost` (nothing is marked).
+///
+/// Implementation: `outbox-lapin`'s `LapinPublisher` (RabbitMQ); for tests,
+/// `testing::RecordingPublisher` (feature `test-util`).
+pub trait Publisher: Send + Sync + 'static {
+    /// Publishes `events` and waits for their confirms.
+    fn publish(
+        &self,
+        events: &[&EventEnvelope],
+    ) -> impl Future<Output = Vec<PublishOutcome>> + Send;
+}

@@ -1,0 +1,75 @@
+//! Names of the metrics the relay emits through the [`metrics`] facade.
+//!
+//! Install any `metrics` recorder (e.g. `metrics-exporter-prometheus`) to
+//! collect them; without one they cost next to nothing.
+
+/// Counter: events confirmed by the broker and marked `Sent`.
+pub const PUBLISHED_TOTAL: &str = "outbox_published_total";
+/// Counter: failed publish attempts that spent an attempt (nack, unroutable,
+/// confirm timeout, refused).
+pub const FAILED_TOTAL: &str = "outbox_failed_total";
+/// Counter: events that became `Dead`.
+pub const DEAD_TOTAL: &str = "outbox_dead_total";
+/// Counter: batches interrupted by a lost broker connection.
+pub const CONNECTION_LOST_TOTAL: &str = "outbox_connection_lost_total";
+/// Counter: store (database) errors seen by the relay.
+pub const STORE_ERRORS_TOTAL: &str = "outbox_store_errors_total";
+/// Histogram: events per claimed batch.
+pub const BATCH_SIZE: &str = "outbox_batch_size";
+/// Histogram: seconds from claim to finished marks, per batch.
+pub const BATCH_DURATION_SECONDS: &str = "outbox_batch_duration_seconds";
+/// Gauge: unsent events (`Pending` + `Retry`).
+pub const BACKLOG: &str = "outbox_backlog";
+/// Gauge: age of the oldest unsent event in seconds (0 when none).
+pub const OLDEST_UNSENT_AGE_SECONDS: &str = "outbox_oldest_unsent_age_seconds";
+/// Gauge: `Dead` events.
+pub const DEAD: &str = "outbox_dead";
+/// Gauge: aggregates held back by a failing or `Dead` event.
+pub const BLOCKED_AGGREGATES: &str = "outbox_blocked_aggregates";
+/// Gauge: 1 while the relay is paused after losing the broker connection.
+pub const PAUSED: &str = "outbox_relay_paused";
+
+/// Registers descriptions and units of every metric above with the installed
+/// recorder. Optional; call it once after installing your recorder.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        PUBLISHED_TOTAL,
+        "Events confirmed by the broker and marked sent"
+    );
+    describe_counter!(
+        FAILED_TOTAL,
+        "Publish attempts that failed and spent an attempt"
+    );
+    describe_counter!(
+        DEAD_TOTAL,
+        "Events that ran out of attempts and became dead"
+    );
+    describe_counter!(
+        CONNECTION_LOST_TOTAL,
+        "Batches interrupted by a lost broker connection"
+    );
+    describe_counter!(STORE_ERRORS_TOTAL, "Outbox store errors seen by the relay");
+    describe_histogram!(BATCH_SIZE, Unit::Count, "Events per claimed batch");
+    describe_histogram!(
+        BATCH_DURATION_SECONDS,
+        Unit::Seconds,
+        "Claim-to-mark time per batch"
+    );
+    describe_gauge!(BACKLOG, Unit::Count, "Unsent events");
+    describe_gauge!(
+        OLDEST_UNSENT_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest unsent event"
+    );
+    describe_gauge!(DEAD, Unit::Count, "Dead events awaiting an operator");
+    describe_gauge!(
+        BLOCKED_AGGREGATES,
+        Unit::Count,
+        "Aggregates held back by a failing or dead event"
+    );
+    describe_gauge!(
+        PAUSED,
+        "1 while the relay is paused after losing the broker connection"
+    );
+}

@@ -1,0 +1,377 @@
+//! The relay engine: claim → publish (pipelined, in waves) → mark.
+//!
+//! See [`Relay`].
+
+mod builder;
+mod handle;
+pub mod metrics;
+mod waves;
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use tracing::{Instrument, debug, error, info, warn};
+use uuid::Uuid;
+
+pub use builder::RelayBuilder;
+pub use handle::RelayHandle;
+
+use crate::failpoints;
+use crate::{
+    Claim, EventEnvelope, FailedAttempt, NextStep, OutboxStore, PublishOutcome, Publisher,
+    RetryPolicy,
+};
+use waves::Waves;
+
+/// Moves committed events from an [`OutboxStore`] to a [`Publisher`].
+///
+/// One loop, driven by wakeups with a polling fallback:
+/// 1. **claim** up to `batch_size` events (the store decides what is
+///    claimable, honouring per-aggregate order and retry times);
+/// 2. **publish** them pipelined, in waves: in ordered mode the k-th event of
+///    an aggregate goes out only after its (k-1)-th was confirmed, while
+///    different aggregates share each wave; unordered, everything is one wave;
+/// 3. **mark** confirmed events `Sent` in one statement, failed ones `Retry`
+///    or `Dead` per the [`RetryPolicy`], release the rest, and finish.
+///
+/// Outcomes:
+/// - only [`PublishOutcome::Acked`] marks an event sent;
+/// - [`PublishOutcome::Rejected`] spends an attempt, holds back the rest of
+///   that aggregate in the batch, and ends in `Dead` at the limit;
+/// - [`PublishOutcome::ConnectionLost`] spends nothing: the rest of the batch
+///   is released and the relay pauses with exponential backoff before claiming
+///   again.
+///
+/// It wakes up on [`RelayHandle::notify`], on store wakeups
+/// ([`OutboxStore::wakeups`], e.g. PostgreSQL `NOTIFY`) and every
+/// `poll_interval`. It stops on [`RelayHandle::shutdown`] after finishing (or,
+/// past the grace period, releasing) the batch in flight.
+///
+/// ```
+/// # #[cfg(feature = "test-util")] {
+/// use outbox_core::testing::{InMemoryStore, RecordingPublisher};
+/// use outbox_core::{DomainEvent, Relay};
+/// # #[derive(serde::Serialize)] struct Shipped { id: u32 }
+/// # impl DomainEvent for Shipped {
+/// #     fn aggregate_type(&self) -> &'static str { "order" }
+/// #     fn event_type(&self) -> &'static str { "order.shipped" }
+/// #     fn aggregate_id(&self) -> String { self.id.to_string() }
+/// # }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let store = InMemoryStore::new();
+/// let publisher = RecordingPublisher::new();
+/// store.record(&Shipped { id: 1 })?;
+///
+/// let relay = Relay::builder(store.clone(), publisher.clone()).build()?;
+/// let handle = relay.handle();
+/// let task = tokio::spawn(relay.run());
+///
+/// handle.notify();
+/// publisher.wait_for(1).await;
+/// handle.shutdown();
+/// task.await.unwrap();
+/// assert_eq!(publisher.published()[0].event_type, "order.shipped");
+/// # Ok::<(), outbox_core::Error>(())
+/// # }).unwrap();
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Relay<S, P> {
+    store: S,
+    publisher: P,
+    handle: RelayHandle,
+    batch_size: usize,
+    poll_interval: Duration,
+    stats_interval: Duration,
+    shutdown_grace: Duration,
+    retry: RetryPolicy,
+    pause_min: Duration,
+    pause_max: Duration,
+}
+
+/// What one batch did.
+#[derive(Debug, Default)]
+struct BatchReport {
+    sent: usize,
+    failed: usize,
+    dead: usize,
+    released: usize,
+    connection_lost: Option<String>,
+}
+
+impl<S: OutboxStore, P: Publisher> Relay<S, P> {
+    /// Starts configuring a relay; see [`RelayBuilder`] for settings and defaults.
+    pub fn builder(store: S, publisher: P) -> RelayBuilder<S, P> {
+        RelayBuilder::new(store, publisher)
+    }
+
+    /// A handle to wake or stop this relay.
+    pub fn handle(&self) -> RelayHandle {
+        self.handle.clone()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The publisher.
+    pub fn publisher(&self) -> &P {
+        &self.publisher
+    }
+
+    /// Runs until [`RelayHandle::shutdown`]. Errors are logged, counted and
+    /// retried with backoff; the relay never gives up on its own.
+    pub async fn run(self) {
+        info!(batch_size = self.batch_size, "outbox relay started");
+        tokio::select! {
+            biased;
+            () = self.main_loop() => {}
+            () = forever(self.store.wakeups(self.handle.clone())) => {}
+            () = forever(self.stats_loop()) => {}
+        }
+        info!("outbox relay stopped");
+    }
+
+    async fn main_loop(&self) {
+        let mut wait = false;
+        let mut pause = Backoff::new(self.pause_min, self.pause_max);
+        let mut store_backoff = Backoff::new(self.pause_min, self.pause_max);
+        while !self.handle.is_shutdown() {
+            if wait {
+                tokio::select! {
+                    () = self.handle.notified() => {}
+                    () = tokio::time::sleep(self.poll_interval) => {}
+                    () = self.handle.shutdown_requested() => break,
+                }
+            }
+            failpoints::hit(failpoints::BEFORE_CLAIM);
+            let claim = match self.store.claim(self.batch_size).await {
+                Ok(Some(claim)) => claim,
+                Ok(None) => {
+                    wait = true;
+                    continue;
+                }
+                Err(err) => {
+                    ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                    let delay = store_backoff.next_delay();
+                    error!(error = %err, retry_in = ?delay, "outbox relay: claim failed");
+                    self.sleep_unless_shutdown(delay).await;
+                    continue;
+                }
+            };
+            failpoints::hit(failpoints::AFTER_CLAIM);
+            let claimed = claim.records().len();
+            let span = tracing::info_span!(
+                "outbox.relay.batch",
+                claimed,
+                sent = tracing::field::Empty,
+                failed = tracing::field::Empty,
+            );
+            match self.process_with_grace(claim).instrument(span).await {
+                Some(Ok(report)) => {
+                    store_backoff.reset();
+                    if let Some(reason) = report.connection_lost {
+                        ::metrics::counter!(metrics::CONNECTION_LOST_TOTAL).increment(1);
+                        let delay = pause.next_delay();
+                        warn!(%reason, pause = ?delay, "outbox relay: broker connection lost; pausing (no attempts spent)");
+                        ::metrics::gauge!(metrics::PAUSED).set(1.0);
+                        self.sleep_unless_shutdown(delay).await;
+                        ::metrics::gauge!(metrics::PAUSED).set(0.0);
+                        wait = false;
+                    } else {
+                        pause.reset();
+                        // A short batch means the backlog is drained: wait for news.
+                        wait = claimed < self.batch_size;
+                    }
+                }
+                Some(Err(err)) => {
+                    ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                    let delay = store_backoff.next_delay();
+                    error!(error = %err, retry_in = ?delay, "outbox relay: marking the batch failed; its events stay unsent and will be published again");
+                    self.sleep_unless_shutdown(delay).await;
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Processes the batch; once shutdown is requested, gives it
+    /// `shutdown_grace` to finish, then drops it (releasing its events).
+    async fn process_with_grace(&self, claim: S::Claim) -> Option<Result<BatchReport, S::Error>> {
+        let grace = async {
+            self.handle.shutdown_requested().await;
+            tokio::time::sleep(self.shutdown_grace).await;
+        };
+        tokio::select! {
+            report = self.process(claim) => Some(report),
+            () = grace => {
+                warn!(grace = ?self.shutdown_grace, "outbox relay: batch did not finish within the shutdown grace period; releasing it unmarked");
+                None
+            }
+        }
+    }
+
+    async fn process(&self, mut claim: S::Claim) -> Result<BatchReport, S::Error> {
+        let started = Instant::now();
+        let mut report = BatchReport::default();
+        let mut sent: Vec<Uuid> = Vec::new();
+        let mut failures: Vec<FailedAttempt> = Vec::new();
+        {
+            let records = claim.records();
+            let deadline = claim.valid_until();
+            let mut waves = Waves::new(records, claim.delivery_order());
+            loop {
+                let wave = waves.next_wave();
+                if wave.is_empty() {
+                    break;
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    warn!(
+                        "outbox relay: claim lapsed before the batch was published; releasing the rest"
+                    );
+                    break;
+                }
+                let envelopes: Vec<&EventEnvelope> =
+                    wave.iter().map(|&i| &records[i].envelope).collect();
+                let mut outcomes = self.publisher.publish(&envelopes).await.into_iter();
+                for &i in &wave {
+                    let record = &records[i];
+                    let outcome = outcomes.next().unwrap_or_else(|| {
+                        PublishOutcome::connection_lost(
+                            "publisher returned no outcome for this event",
+                        )
+                    });
+                    match outcome {
+                        PublishOutcome::Acked => sent.push(record.id()),
+                        PublishOutcome::Rejected { reason } => {
+                            let attempts = record.attempts.saturating_add(1);
+                            let next = self.retry.next_step(attempts, Utc::now());
+                            warn!(
+                                event_id = %record.id(),
+                                event_type = %record.envelope.event_type,
+                                attempts,
+                                next = ?next,
+                                %reason,
+                                "outbox relay: publish failed",
+                            );
+                            if next == NextStep::Dead {
+                                report.dead += 1;
+                            }
+                            failures.push(FailedAttempt {
+                                id: record.id(),
+                                attempts,
+                                error: reason,
+                                next,
+                            });
+                            waves.block(i);
+                        }
+                        PublishOutcome::ConnectionLost { reason } => {
+                            report.connection_lost.get_or_insert(reason);
+                            waves.block_all();
+                        } // `PublishOutcome` is non-exhaustive for other crates only.
+                    }
+                }
+                if report.connection_lost.is_some() {
+                    break;
+                }
+            }
+        }
+        failpoints::hit(failpoints::AFTER_CONFIRM_BEFORE_MARK);
+        if !sent.is_empty() {
+            claim.mark_sent(&sent).await?;
+        }
+        failpoints::hit(failpoints::DURING_MARK);
+        if !failures.is_empty() {
+            claim.mark_failed(&failures).await?;
+        }
+        let claimed = claim.records().len();
+        claim.finish().await?;
+
+        report.sent = sent.len();
+        report.failed = failures.len();
+        report.released = claimed - report.sent - report.failed;
+        let span = tracing::Span::current();
+        span.record("sent", report.sent);
+        span.record("failed", report.failed);
+        ::metrics::counter!(metrics::PUBLISHED_TOTAL).increment(report.sent as u64);
+        ::metrics::counter!(metrics::FAILED_TOTAL).increment(report.failed as u64);
+        ::metrics::counter!(metrics::DEAD_TOTAL).increment(report.dead as u64);
+        ::metrics::histogram!(metrics::BATCH_SIZE).record(claimed as f64);
+        ::metrics::histogram!(metrics::BATCH_DURATION_SECONDS)
+            .record(started.elapsed().as_secs_f64());
+        debug!(
+            sent = report.sent,
+            failed = report.failed,
+            dead = report.dead,
+            released = report.released,
+            "outbox relay: batch done"
+        );
+        Ok(report)
+    }
+
+    async fn stats_loop(&self) {
+        loop {
+            match self.store.stats().await {
+                Ok(stats) => {
+                    ::metrics::gauge!(metrics::BACKLOG).set(stats.backlog as f64);
+                    ::metrics::gauge!(metrics::OLDEST_UNSENT_AGE_SECONDS)
+                        .set(stats.oldest_unsent_age.map_or(0.0, |d| d.as_secs_f64()));
+                    ::metrics::gauge!(metrics::DEAD).set(stats.dead as f64);
+                    ::metrics::gauge!(metrics::BLOCKED_AGGREGATES)
+                        .set(stats.blocked_aggregates as f64);
+                }
+                Err(err) => {
+                    ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                    warn!(error = %err, "outbox relay: reading outbox stats failed");
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.stats_interval) => {}
+                () = self.handle.shutdown_requested() => return,
+            }
+        }
+    }
+
+    async fn sleep_unless_shutdown(&self, delay: Duration) {
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = self.handle.shutdown_requested() => {}
+        }
+    }
+}
+
+/// Runs `fut`, then never completes (for `select!` arms that must not end the loop).
+async fn forever(fut: impl std::future::Future<Output = ()>) {
+    fut.await;
+    std::future::pending::<()>().await;
+}
+
+/// Exponential backoff for pauses (broker connection lost, store errors).
+#[derive(Debug)]
+struct Backoff {
+    min: Duration,
+    max: Duration,
+    current: Duration,
+}
+
+impl Backoff {
+    fn new(min: Duration, max: Duration) -> Self {
+        Backoff {
+            min,
+            max,
+            current: min,
+        }
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let delay = self.current;
+        self.current = (self.current * 2).min(self.max);
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.current = self.min;
+    }
+}

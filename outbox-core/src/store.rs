@@ -1,0 +1,192 @@
+//! The storage side: [`OutboxStore`] (what a relay needs), [`Claim`] (a
+//! batch a relay holds) and [`InboxStore`] (consumer-side dedup).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::{NextStep, OutboxRecord, RelayHandle};
+
+/// Whether events of one aggregate must be published in sequence order.
+///
+/// A property of the outbox table, not of one relay: every relay working on
+/// the same table obeys the store's setting, which is reported on each
+/// [`Claim`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum DeliveryOrder {
+    /// Events of one aggregate (same type and id) are published in `seq`
+    /// order; a failing or `Dead` event holds back the later events of its
+    /// own aggregate only. The default.
+    #[default]
+    PerAggregate,
+    /// No order: every claimable event is published as soon as possible.
+    Unordered,
+}
+
+/// Numbers an operator watches; the relay exports them as gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxStats {
+    /// Events waiting to be published (`Pending` and `Retry`).
+    pub backlog: u64,
+    /// Age of the oldest unsent event, `None` when the backlog is empty.
+    pub oldest_unsent_age: Option<Duration>,
+    /// Events parked as `Dead`.
+    pub dead: u64,
+    /// Aggregates whose oldest unsent event is `Dead` or waiting for a retry,
+    /// so their later events are held back (ordered mode; 0 when unordered).
+    pub blocked_aggregates: u64,
+}
+
+/// A failed publish attempt, ready to be stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedAttempt {
+    /// The event.
+    pub id: Uuid,
+    /// Attempts spent so far, this one included.
+    pub attempts: u32,
+    /// Why it failed (stored as `last_error`).
+    pub error: String,
+    /// Retry later, or park as `Dead`.
+    pub next: NextStep,
+}
+
+/// Which `Dead` events an operator replays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadSelector {
+    /// One event.
+    Id(Uuid),
+    /// Every dead event of one aggregate.
+    Aggregate {
+        /// Aggregate type.
+        aggregate_type: String,
+        /// Aggregate id.
+        aggregate_id: String,
+    },
+    /// Every dead event.
+    All,
+}
+
+/// Storage the [`Relay`](crate::Relay) works on.
+///
+/// Implementations: `outbox-diesel` (PostgreSQL) and, for tests,
+/// `testing::InMemoryStore` (feature `test-util`).
+///
+/// Contract:
+/// - [`claim`](Self::claim) returns claimable events in `seq` order and holds
+///   them so no other claimer gets them until the claim is finished, released
+///   or lapses (a crashed relay's claim must lapse within a bounded time).
+/// - In [`DeliveryOrder::PerAggregate`] an event is claimable only when no
+///   earlier (by `seq`) unsent or `Dead` event of its aggregate exists, except
+///   earlier events taken by the same claim.
+/// - `Retry` events are claimable only once their `next_attempt_at` is past.
+pub trait OutboxStore: Send + Sync + 'static {
+    /// The store's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// A batch held by one relay.
+    type Claim: Claim<Error = Self::Error>;
+
+    /// Claims up to `limit` events, or `None` when nothing is claimable.
+    fn claim(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Option<Self::Claim>, Self::Error>> + Send;
+
+    /// Current [`OutboxStats`].
+    fn stats(&self) -> impl Future<Output = Result<OutboxStats, Self::Error>> + Send;
+
+    /// Deletes up to `limit` `Sent` (and `Skipped`) events published before
+    /// `before`; returns how many were deleted. Dead events are kept. Call it
+    /// repeatedly until it returns less than `limit` to purge in bounded chunks.
+    fn purge_sent(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Turns the selected `Dead` events back to `Pending` (keeping their `seq`,
+    /// so order is preserved) with their attempts reset; returns how many.
+    fn replay_dead(
+        &self,
+        selector: DeadSelector,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Marks a `Dead` event `Skipped` (it will never be published) and so
+    /// unblocks its aggregate; returns `false` if no dead event has that id.
+    fn skip_dead(&self, id: Uuid) -> impl Future<Output = Result<bool, Self::Error>> + Send;
+
+    /// Runs for as long as the relay does, calling [`RelayHandle::notify`]
+    /// whenever new events may have been recorded (e.g. on PostgreSQL
+    /// `NOTIFY`, and once after each reconnect so the backlog is rescanned).
+    /// The default never wakes the relay, which then relies on polling and
+    /// in-process notifications.
+    fn wakeups(&self, relay: RelayHandle) -> impl Future<Output = ()> + Send {
+        let _ = relay;
+        std::future::pending()
+    }
+}
+
+/// A batch of events claimed by one relay.
+///
+/// Dropping a claim without [`finish`](Self::finish) must release its events
+/// (as a rolled-back transaction or lapsed lease does), never mark them.
+pub trait Claim: Send {
+    /// The store's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The claimed events, in `seq` order.
+    fn records(&self) -> &[OutboxRecord];
+
+    /// The ordering setting in force for this batch.
+    fn delivery_order(&self) -> DeliveryOrder;
+
+    /// The instant after which the claim may have lapsed (lease designs); the
+    /// relay publishes nothing from this batch after it. `None`: no deadline.
+    fn valid_until(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Marks events of this claim `Sent` (broker-confirmed), in one statement.
+    fn mark_sent(&mut self, ids: &[Uuid]) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Stores failed attempts: `Retry` with its next attempt time, or `Dead`.
+    fn mark_failed(
+        &mut self,
+        failures: &[FailedAttempt],
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Makes the marks durable and releases every event not marked.
+    fn finish(self) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// Whether a consumer sees a message for the first time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxOutcome {
+    /// Not seen before: run the handler (in the same transaction).
+    FirstTime,
+    /// Already processed and committed: skip the handler, acknowledge.
+    Duplicate,
+}
+
+/// Consumer-side deduplication (the inbox).
+///
+/// [`receive`](Self::receive) runs inside the consumer's transaction, before
+/// its handler: if that transaction rolls back, the inbox entry goes with it
+/// and a redelivery is `FirstTime` again.
+pub trait InboxStore: Send + Sync {
+    /// The connection (inside an open transaction) the entry is written on.
+    type Connection: Send;
+    /// The store's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Records that `consumer` received `event_id`.
+    fn receive(
+        &self,
+        conn: &mut Self::Connection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> impl Future<Output = Result<InboxOutcome, Self::Error>> + Send;
+}

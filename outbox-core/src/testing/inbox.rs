@@ -1,0 +1,121 @@
+//! [`InMemoryInbox`]: an [`InboxStore`] with transaction semantics.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use uuid::Uuid;
+
+use crate::{InboxOutcome, InboxStore};
+
+/// An in-memory inbox. Entries written through an [`InboxTx`] become visible
+/// to other transactions only when it is [committed](InboxTx::commit); a
+/// dropped transaction rolls back.
+#[derive(Debug, Clone, Default)]
+pub struct InMemoryInbox {
+    seen: Arc<Mutex<HashSet<(String, Uuid)>>>,
+}
+
+/// A transaction on an [`InMemoryInbox`].
+#[derive(Debug)]
+pub struct InboxTx {
+    inbox: InMemoryInbox,
+    pending: HashSet<(String, Uuid)>,
+}
+
+impl InMemoryInbox {
+    /// An empty inbox.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashSet<(String, Uuid)>> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Opens a transaction.
+    pub fn begin(&self) -> InboxTx {
+        InboxTx {
+            inbox: self.clone(),
+            pending: HashSet::new(),
+        }
+    }
+
+    /// Committed entries.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// `true` when nothing was committed.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+}
+
+impl InboxTx {
+    /// Makes this transaction's entries permanent.
+    pub fn commit(self) {
+        let mut seen = self.inbox.lock();
+        seen.extend(self.pending.iter().cloned());
+    }
+}
+
+impl InboxStore for InMemoryInbox {
+    type Connection = InboxTx;
+    type Error = std::convert::Infallible;
+
+    async fn receive(
+        &self,
+        conn: &mut InboxTx,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<InboxOutcome, Self::Error> {
+        let key = (consumer.to_owned(), event_id);
+        if self.lock().contains(&key) || !conn.pending.insert(key) {
+            return Ok(InboxOutcome::Duplicate);
+        }
+        Ok(InboxOutcome::FirstTime)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn duplicates_per_consumer_and_rollback() {
+        let inbox = InMemoryInbox::new();
+        let id = Uuid::now_v7();
+
+        let mut tx = inbox.begin();
+        assert_eq!(
+            inbox.receive(&mut tx, "a", id).await,
+            Ok(InboxOutcome::FirstTime)
+        );
+        assert_eq!(
+            inbox.receive(&mut tx, "a", id).await,
+            Ok(InboxOutcome::Duplicate)
+        );
+        drop(tx); // rolled back
+        assert!(inbox.is_empty());
+
+        let mut tx = inbox.begin();
+        assert_eq!(
+            inbox.receive(&mut tx, "a", id).await,
+            Ok(InboxOutcome::FirstTime)
+        );
+        tx.commit();
+        let mut tx = inbox.begin();
+        assert_eq!(
+            inbox.receive(&mut tx, "a", id).await,
+            Ok(InboxOutcome::Duplicate)
+        );
+        assert_eq!(
+            inbox.receive(&mut tx, "b", id).await,
+            Ok(InboxOutcome::FirstTime)
+        );
+        tx.commit();
+        assert_eq!(inbox.len(), 2);
+    }
+}

@@ -1,0 +1,161 @@
+//! [`RecordingPublisher`]: a [`Publisher`] that records what it was given and
+//! answers with scripted outcomes.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::failpoints;
+use crate::{EventEnvelope, PublishOutcome, Publisher};
+
+type Behaviour = Box<dyn FnMut(&EventEnvelope) -> PublishOutcome + Send>;
+
+/// One call's view of one message: what was sent and what the "broker" said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishAttempt {
+    /// The event id.
+    pub id: Uuid,
+    /// The outcome returned for it.
+    pub outcome: PublishOutcome,
+    /// Index of the `publish` call (wave) it was part of, from 0.
+    pub call: usize,
+}
+
+#[derive(Default)]
+struct Inner {
+    acked: Vec<EventEnvelope>,
+    attempts: Vec<PublishAttempt>,
+    calls: usize,
+    behaviour: Option<Behaviour>,
+}
+
+/// A publisher for tests: acks everything by default, or answers with a
+/// closure; records every acked envelope in order and every attempt.
+///
+/// Cloning gives another handle to the same recorder.
+///
+/// ```
+/// use outbox_core::PublishOutcome;
+/// use outbox_core::testing::RecordingPublisher;
+///
+/// // Refuse everything of aggregate "42", ack the rest.
+/// let publisher = RecordingPublisher::with_behaviour(|event| {
+///     if event.aggregate_id == "42" {
+///         PublishOutcome::rejected("NO_ROUTE")
+///     } else {
+///         PublishOutcome::Acked
+///     }
+/// });
+/// # let _ = publisher;
+/// ```
+#[derive(Clone, Default)]
+pub struct RecordingPublisher {
+    inner: Arc<Mutex<Inner>>,
+    progress: Arc<Notify>,
+}
+
+impl fmt::Debug for RecordingPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("RecordingPublisher")
+            .field("acked", &inner.acked.len())
+            .field("attempts", &inner.attempts.len())
+            .field("calls", &inner.calls)
+            .finish()
+    }
+}
+
+impl RecordingPublisher {
+    /// Acks every message.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Answers each message with `behaviour`.
+    pub fn with_behaviour(
+        behaviour: impl FnMut(&EventEnvelope) -> PublishOutcome + Send + 'static,
+    ) -> Self {
+        let publisher = Self::default();
+        publisher.set_behaviour(behaviour);
+        publisher
+    }
+
+    /// Replaces the behaviour.
+    pub fn set_behaviour(
+        &self,
+        behaviour: impl FnMut(&EventEnvelope) -> PublishOutcome + Send + 'static,
+    ) {
+        self.lock().behaviour = Some(Box::new(behaviour));
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Acked envelopes, in publish order.
+    pub fn published(&self) -> Vec<EventEnvelope> {
+        self.lock().acked.clone()
+    }
+
+    /// Ids of acked envelopes, in publish order.
+    pub fn published_ids(&self) -> Vec<Uuid> {
+        self.lock().acked.iter().map(|e| e.id).collect()
+    }
+
+    /// Every message handed to the publisher with its outcome, in order.
+    pub fn attempts(&self) -> Vec<PublishAttempt> {
+        self.lock().attempts.clone()
+    }
+
+    /// Number of `publish` calls (waves) so far.
+    pub fn calls(&self) -> usize {
+        self.lock().calls
+    }
+
+    /// Waits until at least `n` messages were acked.
+    pub async fn wait_for(&self, n: usize) {
+        loop {
+            let notified = self.progress.notified();
+            if self.lock().acked.len() >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Publisher for RecordingPublisher {
+    async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+        failpoints::hit(failpoints::AFTER_PUBLISH_BEFORE_CONFIRM);
+        let outcomes = {
+            let mut inner = self.lock();
+            let call = inner.calls;
+            inner.calls += 1;
+            let mut outcomes = Vec::with_capacity(events.len());
+            for event in events {
+                let outcome = match inner.behaviour.as_mut() {
+                    Some(behaviour) => behaviour(event),
+                    None => PublishOutcome::Acked,
+                };
+                if outcome == PublishOutcome::Acked {
+                    inner.acked.push((*event).clone());
+                }
+                inner.attempts.push(PublishAttempt {
+                    id: event.id,
+                    outcome: outcome.clone(),
+                    call,
+                });
+                outcomes.push(outcome);
+            }
+            outcomes
+        };
+        self.progress.notify_waiters();
+        // Let other tasks run between waves, as a real broker round trip would.
+        tokio::task::yield_now().await;
+        outcomes
+    }
+}

@@ -1,0 +1,526 @@
+//! Relay engine behaviour on the in-memory store and recording publisher.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_core::testing::{InMemoryStore, RecordingPublisher};
+use outbox_core::{
+    DeadSelector, DomainEvent, EventEnvelope, EventStatus, OutboxStore, PublishOutcome, Relay,
+    RelayHandle, RetryPolicy,
+};
+use proptest::prelude::*;
+use serde::Serialize;
+use uuid::Uuid;
+
+#[derive(Serialize)]
+struct Changed {
+    aggregate: String,
+    n: u32,
+}
+
+impl DomainEvent for Changed {
+    fn aggregate_type(&self) -> &'static str {
+        "thing"
+    }
+    fn event_type(&self) -> &'static str {
+        "thing.changed"
+    }
+    fn aggregate_id(&self) -> String {
+        self.aggregate.clone()
+    }
+}
+
+fn record(store: &InMemoryStore, aggregate: &str, n: u32) -> Uuid {
+    store
+        .record(&Changed {
+            aggregate: aggregate.into(),
+            n,
+        })
+        .unwrap()
+}
+
+/// Retries due at once, so tests do not depend on the wall clock.
+fn instant_retries(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy::default()
+        .base_delay(Duration::ZERO)
+        .max_delay(Duration::ZERO)
+        .max_attempts(max_attempts)
+}
+
+fn new_relay(
+    store: &InMemoryStore,
+    publisher: &RecordingPublisher,
+    retry: RetryPolicy,
+) -> (Relay<InMemoryStore, RecordingPublisher>, RelayHandle) {
+    let relay = Relay::builder(store.clone(), publisher.clone())
+        .batch_size(10)
+        .poll_interval(Duration::from_millis(5))
+        .pause(Duration::from_millis(50), Duration::from_millis(200))
+        .retry(retry)
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    (relay, handle)
+}
+
+/// Runs the relay until `done` holds for the store (checked every 5 ms of
+/// tokio time), then shuts it down and waits for it.
+async fn run_until(
+    relay: Relay<InMemoryStore, RecordingPublisher>,
+    store: &InMemoryStore,
+    done: impl Fn(&InMemoryStore) -> bool,
+) {
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    while !done(store) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "relay did not reach the expected state: {:?}",
+            store.records()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    handle.shutdown();
+    task.await.unwrap();
+    assert_eq!(
+        store.claimed(),
+        0,
+        "relay left events claimed after shutdown"
+    );
+}
+
+fn all_sent(store: &InMemoryStore) -> bool {
+    store
+        .records()
+        .iter()
+        .all(|r| r.status == EventStatus::Sent)
+}
+
+#[tokio::test(start_paused = true)]
+async fn publishes_everything_and_marks_it_sent_only_after_ack() {
+    let store = InMemoryStore::new();
+    let ids: Vec<Uuid> = (0..35)
+        .map(|n| record(&store, &format!("a{}", n % 4), n))
+        .collect();
+    let publisher = RecordingPublisher::new();
+    let (relay, _) = new_relay(&store, &publisher, RetryPolicy::default());
+    run_until(relay, &store, all_sent).await;
+
+    let mut published = publisher.published_ids();
+    published.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(published, expected, "each event published exactly once");
+    for record in store.records() {
+        assert_eq!(record.attempts, 0);
+        assert!(record.published_at.is_some());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn connection_lost_spends_no_attempts_and_pauses() {
+    let store = InMemoryStore::new();
+    for n in 0..5 {
+        record(&store, "a", n);
+    }
+    let calls: Arc<Mutex<Vec<tokio::time::Instant>>> = Arc::default();
+    let lost_left = Arc::new(Mutex::new(3));
+    let publisher = RecordingPublisher::with_behaviour({
+        let calls = Arc::clone(&calls);
+        let lost_left = Arc::clone(&lost_left);
+        move |_| {
+            calls.lock().unwrap().push(tokio::time::Instant::now());
+            let mut left = lost_left.lock().unwrap();
+            if *left > 0 {
+                *left -= 1;
+                PublishOutcome::connection_lost("socket closed")
+            } else {
+                PublishOutcome::Acked
+            }
+        }
+    });
+    let (relay, _) = new_relay(&store, &publisher, instant_retries(2));
+    run_until(relay, &store, all_sent).await;
+
+    for record in store.records() {
+        assert_eq!(
+            record.attempts, 0,
+            "a lost connection must not spend attempts"
+        );
+        assert_eq!(record.last_error, None);
+    }
+    let calls = calls.lock().unwrap();
+    // The first three publishes lost the connection; each was followed by a
+    // pause of 50, 100, 200 ms (backoff) before the next claim.
+    let gaps: Vec<Duration> = calls.windows(2).take(3).map(|w| w[1] - w[0]).collect();
+    assert!(gaps[0] >= Duration::from_millis(50), "{gaps:?}");
+    assert!(gaps[1] >= Duration::from_millis(100), "{gaps:?}");
+    assert!(gaps[2] >= Duration::from_millis(200), "{gaps:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejections_spend_attempts_and_end_dead_blocking_only_their_aggregate() {
+    let store = InMemoryStore::new();
+    let poison = record(&store, "bad", 0);
+    let held_back = record(&store, "bad", 1);
+    let fine: Vec<Uuid> = (0..6).map(|n| record(&store, "good", n)).collect();
+    let publisher = RecordingPublisher::with_behaviour(move |event| {
+        if event.id == poison {
+            PublishOutcome::rejected("NO_ROUTE: unroutable")
+        } else {
+            PublishOutcome::Acked
+        }
+    });
+    let (relay, _) = new_relay(&store, &publisher, instant_retries(3));
+    run_until(relay, &store, |s| {
+        s.get(poison).unwrap().status == EventStatus::Dead
+            && fine
+                .iter()
+                .all(|id| s.get(*id).unwrap().status == EventStatus::Sent)
+    })
+    .await;
+
+    let dead = store.get(poison).unwrap();
+    assert_eq!(dead.attempts, 3);
+    assert_eq!(dead.last_error.as_deref(), Some("NO_ROUTE: unroutable"));
+    let rejected = publisher
+        .attempts()
+        .iter()
+        .filter(|a| a.id == poison)
+        .count();
+    assert_eq!(
+        rejected, 3,
+        "exactly max_attempts publishes of the poison event"
+    );
+    let blocked = store.get(held_back).unwrap();
+    assert_eq!(
+        blocked.status,
+        EventStatus::Pending,
+        "held back behind the dead event"
+    );
+    assert_eq!(blocked.attempts, 0);
+    assert!(!publisher.attempts().iter().any(|a| a.id == held_back));
+
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.dead, 1);
+    assert_eq!(stats.blocked_aggregates, 1);
+    assert_eq!(stats.backlog, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn replay_publishes_in_original_order_and_skip_unblocks() {
+    let store = InMemoryStore::new();
+    let a0 = record(&store, "a", 0);
+    let a1 = record(&store, "a", 1);
+    let b0 = record(&store, "b", 0);
+    let b1 = record(&store, "b", 1);
+    let refuse: Arc<Mutex<Vec<Uuid>>> = Arc::new(Mutex::new(vec![a0, b0]));
+    let publisher = RecordingPublisher::with_behaviour({
+        let refuse = Arc::clone(&refuse);
+        move |event| {
+            if refuse.lock().unwrap().contains(&event.id) {
+                PublishOutcome::rejected("nack")
+            } else {
+                PublishOutcome::Acked
+            }
+        }
+    });
+    let (relay, _) = new_relay(&store, &publisher, instant_retries(1));
+    run_until(relay, &store, |s| {
+        s.get(a0).unwrap().status == EventStatus::Dead
+            && s.get(b0).unwrap().status == EventStatus::Dead
+    })
+    .await;
+    assert!(publisher.published_ids().is_empty());
+
+    // The broker is fixed: replay a's dead event, skip b's.
+    refuse.lock().unwrap().clear();
+    assert_eq!(store.replay_dead(DeadSelector::Id(a0)).await.unwrap(), 1);
+    assert!(store.skip_dead(b0).await.unwrap());
+    assert!(
+        !store.skip_dead(b0).await.unwrap(),
+        "skipped is not dead any more"
+    );
+    let (relay, _) = new_relay(&store, &publisher, instant_retries(1));
+    run_until(relay, &store, |s| {
+        [a0, a1, b1]
+            .iter()
+            .all(|id| s.get(*id).unwrap().status == EventStatus::Sent)
+    })
+    .await;
+    let published = publisher.published_ids();
+    let pos = |id| published.iter().position(|p| *p == id).unwrap();
+    assert!(pos(a0) < pos(a1), "replayed event keeps its place");
+    assert!(!published.contains(&b0), "skipped event is never published");
+    assert_eq!(store.get(b0).unwrap().status, EventStatus::Skipped);
+    assert_eq!(store.get(a0).unwrap().attempts, 0, "replay resets attempts");
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_errors_are_retried() {
+    let store = InMemoryStore::new();
+    for n in 0..20 {
+        record(&store, &format!("a{n}"), n);
+    }
+    store.fail_next(5);
+    let publisher = RecordingPublisher::new();
+    let (relay, _) = new_relay(&store, &publisher, RetryPolicy::default());
+    run_until(relay, &store, all_sent).await;
+    assert_eq!(publisher.published_ids().len(), 20);
+}
+
+#[tokio::test(start_paused = true)]
+async fn missing_outcomes_are_not_marked_sent() {
+    #[derive(Clone)]
+    struct Truncating(RecordingPublisher);
+    impl outbox_core::Publisher for Truncating {
+        async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+            let mut outcomes = self.0.publish(events).await;
+            outcomes.truncate(1);
+            outcomes
+        }
+    }
+    let store = InMemoryStore::unordered();
+    let ids: Vec<Uuid> = (0..3)
+        .map(|n| record(&store, &format!("a{n}"), n))
+        .collect();
+    let relay = Relay::builder(store.clone(), Truncating(RecordingPublisher::new()))
+        .poll_interval(Duration::from_secs(3600))
+        .pause(Duration::from_secs(3600), Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    // Let one batch happen, then stop during the (long) pause that follows.
+    while store.get(ids[0]).unwrap().status != EventStatus::Sent {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    handle.shutdown();
+    task.await.unwrap();
+    for id in &ids[1..] {
+        let record = store.get(*id).unwrap();
+        assert_eq!(record.status, EventStatus::Pending);
+        assert_eq!(record.attempts, 0);
+    }
+    assert_eq!(store.claimed(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_finishes_the_batch_in_flight() {
+    #[derive(Clone)]
+    struct Slow(RecordingPublisher);
+    impl outbox_core::Publisher for Slow {
+        async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            self.0.publish(events).await
+        }
+    }
+    let store = InMemoryStore::unordered();
+    for n in 0..10 {
+        record(&store, &format!("a{n}"), n);
+    }
+    let inner = RecordingPublisher::new();
+    let relay = Relay::builder(store.clone(), Slow(inner.clone()))
+        .batch_size(10)
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    tokio::time::sleep(Duration::from_millis(500)).await; // mid-publish
+    handle.shutdown();
+    task.await.unwrap();
+    assert!(
+        all_sent(&store),
+        "the batch in flight was published and marked"
+    );
+    assert_eq!(store.claimed(), 0);
+    assert_eq!(inner.published_ids().len(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_releases_a_batch_that_overruns_the_grace_period() {
+    #[derive(Clone)]
+    struct Stuck;
+    impl outbox_core::Publisher for Stuck {
+        async fn publish(&self, _: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+            std::future::pending().await
+        }
+    }
+    let store = InMemoryStore::new();
+    for n in 0..4 {
+        record(&store, "a", n);
+    }
+    let relay = Relay::builder(store.clone(), Stuck)
+        .shutdown_grace(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    while store.claimed() == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let stopping = tokio::time::Instant::now();
+    handle.shutdown();
+    task.await.unwrap();
+    assert!(stopping.elapsed() >= Duration::from_secs(2));
+    assert_eq!(store.claimed(), 0, "nothing stays claimed");
+    for record in store.records() {
+        assert_eq!((record.status, record.attempts), (EventStatus::Pending, 0));
+    }
+}
+
+#[tokio::test]
+async fn notify_wakes_the_relay_without_waiting_for_the_poll() {
+    let store = InMemoryStore::new();
+    let publisher = RecordingPublisher::new();
+    let relay = Relay::builder(store.clone(), publisher.clone())
+        .poll_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    tokio::time::sleep(Duration::from_millis(50)).await; // relay is idle, waiting
+    record(&store, "a", 1);
+    handle.notify();
+    tokio::time::timeout(Duration::from_secs(5), publisher.wait_for(1))
+        .await
+        .expect("a notified relay publishes well before its hour-long poll");
+    handle.shutdown();
+    task.await.unwrap();
+}
+
+#[test]
+fn invalid_settings_are_rejected_at_build() {
+    let build = |f: fn(
+        outbox_core::RelayBuilder<InMemoryStore, RecordingPublisher>,
+    ) -> outbox_core::RelayBuilder<InMemoryStore, RecordingPublisher>| {
+        f(Relay::builder(
+            InMemoryStore::new(),
+            RecordingPublisher::new(),
+        ))
+        .build()
+    };
+    assert!(build(|b| b).is_ok());
+    assert!(build(|b| b.batch_size(0)).is_err());
+    assert!(build(|b| b.batch_size(10_001)).is_err());
+    assert!(build(|b| b.poll_interval(Duration::ZERO)).is_err());
+    assert!(build(|b| b.retry(RetryPolicy::default().max_attempts(0))).is_err());
+    let err = build(|b| b.batch_size(0)).unwrap_err().to_string();
+    assert!(err.contains("batch_size"), "{err}");
+}
+
+/// A tiny deterministic RNG for the property test's failure script.
+struct SplitMix(u64);
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+fn random_failures_case(
+    seed: u64,
+    aggregates: usize,
+    events: usize,
+    batch_size: usize,
+    ordered: bool,
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = if ordered {
+            InMemoryStore::new()
+        } else {
+            InMemoryStore::unordered()
+        };
+        let mut rng = SplitMix(seed);
+        let mut recorded: HashMap<String, Vec<Uuid>> = HashMap::new();
+        for n in 0..events {
+            let aggregate = format!("agg-{}", rng.next() as usize % aggregates);
+            let id = record(&store, &aggregate, n as u32);
+            recorded.entry(aggregate).or_default().push(id);
+        }
+        let rejections: Arc<Mutex<HashMap<Uuid, u32>>> = Arc::default();
+        let publisher = RecordingPublisher::with_behaviour({
+            let rejections = Arc::clone(&rejections);
+            let mut rng = SplitMix(seed ^ 0xDEAD_BEEF);
+            move |event| match rng.next() % 10 {
+                0 | 1 => {
+                    *rejections.lock().unwrap().entry(event.id).or_default() += 1;
+                    PublishOutcome::rejected("nack")
+                }
+                2 => PublishOutcome::connection_lost("reset"),
+                _ => PublishOutcome::Acked,
+            }
+        });
+        let relay = Relay::builder(store.clone(), publisher.clone())
+            .batch_size(batch_size)
+            .poll_interval(Duration::from_millis(5))
+            .pause(Duration::from_millis(1), Duration::from_millis(4))
+            .retry(instant_retries(10_000))
+            .build()
+            .unwrap();
+        run_until(relay, &store, all_sent).await;
+
+        // Every event acked exactly once, and nothing marked without an ack.
+        let acked = publisher.published_ids();
+        let mut unique = acked.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), acked.len(), "an event was acked twice");
+        assert_eq!(acked.len(), events, "every event published");
+        // Attempts count exactly the rejections, never connection losses.
+        let rejections = rejections.lock().unwrap();
+        for record in store.records() {
+            assert_eq!(
+                record.attempts,
+                rejections.get(&record.id()).copied().unwrap_or(0)
+            );
+        }
+        if ordered {
+            for (aggregate, ids) in &recorded {
+                let published: Vec<Uuid> = acked
+                    .iter()
+                    .copied()
+                    .filter(|id| ids.contains(id))
+                    .collect();
+                assert_eq!(
+                    &published, ids,
+                    "order broken for {aggregate} (seed {seed})"
+                );
+            }
+        }
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn per_aggregate_order_holds_under_random_failures(
+        seed in any::<u64>(),
+        aggregates in 1usize..8,
+        events in 1usize..120,
+        batch_size in 1usize..40,
+    ) {
+        random_failures_case(seed, aggregates, events, batch_size, true);
+    }
+
+    #[test]
+    fn unordered_mode_loses_and_duplicates_nothing(
+        seed in any::<u64>(),
+        events in 1usize..120,
+        batch_size in 1usize..40,
+    ) {
+        random_failures_case(seed, 3, events, batch_size, false);
+    }
+}

@@ -1,0 +1,18 @@
+use outbox::DomainEvent;
+use serde::Serialize;
+
+#[derive(Serialize, DomainEvent)]
+#[domain_event(aggregate = "order")]
+enum OrderEvent {
+    Placed {
+        #[aggregate_id]
+        order_id: u64,
+    },
+    Cancelled {
+        order_id: u64,
+        reason: String,
+    },
+    Shipped(u64),
+}
+
+fn main() {}

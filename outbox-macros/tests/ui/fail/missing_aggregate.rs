@@ -1,0 +1,17 @@
+use outbox::DomainEvent;
+use serde::Serialize;
+
+#[derive(Serialize, DomainEvent)]
+#[domain_event(event_type = "order.placed")]
+struct OrderPlaced {
+    #[aggregate_id]
+    order_id: u64,
+}
+
+#[derive(Serialize, DomainEvent)]
+struct OrderShipped {
+    #[aggregate_id]
+    order_id: u64,
+}
+
+fn main() {}

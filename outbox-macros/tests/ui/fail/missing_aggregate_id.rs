@@ -1,0 +1,11 @@
+use outbox::DomainEvent;
+use serde::Serialize;
+
+#[derive(Serialize, DomainEvent)]
+#[domain_event(aggregate = "order")]
+struct OrderPlaced {
+    order_id: u64,
+    total_cents: i64,
+}
+
+fn main() {}

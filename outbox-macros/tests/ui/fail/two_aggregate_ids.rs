@@ -1,0 +1,13 @@
+use outbox::DomainEvent;
+use serde::Serialize;
+
+#[derive(Serialize, DomainEvent)]
+#[domain_event(aggregate = "order")]
+struct OrderPlaced {
+    #[aggregate_id]
+    order_id: u64,
+    #[aggregate_id]
+    customer_id: u64,
+}
+
+fn main() {}

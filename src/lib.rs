@@ -1,0 +1,64 @@
+//! **outbox**: the transactional outbox (and inbox) for Rust services built on
+//! Diesel, Axum and RabbitMQ.
+//!
+//! A service that changes its database and must tell other services about it
+//! writes the event as a row **in the same transaction** as the business
+//! change; a relay later publishes committed rows to the broker with publisher
+//! confirms, and consumers drop duplicates with an inbox. Nothing is lost
+//! when the process or the broker fails between the two, and nothing is
+//! announced that rolled back.
+//!
+//! This crate is the one dependency an application adds: it re-exports
+//! `outbox-core` (the vocabulary and the relay engine), the derive, and each
+//! adapter behind a feature.
+//!
+//! ```
+//! use outbox::{DomainEvent, EventEnvelope};
+//! use serde::Serialize;
+//!
+//! #[derive(Serialize, DomainEvent)]
+//! #[domain_event(aggregate = "order")]
+//! struct OrderPlaced {
+//!     #[aggregate_id]
+//!     order_id: u64,
+//!     total_cents: i64,
+//! }
+//!
+//! assert_eq!(OrderPlaced::EVENT_TYPE, "order.placed");
+//! let event = OrderPlaced { order_id: 7, total_cents: 1250 };
+//! assert_eq!(event.aggregate_id(), "7");
+//!
+//! // The row an adapter writes inside your transaction:
+//! let envelope = EventEnvelope::from_event(&event)?;
+//! assert_eq!(envelope.payload, r#"{"order_id":7,"total_cents":1250}"#);
+//! # Ok::<(), outbox::Error>(())
+//! ```
+//!
+//! # Feature flags
+//! | feature | default | enables |
+//! |---|---|---|
+//! | `derive` | yes | `#[derive(DomainEvent)]` |
+//! | `postgres` | no | `outbox::postgres` (`outbox-diesel`): PostgreSQL store, recording, inbox |
+//! | `axum` | no | `outbox::axum` (`outbox-axum`): the Tower layer; implies `postgres` |
+//! | `rabbitmq` | no | `outbox::rabbitmq` (`outbox-lapin`): publisher with confirms, inbox consumer |
+//! | `test-util` | no | `outbox::testing`: in-memory store and recording publisher |
+//! | `failpoints` | no | named failpoints in the relay (`outbox::failpoints`) |
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+pub use outbox_core::*;
+
+/// `#[derive(DomainEvent)]`; see the `outbox-macros` crate for attributes.
+#[cfg(feature = "derive")]
+pub use outbox_macros::DomainEvent;
+
+/// PostgreSQL adapter (diesel, diesel-async): `outbox-diesel`.
+#[cfg(feature = "postgres")]
+pub use outbox_diesel as postgres;
+
+/// Axum / Tower layer: `outbox-axum`.
+#[cfg(feature = "axum")]
+pub use outbox_axum as axum;
+
+/// RabbitMQ adapter (lapin): `outbox-lapin`.
+#[cfg(feature = "rabbitmq")]
+pub use outbox_lapin as rabbitmq;
