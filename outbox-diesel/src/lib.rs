@@ -1,14 +1,182 @@
-//! PostgreSQL adapter of the `outbox` transactional outbox (diesel and
-//! diesel-async). **Not implemented yet**: this crate reserves the name and
-//! its place in the workspace.
+//! PostgreSQL adapter of the `outbox` transactional outbox, on diesel and
+//! diesel-async: record events in your transaction, relay them with
+//! [`PgOutboxStore`], and deduplicate deliveries with [`PgInbox`].
 //!
-//! Planned (see the project README's roadmap): embedded migrations for
-//! `outbox_events` and `inbox_events`, `record(conn, &event)` inside the
-//! caller's transaction for async and sync connections, the relay's
-//! `OutboxStore` with `FOR UPDATE SKIP LOCKED` claims and per-aggregate order,
-//! `LISTEN`/`NOTIFY` wakeups, and the `InboxStore`.
+//! ```no_run
+//! use diesel_async::{AsyncConnection, AsyncPgConnection};
+//! use outbox_core::DomainEvent;
+//! # #[derive(serde::Serialize)] struct OrderPlaced { order_id: u64, total_cents: i64 }
+//! # impl DomainEvent for OrderPlaced {
+//! #     fn aggregate_type(&self) -> &'static str { "order" }
+//! #     fn event_type(&self) -> &'static str { "order.placed" }
+//! #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
+//! # }
 //!
+//! # async fn run() -> Result<(), outbox_diesel::Error> {
+//! let url = "postgres://postgres@127.0.0.1:5432/app";
+//! outbox_diesel::migrate_url(url, "public").await?; // once at start, under a lock
+//!
+//! let mut conn = outbox_diesel::connect(url).await?;
+//! conn.transaction::<_, outbox_diesel::Error, _>(async |conn| {
+//!     // ... insert the order with diesel-async on `conn` ...
+//!     outbox_diesel::record(conn, &OrderPlaced { order_id: 1, total_cents: 990 }).await?;
+//!     Ok(())
+//! })
+//! .await?; // the event is stored if and only if this commits
+//! # Ok(()) }
 //! ```
-//! // The vocabulary it will implement lives in outbox-core:
-//! use outbox_core::{InboxStore, OutboxStore};
+//!
+//! With sync diesel (feature `sync`, default), the same in a
+//! `PgConnection::transaction`:
+//!
+//! ```no_run
+//! use diesel::{Connection, PgConnection};
+//! use outbox_diesel::Outbox;
+//! # use outbox_core::DomainEvent;
+//! # #[derive(serde::Serialize)] struct OrderPaid { order_id: u64 }
+//! # impl DomainEvent for OrderPaid {
+//! #     fn aggregate_type(&self) -> &'static str { "order" }
+//! #     fn event_type(&self) -> &'static str { "order.paid" }
+//! #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
+//! # }
+//!
+//! # fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut conn = PgConnection::establish("postgres://postgres@127.0.0.1:5432/app")?;
+//! let outbox = Outbox::default();
+//! conn.transaction::<_, outbox_diesel::Error, _>(|conn| {
+//!     outbox.record_sync(conn, &OrderPaid { order_id: 1 })?;
+//!     Ok(())
+//! })?;
+//! # Ok(()) }
 //! ```
+//!
+//! # Guarantees
+//! - **Atomic**: `record` inserts into the caller's open transaction; the
+//!   event exists if and only if that transaction commits. Without an open
+//!   (diesel-managed) transaction it returns [`Error::NoTransaction`] and
+//!   writes nothing: never a silent autocommit.
+//! - **Ordered per aggregate**: `seq` is assigned at insert. Insert order
+//!   equals commit order only when writers to one aggregate are serialized
+//!   (lock the aggregate's row, or use a unique aggregate version), which a
+//!   correct application does anyway; two concurrent transactions writing
+//!   events of the same aggregate without that may commit in the other order.
+//! - **No loss on relay crashes**: a claim is a transaction; a dead relay's
+//!   rows are released when its session ends, a hung one's after the claim
+//!   timeout.
+//! - **Byte-exact payloads**: stored as `json` (not `jsonb`), read back as the
+//!   exact text that was serialized. Limits: PostgreSQL text cannot hold NUL
+//!   characters in ids or headers (rejected at record time); a payload can be
+//!   up to 1 GB, but keep messages well under your broker's limit.
+//!
+//! # Choices, and the measurements behind them
+//! Measured on this project's 2-core CI machine (PostgreSQL 15,
+//! `synchronous_commit = on`, fdatasync), with
+//! `outbox-diesel/benches/claim-design/run.sh` (pgbench, 100-event batches,
+//! 200,000-row backlog). These machines are noisy: figures are ranges over runs.
+//!
+//! | claim design | 1 claimer | 2 claimers |
+//! |---|---|---|
+//! | (a) claim, mark, commit in one transaction | 73–180 batches/s | 560–805 batches/s |
+//! | (b) committed lease, then a second commit to mark | 15–58 batches/s | 31–92 batches/s |
+//!
+//! **(a) is used**: one write and one commit per batch instead of two, no
+//! lease columns to index or fence, and a crashed relay's rows come back the
+//! moment its session ends. Its cost, a connection held while a batch's
+//! confirms arrive (milliseconds), is bounded by `claim_timeout`.
+//!
+//! | recording, one event per transaction | 1 writer | 8 writers |
+//! |---|---|---|
+//! | `INSERT` only | 1,367 commits/s | 3,912 commits/s |
+//! | `INSERT` + `pg_notify` | 1,320 commits/s | 1,220 commits/s |
+//!
+//! **`NOTIFY` serializes commits**: PostgreSQL takes a global lock while a
+//! notifying transaction commits, so with many concurrent writers it costs
+//! about two thirds of the commit rate here. It stays on by default (relays in
+//! other processes wake within milliseconds); services with many concurrent
+//! writers should turn it off with [`Outbox::notify(false)`](Outbox::notify)
+//! and rely on in-process wakeups ([`outbox_core::RelayHandle::notify`],
+//! which the Axum layer calls after each commit) plus polling.
+//!
+//! # Connections and PgBouncer
+//! Recording and claims work through any pool, including PgBouncer in
+//! transaction pooling mode. `LISTEN` does not: give
+//! [`PgOutboxStoreBuilder::listen`] a **direct** URL. Migrations use a
+//! transaction-scoped advisory lock and work through PgBouncer.
+//!
+//! # Schema
+//! See [`schema`] for the tables, the indexes and why each
+//! exists; [`ddl`] returns the DDL for teams that run their own migrations.
+//!
+//! # Feature flags
+//! | feature | default | enables |
+//! |---|---|---|
+//! | `sync` | yes | recording on sync `diesel::PgConnection` (links libpq) |
+
+mod error;
+mod inbox;
+mod migrate;
+mod record;
+pub mod schema;
+mod store;
+
+pub use error::{Error, Result};
+pub use inbox::PgInbox;
+pub use migrate::{migrate, migrate_url};
+pub use record::Outbox;
+pub use schema::{MIGRATIONS, Migration, Schema, ddl, inbox_events, outbox_events};
+pub use store::{PgClaim, PgOutboxStore, PgOutboxStoreBuilder};
+
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use outbox_core::DomainEvent;
+use uuid::Uuid;
+
+/// Records `event` in the transaction open on `conn`, in the `public` outbox.
+/// Shorthand for [`Outbox::default().record(conn, event)`](Outbox::record).
+///
+/// # Errors
+/// As [`Outbox::record`].
+pub async fn record<E: DomainEvent + Sync>(
+    conn: &mut AsyncPgConnection,
+    event: &E,
+) -> Result<Uuid> {
+    Outbox::default().record(conn, event).await
+}
+
+/// Records `events` with one `INSERT` in the `public` outbox. Shorthand for
+/// [`Outbox::record_all`].
+///
+/// # Errors
+/// As [`Outbox::record`].
+pub async fn record_all<E: DomainEvent + Sync>(
+    conn: &mut AsyncPgConnection,
+    events: &[E],
+) -> Result<Vec<Uuid>> {
+    Outbox::default().record_all(conn, events).await
+}
+
+/// Opens a direct connection.
+///
+/// # Errors
+/// [`Error::Connect`], naming the (redacted) URL and how to start PostgreSQL.
+pub async fn connect(url: &str) -> Result<AsyncPgConnection> {
+    AsyncPgConnection::establish(url)
+        .await
+        .map_err(|source| Error::Connect {
+            url: error::redact_url(url),
+            source,
+        })
+}
+
+/// A deadpool pool of diesel-async connections to `url`, at most `max_size`.
+/// Connections are opened lazily, on first use.
+///
+/// # Errors
+/// [`Error::Config`] if the pool cannot be built.
+pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncPgConnection>> {
+    Pool::builder(AsyncDieselConnectionManager::<AsyncPgConnection>::new(url))
+        .max_size(max_size)
+        .build()
+        .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))
+}

@@ -1,0 +1,5 @@
+WITH inserted AS (
+  INSERT INTO claim_bench.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, payload, occurred_at)
+  VALUES (gen_random_uuid(), 'order', (random() * 1000)::int::text, 'order.placed', 1, '{"order_id": 1}', now())
+  RETURNING 1)
+SELECT pg_notify('outbox_events.claim_bench', '') FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row;

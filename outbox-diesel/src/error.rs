@@ -1,0 +1,81 @@
+//! The crate's [`Error`] type.
+
+/// Errors of `outbox-diesel`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `record` was called on a connection without an open transaction.
+    #[error(
+        "no open transaction: outbox events must be recorded inside the transaction of the \
+         business change (e.g. `conn.transaction(|conn| ...)`), never in autocommit"
+    )]
+    NoTransaction,
+    /// The event is invalid or its payload failed to serialize.
+    #[error(transparent)]
+    Event(#[from] outbox_core::Error),
+    /// A query failed.
+    #[error("outbox query failed: {0}")]
+    Database(#[from] diesel::result::Error),
+    /// No connection could be taken from the pool.
+    #[error("could not get a PostgreSQL connection from the pool: {0}")]
+    Pool(String),
+    /// A direct connection (for `LISTEN` or migrations) could not be opened.
+    #[error(
+        "PostgreSQL not reachable at {url}: {source}; start it with scripts/dev-services \
+         or check DATABASE_URL"
+    )]
+    Connect {
+        /// The URL, with any password redacted.
+        url: String,
+        /// The driver's error.
+        #[source]
+        source: diesel::ConnectionError,
+    },
+    /// A setting is invalid (e.g. a schema name PostgreSQL cannot hold).
+    #[error("invalid outbox configuration: {0}")]
+    Config(String),
+    /// A stored row could not be read back (corrupt headers, unknown status).
+    #[error("outbox row {seq} is malformed: {reason}")]
+    MalformedRow {
+        /// The row's sequence number.
+        seq: i64,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `url` with the password (if any) replaced by `***`, for logs and errors.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/shop"),
+            "postgres://app:***@db:5432/shop"
+        );
+        assert_eq!(
+            redact_url("postgres://postgres@127.0.0.1/x"),
+            "postgres://postgres@127.0.0.1/x"
+        );
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
+}

@@ -1,0 +1,118 @@
+//! [`PgInbox`]: consumer-side deduplication on PostgreSQL.
+
+use chrono::{DateTime, Utc};
+use diesel::sql_types::{BigInt, Text, Timestamptz};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use outbox_core::{InboxOutcome, InboxStore};
+use uuid::Uuid;
+
+use crate::record::in_transaction;
+use crate::schema::Schema;
+use crate::{Error, Result};
+
+/// The inbox (`inbox_events`): one row per `(consumer, event_id)`.
+///
+/// [`receive`](InboxStore::receive) runs `INSERT … ON CONFLICT DO NOTHING`
+/// inside the consumer's transaction: one row inserted means first time, none
+/// means duplicate. If the consumer's transaction rolls back, so does the
+/// entry, and a redelivery is first-time again.
+///
+/// **Retention**: keep inbox rows at least as long as the broker may
+/// redeliver a message (the longest a message can sit unacknowledged or in a
+/// retry/dead-letter loop and come back), plus the time a producer may
+/// publish a duplicate (the relay's claim timeout and retries). Purge older
+/// rows with [`purge`](Self::purge).
+///
+/// ```no_run
+/// use diesel_async::{AsyncConnection, AsyncPgConnection};
+/// use outbox_core::{InboxOutcome, InboxStore};
+/// use outbox_diesel::PgInbox;
+///
+/// # async fn run(conn: &mut AsyncPgConnection, event_id: uuid::Uuid) -> Result<(), outbox_diesel::Error> {
+/// let inbox = PgInbox::default();
+/// conn.transaction::<_, outbox_diesel::Error, _>(async |conn| {
+///     if inbox.receive(conn, "loyalty", event_id).await? == InboxOutcome::FirstTime {
+///         // ... apply the effect on `conn`, in the same transaction ...
+///     }
+///     Ok(())
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgInbox {
+    insert_sql: String,
+    purge_sql: String,
+}
+
+impl Default for PgInbox {
+    fn default() -> Self {
+        PgInbox::with_schema(&Schema::default())
+    }
+}
+
+impl PgInbox {
+    /// The inbox in `schema`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an invalid schema name.
+    pub fn new(schema: &str) -> Result<Self> {
+        Ok(PgInbox::with_schema(&Schema::new(schema)?))
+    }
+
+    fn with_schema(schema: &Schema) -> Self {
+        let t = schema.table("inbox_events");
+        PgInbox {
+            insert_sql: format!(
+                "INSERT INTO {t} (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+            ),
+            purge_sql: format!(
+                "DELETE FROM {t} WHERE ctid IN ( \
+                   SELECT ctid FROM {t} WHERE received_at < $1 ORDER BY received_at LIMIT $2)"
+            ),
+        }
+    }
+
+    /// Deletes up to `limit` entries received before `before`; returns how
+    /// many. Call repeatedly until it returns less than `limit`.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn purge(
+        &self,
+        conn: &mut AsyncPgConnection,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<u64> {
+        let deleted = diesel::sql_query(&self.purge_sql)
+            .bind::<Timestamptz, _>(before)
+            .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(conn)
+            .await?;
+        Ok(deleted as u64)
+    }
+}
+
+impl InboxStore for PgInbox {
+    type Connection = AsyncPgConnection;
+    type Error = Error;
+
+    async fn receive(
+        &self,
+        conn: &mut AsyncPgConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<InboxOutcome> {
+        in_transaction(conn)?;
+        let inserted = diesel::sql_query(&self.insert_sql)
+            .bind::<Text, _>(consumer)
+            .bind::<diesel::sql_types::Uuid, _>(event_id)
+            .execute(conn)
+            .await?;
+        Ok(if inserted == 1 {
+            InboxOutcome::FirstTime
+        } else {
+            InboxOutcome::Duplicate
+        })
+    }
+}

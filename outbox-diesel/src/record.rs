@@ -1,0 +1,307 @@
+//! Recording events inside the caller's transaction.
+
+use chrono::{DateTime, Utc};
+use diesel::pg::Pg;
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text, Timestamptz};
+use outbox_core::{DomainEvent, EventEnvelope, Headers};
+use uuid::Uuid;
+
+use crate::schema::Schema;
+use crate::{Error, Result};
+
+/// Where and how events are recorded: the schema of the outbox table and
+/// whether a `NOTIFY` wakes relays.
+///
+/// [`record`](crate::record) and friends use `Outbox::default()` (schema
+/// `public`, notifications on); build your own for another schema.
+///
+/// ```no_run
+/// use diesel_async::{AsyncConnection, AsyncPgConnection};
+/// use outbox_core::DomainEvent;
+/// use outbox_diesel::Outbox;
+/// # #[derive(serde::Serialize)] struct Paid { id: u32 }
+/// # impl DomainEvent for Paid {
+/// #     fn aggregate_type(&self) -> &'static str { "order" }
+/// #     fn event_type(&self) -> &'static str { "order.paid" }
+/// #     fn aggregate_id(&self) -> String { self.id.to_string() }
+/// # }
+///
+/// # async fn run(conn: &mut AsyncPgConnection) -> Result<(), outbox_diesel::Error> {
+/// let outbox = Outbox::new("billing")?;
+/// conn.transaction::<_, outbox_diesel::Error, _>(async |conn| {
+///     // ... the business change on `conn` ...
+///     outbox.record(conn, &Paid { id: 7 }).await?;
+///     Ok(())
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    schema: Schema,
+    insert_sql: String,
+    notify: bool,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Outbox::with_schema(Schema::default(), true)
+    }
+}
+
+impl Outbox {
+    /// The outbox in `schema`, with `NOTIFY` wakeups on.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an invalid schema name.
+    pub fn new(schema: &str) -> Result<Self> {
+        Ok(Outbox::with_schema(Schema::new(schema)?, true))
+    }
+
+    fn with_schema(schema: Schema, notify: bool) -> Self {
+        let insert = format!(
+            "INSERT INTO {table} (id, aggregate_type, aggregate_id, aggregate_version, \
+             event_type, schema_version, payload, headers, occurred_at) \
+             SELECT u.id, u.aggregate_type, u.aggregate_id, u.aggregate_version, u.event_type, \
+             u.schema_version, u.payload::json, u.headers::jsonb, u.occurred_at \
+             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int8[], $5::text[], \
+             $6::int4[], $7::text[], $8::text[], $9::timestamptz[]) \
+             AS u(id, aggregate_type, aggregate_id, aggregate_version, event_type, \
+             schema_version, payload, headers, occurred_at)",
+            table = schema.table("outbox_events"),
+        );
+        // One NOTIFY per statement; PostgreSQL also folds identical
+        // notifications of one transaction into one.
+        let insert_sql = if notify {
+            format!(
+                "WITH inserted AS ({insert} RETURNING 1) \
+                 SELECT pg_notify('{channel}', '') FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row",
+                channel = schema.channel().replace('\'', "''"),
+            )
+        } else {
+            insert
+        };
+        Outbox {
+            schema,
+            insert_sql,
+            notify,
+        }
+    }
+
+    /// Turns the `NOTIFY` on recording on or off (default on).
+    ///
+    /// `NOTIFY` wakes relays within milliseconds, but PostgreSQL serializes
+    /// the commits of notifying transactions on a global lock: at very high
+    /// write rates, turn it off and rely on in-process wakeups
+    /// ([`RelayHandle::notify`](outbox_core::RelayHandle::notify)) and polling.
+    #[must_use]
+    pub fn notify(self, on: bool) -> Self {
+        Outbox::with_schema(self.schema, on)
+    }
+
+    /// The schema of this outbox.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// `true` when recording sends a `NOTIFY`.
+    pub fn notifies(&self) -> bool {
+        self.notify
+    }
+
+    /// The one `INSERT` for `envelopes` (validated first).
+    pub(crate) fn insert_query(
+        &self,
+        envelopes: &[EventEnvelope],
+    ) -> Result<BoxedSqlQuery<'static, Pg, SqlQuery>> {
+        let n = envelopes.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut aggregate_types = Vec::with_capacity(n);
+        let mut aggregate_ids = Vec::with_capacity(n);
+        let mut aggregate_versions: Vec<Option<i64>> = Vec::with_capacity(n);
+        let mut event_types = Vec::with_capacity(n);
+        let mut schema_versions = Vec::with_capacity(n);
+        let mut payloads = Vec::with_capacity(n);
+        let mut headers = Vec::with_capacity(n);
+        let mut occurred: Vec<DateTime<Utc>> = Vec::with_capacity(n);
+        for envelope in envelopes {
+            envelope.validate()?;
+            ids.push(envelope.id);
+            aggregate_types.push(envelope.aggregate_type.clone());
+            aggregate_ids.push(envelope.aggregate_id.clone());
+            aggregate_versions.push(envelope.aggregate_version);
+            event_types.push(envelope.event_type.clone());
+            schema_versions.push(envelope.schema_version);
+            payloads.push(envelope.payload.clone());
+            headers.push(headers_json(&envelope.headers));
+            occurred.push(envelope.occurred_at);
+        }
+        Ok(diesel::sql_query(self.insert_sql.clone())
+            .into_boxed()
+            .bind::<Array<diesel::sql_types::Uuid>, _>(ids)
+            .bind::<Array<Text>, _>(aggregate_types)
+            .bind::<Array<Text>, _>(aggregate_ids)
+            .bind::<Array<Nullable<BigInt>>, _>(aggregate_versions)
+            .bind::<Array<Text>, _>(event_types)
+            .bind::<Array<Integer>, _>(schema_versions)
+            .bind::<Array<Text>, _>(payloads)
+            .bind::<Array<Text>, _>(headers)
+            .bind::<Array<Timestamptz>, _>(occurred))
+    }
+}
+
+fn headers_json(headers: &Headers) -> String {
+    // A map of strings always serializes.
+    serde_json::to_string(headers).unwrap_or_else(|_| "{}".to_owned())
+}
+
+/// Builds the envelopes of `events`.
+pub(crate) fn envelopes<E: DomainEvent>(events: &[E]) -> Result<Vec<EventEnvelope>> {
+    events
+        .iter()
+        .map(|event| EventEnvelope::from_event(event).map_err(Error::from))
+        .collect()
+}
+
+/// The ids of `envelopes`.
+pub(crate) fn ids(envelopes: &[EventEnvelope]) -> Vec<Uuid> {
+    envelopes.iter().map(|e| e.id).collect()
+}
+
+/// Async recording (`diesel_async::AsyncPgConnection`, plain or pooled).
+mod async_pg {
+    use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, TransactionManager};
+    use outbox_core::{DomainEvent, EventEnvelope};
+    use uuid::Uuid;
+
+    use super::{Outbox, envelopes, ids};
+    use crate::{Error, Result};
+
+    pub(crate) fn in_transaction(conn: &mut AsyncPgConnection) -> Result<()> {
+        let status =
+            <AsyncPgConnection as AsyncConnection>::TransactionManager::transaction_manager_status_mut(conn);
+        match status.transaction_depth()? {
+            Some(_) => Ok(()),
+            None => Err(Error::NoTransaction),
+        }
+    }
+
+    impl Outbox {
+        /// Records `event` in the transaction open on `conn`; returns its id.
+        ///
+        /// # Errors
+        /// [`Error::NoTransaction`] if no transaction is open (nothing is
+        /// written), [`Error::Event`] if the event is invalid or fails to
+        /// serialize (nothing is written; the transaction stays usable, roll
+        /// it back), [`Error::Database`] if the insert fails.
+        pub async fn record<E: DomainEvent + Sync>(
+            &self,
+            conn: &mut AsyncPgConnection,
+            event: &E,
+        ) -> Result<Uuid> {
+            let envelope = EventEnvelope::from_event(event)?;
+            let id = envelope.id;
+            self.record_envelopes(conn, &[envelope]).await?;
+            Ok(id)
+        }
+
+        /// Records `events` with one `INSERT`; returns their ids in order.
+        ///
+        /// # Errors
+        /// As [`record`](Self::record); on any error nothing is written.
+        pub async fn record_all<E: DomainEvent + Sync>(
+            &self,
+            conn: &mut AsyncPgConnection,
+            events: &[E],
+        ) -> Result<Vec<Uuid>> {
+            let envelopes = envelopes(events)?;
+            self.record_envelopes(conn, &envelopes).await?;
+            Ok(ids(&envelopes))
+        }
+
+        /// Records prepared envelopes (e.g. with headers attached) with one
+        /// `INSERT`.
+        ///
+        /// # Errors
+        /// As [`record`](Self::record).
+        pub async fn record_envelopes(
+            &self,
+            conn: &mut AsyncPgConnection,
+            envelopes: &[EventEnvelope],
+        ) -> Result<()> {
+            in_transaction(conn)?;
+            if envelopes.is_empty() {
+                return Ok(());
+            }
+            self.insert_query(envelopes)?.execute(conn).await?;
+            Ok(())
+        }
+    }
+}
+
+pub(crate) use async_pg::in_transaction;
+
+/// Sync recording (`diesel::PgConnection`), feature `sync`.
+#[cfg(feature = "sync")]
+mod sync_pg {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    use diesel::{PgConnection, RunQueryDsl};
+    use outbox_core::{DomainEvent, EventEnvelope};
+    use uuid::Uuid;
+
+    use super::{Outbox, envelopes, ids};
+    use crate::{Error, Result};
+
+    impl Outbox {
+        /// Records `event` in the transaction open on a sync `conn`.
+        ///
+        /// # Errors
+        /// As [`record`](Self::record).
+        pub fn record_sync<E: DomainEvent>(
+            &self,
+            conn: &mut PgConnection,
+            event: &E,
+        ) -> Result<Uuid> {
+            let envelope = EventEnvelope::from_event(event)?;
+            let id = envelope.id;
+            self.record_envelopes_sync(conn, &[envelope])?;
+            Ok(id)
+        }
+
+        /// Records `events` with one `INSERT` on a sync `conn`.
+        ///
+        /// # Errors
+        /// As [`record`](Self::record).
+        pub fn record_all_sync<E: DomainEvent>(
+            &self,
+            conn: &mut PgConnection,
+            events: &[E],
+        ) -> Result<Vec<Uuid>> {
+            let envelopes = envelopes(events)?;
+            self.record_envelopes_sync(conn, &envelopes)?;
+            Ok(ids(&envelopes))
+        }
+
+        /// Records prepared envelopes on a sync `conn`.
+        ///
+        /// # Errors
+        /// As [`record`](Self::record).
+        pub fn record_envelopes_sync(
+            &self,
+            conn: &mut PgConnection,
+            envelopes: &[EventEnvelope],
+        ) -> Result<()> {
+            let depth =
+                AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth()?;
+            if depth.is_none() {
+                return Err(Error::NoTransaction);
+            }
+            if envelopes.is_empty() {
+                return Ok(());
+            }
+            self.insert_query(envelopes)?.execute(conn)?;
+            Ok(())
+        }
+    }
+}

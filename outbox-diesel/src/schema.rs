@@ -1,0 +1,220 @@
+//! The tables, their indexes, and the migrations that create them.
+//!
+//! Two tables with fixed names, `outbox_events` and `inbox_events`, live in a
+//! schema of your choice (default `public`), next to `outbox_settings` (one
+//! row: the delivery order of this outbox) and `outbox_schema_version` (this
+//! library's own migration history, never diesel's
+//! `__diesel_schema_migrations`, which your own reverts could touch).
+//!
+//! ```sql
+#![doc = include_str!("../sql/001_outbox.sql")]
+//! ```
+//!
+//! # Why these indexes
+//! - **`outbox_events_pkey (seq)`**: the order of events; purges walk it.
+//! - **`outbox_events_id_key (id)`**: event ids are unique; operators look
+//!   events up by id (replay, skip).
+//! - **`outbox_events_unsent (seq) WHERE status IN ('pending','retry')`**: the
+//!   claim scans it in `seq` order. It holds only unsent rows, so a claim
+//!   costs the same with millions of sent rows kept for audit (each sent row
+//!   leaves the index when it is marked).
+//! - **`outbox_events_blocking (aggregate_type, aggregate_id, seq) WHERE
+//!   status IN ('retry','dead')`**: per-aggregate order asks "does an earlier
+//!   event of this aggregate wait for a retry or lie dead?" for each
+//!   candidate; this index answers it and stays near-empty while the broker
+//!   is healthy, so it costs recording nothing.
+//! - **`inbox_events_pkey (consumer, event_id)`**: the dedup decision itself.
+
+use std::fmt::Write as _;
+
+use crate::{Error, Result};
+
+diesel::table! {
+    /// The outbox (`outbox_events`). This definition has no schema: it names
+    /// the table found through `search_path` (the default schema `public`).
+    outbox_events (seq) {
+        /// Database-assigned order.
+        seq -> Int8,
+        /// Event id (UUID v7).
+        id -> Uuid,
+        /// Aggregate type.
+        aggregate_type -> Text,
+        /// Aggregate id.
+        aggregate_id -> Text,
+        /// Aggregate version, if tracked.
+        aggregate_version -> Nullable<Int8>,
+        /// Event type.
+        event_type -> Text,
+        /// Payload schema version.
+        schema_version -> Int4,
+        /// JSON payload, stored byte-exact (`json`, not `jsonb`).
+        payload -> Json,
+        /// String headers.
+        headers -> Jsonb,
+        /// When the event was recorded.
+        occurred_at -> Timestamptz,
+        /// `pending`, `retry`, `sent`, `dead` or `skipped`.
+        status -> Text,
+        /// Failed attempts.
+        attempts -> Int4,
+        /// When a `retry` event is due.
+        next_attempt_at -> Nullable<Timestamptz>,
+        /// Reason of the last failure.
+        last_error -> Nullable<Text>,
+        /// When the broker confirmed it.
+        published_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    /// The inbox (`inbox_events`), found through `search_path`.
+    inbox_events (consumer, event_id) {
+        /// Consumer name.
+        consumer -> Text,
+        /// Event id.
+        event_id -> Uuid,
+        /// When it was first received.
+        received_at -> Timestamptz,
+    }
+}
+
+/// One embedded migration.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Version, increasing from 1.
+    pub version: i32,
+    /// Short name.
+    pub name: &'static str,
+    /// SQL with `{schema}` where the quoted schema name goes.
+    pub sql: &'static str,
+}
+
+/// Every migration, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "outbox and inbox tables",
+    sql: include_str!("../sql/001_outbox.sql"),
+}];
+
+/// A validated PostgreSQL schema name and the identifiers derived from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schema {
+    name: String,
+    quoted: String,
+}
+
+impl Default for Schema {
+    fn default() -> Self {
+        Schema {
+            name: "public".into(),
+            quoted: "\"public\"".into(),
+        }
+    }
+}
+
+impl Schema {
+    /// Validates `name`: 1..=63 bytes, no NUL. Any other character is fine;
+    /// the name is always quoted.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an empty, too long or NUL-containing name.
+    pub fn new(name: &str) -> Result<Self> {
+        if name.is_empty() || name.len() > 63 || name.contains('\0') {
+            return Err(Error::Config(format!(
+                "schema name {name:?} must be 1 to 63 bytes without NUL"
+            )));
+        }
+        Ok(Schema {
+            name: name.to_owned(),
+            quoted: format!("\"{}\"", name.replace('"', "\"\"")),
+        })
+    }
+
+    /// The schema's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The quoted schema name, e.g. `"public"`.
+    pub fn quoted(&self) -> &str {
+        &self.quoted
+    }
+
+    /// `"schema"."table"`.
+    pub fn table(&self, table: &str) -> String {
+        format!("{}.{table}", self.quoted)
+    }
+
+    /// The `NOTIFY` channel for new events in this schema's outbox.
+    pub fn channel(&self) -> String {
+        format!("outbox_events.{}", self.name)
+    }
+
+    /// The channel as a quoted identifier, for `LISTEN`.
+    pub fn quoted_channel(&self) -> String {
+        format!("\"{}\"", self.channel().replace('"', "\"\""))
+    }
+
+    /// The key of the advisory lock that serializes migrations of this schema.
+    pub(crate) fn lock_key(&self) -> i64 {
+        // FNV-1a: stable across builds and platforms (std's hasher is not).
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in b"outbox-migrations:".iter().chain(self.name.as_bytes()) {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        i64::from_ne_bytes(hash.to_ne_bytes())
+    }
+
+    /// The SQL of `migration` for this schema.
+    pub fn render(&self, migration: &Migration) -> String {
+        migration.sql.replace("{schema}", &self.quoted)
+    }
+}
+
+/// `CREATE TABLE IF NOT EXISTS` of the library's migration history table.
+pub(crate) fn version_table_sql(schema: &Schema) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (
+             version    integer PRIMARY KEY,
+             name       text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );",
+        schema.table("outbox_schema_version")
+    )
+}
+
+/// The whole DDL for `schema`, for teams that run their own migrations:
+/// apply it once. It is what [`migrate`](crate::migrate) applies, including
+/// the version rows, so switching to `migrate` later finds nothing to redo.
+///
+/// ```
+/// let ddl = outbox_diesel::ddl("billing")?;
+/// assert!(ddl.contains(r#"CREATE TABLE "billing".outbox_events"#));
+/// # Ok::<(), outbox_diesel::Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::Config`] for an invalid schema name.
+pub fn ddl(schema: &str) -> Result<String> {
+    let schema = Schema::new(schema)?;
+    let mut out = format!(
+        "CREATE SCHEMA IF NOT EXISTS {q};\n{}\n",
+        version_table_sql(&schema),
+        q = schema.quoted
+    );
+    for migration in MIGRATIONS {
+        let _ = writeln!(
+            out,
+            "-- migration {}: {}\n{}\nINSERT INTO {} (version, name) VALUES ({}, '{}') \
+             ON CONFLICT DO NOTHING;",
+            migration.version,
+            migration.name,
+            schema.render(migration),
+            schema.table("outbox_schema_version"),
+            migration.version,
+            migration.name.replace('\'', "''"),
+        );
+    }
+    Ok(out)
+}

@@ -1,0 +1,112 @@
+//! Reading outbox rows back.
+
+use chrono::{DateTime, Utc};
+use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text, Timestamptz};
+use outbox_core::{EventEnvelope, EventStatus, Headers, OutboxRecord};
+use uuid::Uuid;
+
+use crate::{Error, Result};
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct EventRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) seq: i64,
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    id: Uuid,
+    #[diesel(sql_type = Text)]
+    aggregate_type: String,
+    #[diesel(sql_type = Text)]
+    aggregate_id: String,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    aggregate_version: Option<i64>,
+    #[diesel(sql_type = Text)]
+    event_type: String,
+    #[diesel(sql_type = Integer)]
+    schema_version: i32,
+    #[diesel(sql_type = Text)]
+    payload: String,
+    #[diesel(sql_type = Text)]
+    headers: String,
+    #[diesel(sql_type = Timestamptz)]
+    occurred_at: DateTime<Utc>,
+    #[diesel(sql_type = Text)]
+    status: String,
+    #[diesel(sql_type = Integer)]
+    attempts: i32,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    next_attempt_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Text>)]
+    last_error: Option<String>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    published_at: Option<DateTime<Utc>>,
+}
+
+impl EventRow {
+    pub(crate) fn into_record(self) -> Result<OutboxRecord> {
+        let seq = self.seq;
+        let malformed = |reason: String| Error::MalformedRow { seq, reason };
+        let headers: Headers = serde_json::from_str(&self.headers)
+            .map_err(|e| malformed(format!("headers are not a map of strings: {e}")))?;
+        let status: EventStatus = self.status.parse().map_err(|e| malformed(format!("{e}")))?;
+        Ok(OutboxRecord {
+            seq,
+            envelope: EventEnvelope {
+                id: self.id,
+                aggregate_type: self.aggregate_type,
+                aggregate_id: self.aggregate_id,
+                aggregate_version: self.aggregate_version,
+                event_type: self.event_type,
+                schema_version: self.schema_version,
+                payload: self.payload,
+                headers,
+                occurred_at: self.occurred_at,
+            },
+            status,
+            attempts: u32::try_from(self.attempts).unwrap_or(0),
+            next_attempt_at: self.next_attempt_at,
+            last_error: self.last_error,
+            published_at: self.published_at,
+        })
+    }
+}
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct CandidateRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) seq: i64,
+    #[diesel(sql_type = Text)]
+    pub(crate) aggregate_type: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) aggregate_id: String,
+    #[diesel(sql_type = Bool)]
+    pub(crate) blocked: bool,
+}
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct ClaimSettings {
+    #[diesel(sql_type = Text)]
+    #[allow(dead_code)]
+    pub(crate) timeout: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) delivery_order: String,
+}
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct StatsRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) backlog: i64,
+    #[diesel(sql_type = Nullable<diesel::sql_types::Double>)]
+    pub(crate) oldest_age: Option<f64>,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) dead: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) blocked: i64,
+    #[diesel(sql_type = Text)]
+    pub(crate) delivery_order: String,
+}
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct OrderRow {
+    #[diesel(sql_type = Text)]
+    pub(crate) delivery_order: String,
+}

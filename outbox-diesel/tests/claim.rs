@@ -1,0 +1,427 @@
+//! The relay store: concurrent claims, crash recovery, per-aggregate order,
+//! dead events, stats and purge, against the real PostgreSQL.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use common::{TestDb, moved};
+use diesel_async::AsyncConnection as _;
+use outbox_core::testing::RecordingPublisher;
+use outbox_core::{
+    Claim, DeadSelector, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxStore,
+    PublishOutcome, Relay, RetryPolicy,
+};
+use outbox_diesel::{Error, PgOutboxStore};
+use uuid::Uuid;
+
+/// Records `events` (aggregate, n) in one committed transaction per 500.
+async fn record(db: &TestDb, events: &[(String, u32)]) -> Vec<Uuid> {
+    let mut conn = db.conn().await;
+    let mut ids = Vec::new();
+    for chunk in events.chunks(500) {
+        let batch: Vec<_> = chunk.iter().map(|(a, n)| moved(a, *n)).collect();
+        let chunk_ids = conn
+            .transaction::<_, Error, _>(async |conn| db.outbox.record_all(conn, &batch).await)
+            .await
+            .unwrap();
+        ids.extend(chunk_ids);
+    }
+    ids
+}
+
+fn interleaved(aggregates: usize, per_aggregate: usize) -> Vec<(String, u32)> {
+    (0..per_aggregate)
+        .flat_map(|n| (0..aggregates).map(move |a| (format!("agg-{a}"), n as u32)))
+        .collect()
+}
+
+fn ids_of(claim: &impl Claim) -> Vec<Uuid> {
+    claim.records().iter().map(|r| r.id()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_concurrent_claimers_take_each_event_exactly_once() {
+    let db = TestDb::new("claim_concurrent").await;
+    let ids = record(&db, &interleaved(500, 10)).await;
+    assert_eq!(ids.len(), 5000);
+    let claimed: Arc<Mutex<HashMap<Uuid, usize>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let store = db.store();
+        let claimed = Arc::clone(&claimed);
+        tasks.push(tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                if claimed.lock().unwrap().len() == 5000 {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "claimers did not finish");
+                let Some(mut claim) = store.claim(100).await.unwrap() else {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                };
+                let ids = ids_of(&claim);
+                {
+                    let mut claimed = claimed.lock().unwrap();
+                    for id in &ids {
+                        *claimed.entry(*id).or_default() += 1;
+                    }
+                }
+                claim.mark_sent(&ids).await.unwrap();
+                claim.finish().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let claimed = claimed.lock().unwrap();
+    assert_eq!(claimed.len(), 5000, "none left behind");
+    assert!(
+        claimed.values().all(|n| *n == 1),
+        "an event was claimed twice"
+    );
+    assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 5000);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_claim_does_not_make_other_claimers_wait() {
+    for order in [DeliveryOrder::PerAggregate, DeliveryOrder::Unordered] {
+        let db = TestDb::new("claim_no_wait").await;
+        record(&db, &interleaved(100, 2)).await;
+        let store = db.store();
+        store.set_delivery_order(order).await.unwrap();
+        let held = store.claim(50).await.unwrap().unwrap();
+        let other = tokio::time::timeout(Duration::from_secs(2), store.claim(50))
+            .await
+            .expect("the second claim must not wait for the first")
+            .unwrap()
+            .expect("other rows are claimable");
+        let a: HashSet<Uuid> = ids_of(&held).into_iter().collect();
+        let b: HashSet<Uuid> = ids_of(&other).into_iter().collect();
+        assert!(a.is_disjoint(&b), "{order:?}: the same event claimed twice");
+        assert_eq!(b.len(), 50, "{order:?}");
+        if order == DeliveryOrder::PerAggregate {
+            let aggregates = |c: &outbox_diesel::PgClaim| -> HashSet<String> {
+                c.records()
+                    .iter()
+                    .map(|r| r.envelope.aggregate_id.clone())
+                    .collect()
+            };
+            assert!(
+                aggregates(&held).is_disjoint(&aggregates(&other)),
+                "two claimers must never share an aggregate"
+            );
+        }
+        held.finish().await.unwrap();
+        other.finish().await.unwrap();
+    }
+}
+
+/// pid of the session holding an open claim in this schema.
+async fn claiming_backend(db: &TestDb) -> i32 {
+    #[derive(diesel::QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
+    use diesel::RunQueryDsl;
+    let sql = format!(
+        "SELECT pid FROM pg_stat_activity WHERE state = 'idle in transaction' \
+         AND query LIKE '%FOR UPDATE SKIP LOCKED%' AND query LIKE '%\"{}\"%'",
+        db.schema
+    );
+    let pids: Vec<Pid> = diesel::sql_query(sql).load(&mut db.sync_conn()).unwrap();
+    assert_eq!(pids.len(), 1, "exactly one claiming session");
+    pids[0].pid
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claimer_killed_mid_claim_loses_nothing() {
+    let db = TestDb::new("claim_killed").await;
+    record(&db, &interleaved(5, 4)).await;
+    let store = db.store();
+    let mut dying = store.claim(100).await.unwrap().unwrap();
+    let held = ids_of(&dying);
+    assert_eq!(held.len(), 20);
+    let pid = claiming_backend(&db).await;
+    db.execute(&format!("SELECT pg_terminate_backend({pid})"));
+
+    let again = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let Some(claim) = store.claim(100).await.unwrap() {
+                return claim;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the killed claimer's events are claimable again");
+    assert_eq!(ids_of(&again), held, "same events, same order");
+    // The dead claimer cannot mark anything any more.
+    assert!(dying.mark_sent(&held).await.is_err());
+    again.finish().await.unwrap();
+    assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_claimer_is_released_after_the_claim_timeout() {
+    let db = TestDb::new("claim_hung").await;
+    record(&db, &interleaved(3, 2)).await;
+    let store = PgOutboxStore::builder(db.pool.clone())
+        .schema(&db.schema)
+        .claim_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let hung = store.claim(100).await.unwrap().unwrap();
+    let held = ids_of(&hung);
+    let started = Instant::now();
+    assert!(
+        store.claim(100).await.unwrap().is_none(),
+        "held rows are not claimable"
+    );
+    let again = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(claim) = store.claim(100).await.unwrap() {
+                return claim;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("released within the claim timeout");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert_eq!(ids_of(&again), held);
+    assert!(
+        hung.finish().await.is_err(),
+        "the hung claim lost its session"
+    );
+    again.finish().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_relays_with_random_failures_keep_per_aggregate_order() {
+    let db = TestDb::new("claim_order_relays").await;
+    let events = interleaved(50, 20);
+    let ids = record(&db, &events).await;
+    let mut recorded: HashMap<String, Vec<Uuid>> = HashMap::new();
+    for ((aggregate, _), id) in events.iter().zip(&ids) {
+        recorded.entry(aggregate.clone()).or_default().push(*id);
+    }
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let publisher = RecordingPublisher::with_behaviour(move |_| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        if state.is_multiple_of(10) {
+            PublishOutcome::rejected("nack")
+        } else {
+            PublishOutcome::Acked
+        }
+    });
+    let mut handles = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let relay = Relay::builder(db.store(), publisher.clone())
+            .batch_size(25)
+            .poll_interval(Duration::from_millis(10))
+            .retry(
+                RetryPolicy::default()
+                    .base_delay(Duration::ZERO)
+                    .max_delay(Duration::ZERO)
+                    .max_attempts(1000),
+            )
+            .build()
+            .unwrap();
+        handles.push(relay.handle());
+        tasks.push(tokio::spawn(relay.run()));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while db.count("outbox_events", "WHERE status = 'sent'") < 1000 {
+        assert!(Instant::now() < deadline, "relays did not drain the outbox");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for handle in &handles {
+        handle.shutdown();
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let acked = publisher.published_ids();
+    assert_eq!(acked.len(), 1000, "each event acked once");
+    let rejected = publisher
+        .attempts()
+        .iter()
+        .filter(|a| a.outcome != PublishOutcome::Acked)
+        .count();
+    assert!(rejected > 0, "the test injected failures");
+    for (aggregate, ids) in &recorded {
+        let order: Vec<Uuid> = acked
+            .iter()
+            .copied()
+            .filter(|id| ids.contains(id))
+            .collect();
+        assert_eq!(&order, ids, "order broken for {aggregate}");
+    }
+}
+
+#[tokio::test]
+async fn dead_event_blocks_only_its_aggregate_until_replayed_or_skipped() {
+    let db = TestDb::new("claim_dead").await;
+    let ids = record(
+        &db,
+        &[
+            ("a".into(), 0),
+            ("b".into(), 0),
+            ("a".into(), 1),
+            ("b".into(), 1),
+            ("a".into(), 2),
+        ],
+    )
+    .await;
+    let (a0, b0, a1, b1, a2) = (ids[0], ids[1], ids[2], ids[3], ids[4]);
+    let store = db.store();
+
+    // a0 dies, b0 waits for a retry an hour away; the rest is released.
+    let mut claim = store.claim(100).await.unwrap().unwrap();
+    assert_eq!(ids_of(&claim), ids, "the head holder takes the followers");
+    claim
+        .mark_failed(&[
+            FailedAttempt {
+                id: a0,
+                attempts: 3,
+                error: "NO_ROUTE".into(),
+                next: NextStep::Dead,
+            },
+            FailedAttempt {
+                id: b0,
+                attempts: 1,
+                error: "nack".into(),
+                next: NextStep::RetryAt(Utc::now() + chrono::Duration::hours(1)),
+            },
+        ])
+        .await
+        .unwrap();
+    claim.finish().await.unwrap();
+    assert!(
+        store.claim(100).await.unwrap().is_none(),
+        "both aggregates are blocked"
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.dead, 1);
+    assert_eq!(stats.backlog, 4);
+    assert_eq!(stats.blocked_aggregates, 2);
+
+    // A new aggregate is not held back by them.
+    let c0 = record(&db, &[("c".into(), 0)]).await[0];
+    let claim = store.claim(100).await.unwrap().unwrap();
+    assert_eq!(ids_of(&claim), [c0]);
+    claim.finish().await.unwrap();
+
+    // Replay a: a0, a1, a2 come back in their original order.
+    assert_eq!(store.replay_dead(DeadSelector::Id(a0)).await.unwrap(), 1);
+    let claim = store.claim(100).await.unwrap().unwrap();
+    assert_eq!(ids_of(&claim), [a0, a1, a2, c0]);
+    assert_eq!(claim.records()[0].attempts, 0, "replay resets attempts");
+    assert_eq!(claim.records()[0].status, EventStatus::Pending);
+    claim.finish().await.unwrap();
+
+    // Kill b0 too, then skip it: b1 is unblocked.
+    db.execute(&format!(
+        "UPDATE {{schema}}.outbox_events SET status = 'dead' WHERE id = '{b0}'"
+    ));
+    assert!(store.skip_dead(b0).await.unwrap());
+    assert!(
+        !store.skip_dead(b0).await.unwrap(),
+        "only dead events can be skipped"
+    );
+    let mut claim = store.claim(100).await.unwrap().unwrap();
+    let claimed = ids_of(&claim);
+    assert!(
+        claimed.contains(&b1) && !claimed.contains(&b0),
+        "{claimed:?}"
+    );
+    claim.mark_sent(&claimed).await.unwrap();
+    claim.finish().await.unwrap();
+    assert_eq!(db.count("outbox_events", "WHERE status = 'skipped'"), 1);
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.dead, stats.blocked_aggregates), (0, 0));
+}
+
+#[tokio::test]
+async fn a_due_retry_is_claimed_again_with_its_attempts() {
+    let db = TestDb::new("claim_retry_due").await;
+    let ids = record(&db, &[("a".into(), 0), ("a".into(), 1)]).await;
+    let store = db.store();
+    let mut claim = store.claim(10).await.unwrap().unwrap();
+    claim
+        .mark_failed(&[FailedAttempt {
+            id: ids[0],
+            attempts: 1,
+            error: "nack".into(),
+            next: NextStep::RetryAt(Utc::now()),
+        }])
+        .await
+        .unwrap();
+    claim.finish().await.unwrap();
+    let claim = store.claim(10).await.unwrap().unwrap();
+    assert_eq!(ids_of(&claim), ids);
+    let head = &claim.records()[0];
+    assert_eq!(head.status, EventStatus::Retry);
+    assert_eq!(head.attempts, 1);
+    assert_eq!(head.last_error.as_deref(), Some("nack"));
+}
+
+#[tokio::test]
+async fn dropping_a_claim_releases_it_and_marks_need_the_claim() {
+    let db = TestDb::new("claim_drop").await;
+    let ids = record(&db, &[("a".into(), 0), ("b".into(), 0)]).await;
+    let store = db.store();
+    let mut claim = store.claim(10).await.unwrap().unwrap();
+    claim.mark_sent(&ids).await.unwrap();
+    drop(claim); // never finished: the marks roll back
+    let claim = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let Some(claim) = store.claim(10).await.unwrap() {
+                return claim;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("released at once");
+    assert_eq!(ids_of(&claim), ids);
+    let mut claim = claim;
+    let stranger = Uuid::now_v7();
+    assert!(
+        claim.mark_sent(&[stranger]).await.is_err(),
+        "fenced to the claim's events"
+    );
+}
+
+#[tokio::test]
+async fn purge_deletes_old_sent_rows_in_chunks_and_keeps_dead_ones() {
+    let db = TestDb::new("claim_purge").await;
+    record(&db, &interleaved(10, 3)).await;
+    db.execute(
+        "UPDATE {schema}.outbox_events SET status = 'sent', published_at = now() - interval '2 days' \
+         WHERE seq <= 25",
+    );
+    db.execute("UPDATE {schema}.outbox_events SET status = 'dead' WHERE seq IN (26, 27)");
+    let store = db.store();
+    let cutoff = Utc::now() - chrono::Duration::days(1);
+    assert_eq!(store.purge_sent(cutoff, 10).await.unwrap(), 10);
+    assert_eq!(store.purge_sent(cutoff, 10).await.unwrap(), 10);
+    assert_eq!(store.purge_sent(cutoff, 10).await.unwrap(), 5);
+    assert_eq!(store.purge_sent(cutoff, 10).await.unwrap(), 0);
+    assert_eq!(db.count("outbox_events", ""), 5);
+    assert_eq!(db.count("outbox_events", "WHERE status = 'dead'"), 2);
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.backlog, 3);
+    assert!(stats.oldest_unsent_age.is_some());
+}

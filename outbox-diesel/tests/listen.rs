@@ -1,0 +1,181 @@
+//! The relay's `LISTEN` connection: a committed event wakes the relay through
+//! `NOTIFY` (polling is an hour here), and after the listener session is
+//! killed it reconnects and rescans the backlog, so an event whose `NOTIFY`
+//! was lost meanwhile is still published promptly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{TestDb, moved};
+use diesel::{PgConnection, RunQueryDsl as _};
+use diesel_async::{AsyncConnection as _, AsyncPgConnection};
+use outbox_core::testing::RecordingPublisher;
+use outbox_core::{Relay, RelayHandle};
+use outbox_diesel::{Error, PgOutboxStore};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+const PUBLISH_BOUND: Duration = Duration::from_secs(5);
+
+/// A relay with a `LISTEN` connection and hour-long polling, running.
+fn start_relay(db: &TestDb) -> (RelayHandle, RecordingPublisher, JoinHandle<()>) {
+    let store = PgOutboxStore::builder(db.pool.clone())
+        .schema(&db.schema)
+        .listen(&db.url)
+        .build()
+        .unwrap();
+    let publisher = RecordingPublisher::new();
+    let relay = Relay::builder(store, publisher.clone())
+        .poll_interval(Duration::from_secs(3600))
+        .stats_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    (handle, publisher, task)
+}
+
+async fn stop_relay(handle: RelayHandle, task: JoinHandle<()>) {
+    handle.shutdown();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the relay stops after shutdown")
+        .unwrap();
+}
+
+/// Records one event in a committed transaction, without `handle.notify()`.
+async fn record(db: &TestDb, conn: &mut AsyncPgConnection, n: u32) -> Uuid {
+    conn.transaction::<_, Error, _>(async |conn| db.outbox.record(conn, &moved("l", n)).await)
+        .await
+        .unwrap()
+}
+
+#[derive(Debug, diesel::QueryableByName)]
+struct Session {
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    pid: i32,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    state: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    query: Option<String>,
+}
+
+/// The sessions named after this schema's listener.
+fn listener_sessions(db: &TestDb) -> Vec<Session> {
+    listener_sessions_on(&mut db.sync_conn(), &db.schema)
+}
+
+fn listener_sessions_on(conn: &mut PgConnection, schema: &str) -> Vec<Session> {
+    diesel::sql_query("SELECT pid, state, query FROM pg_stat_activity WHERE application_name = $1")
+        .bind::<diesel::sql_types::Text, _>(format!("outbox_listener:{schema}"))
+        .load(conn)
+        .unwrap()
+}
+
+/// Waits until a listener session other than `not` has run its `LISTEN`
+/// and sits idle; returns its pid.
+async fn wait_for_listener(db: &TestDb, not: Option<i32>) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = listener_sessions(db).into_iter().find(|s| {
+            Some(s.pid) != not
+                && s.state.as_deref() == Some("idle")
+                && s.query.as_deref().is_some_and(|q| q.starts_with("LISTEN"))
+        });
+        if let Some(session) = ready {
+            return session.pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no listener session: {:?}",
+            listener_sessions(db)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn committed_event_wakes_the_relay_through_notify() {
+    let db = TestDb::new("listen_notify").await;
+    let (handle, publisher, task) = start_relay(&db);
+    wait_for_listener(&db, None).await;
+
+    let mut conn = db.conn().await;
+    // One after the other: the listener's one wakeup on connect can explain
+    // at most the first; the others need their NOTIFY (polling is an hour).
+    for n in 1..=3 {
+        let id = record(&db, &mut conn, n).await;
+        tokio::time::timeout(PUBLISH_BOUND, publisher.wait_for(n as usize))
+            .await
+            .unwrap_or_else(|_| panic!("event {n} was not published within {PUBLISH_BOUND:?}"));
+        assert_eq!(publisher.published_ids().last(), Some(&id));
+    }
+    assert_eq!(publisher.published_ids().len(), 3, "each event once");
+    stop_relay(handle, task).await;
+    assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lost_notification_is_recovered_by_the_rescan_after_reconnect() {
+    let db = TestDb::new("listen_reconnect").await;
+    let (handle, publisher, task) = start_relay(&db);
+    let pid = wait_for_listener(&db, None).await;
+    let mut conn = db.conn().await;
+
+    // Warm up, then let any wakeup still queued be consumed, so that only
+    // the reconnect can publish the next event.
+    let warm_up = record(&db, &mut conn, 1).await;
+    tokio::time::timeout(PUBLISH_BOUND, publisher.wait_for(1))
+        .await
+        .expect("the warm-up event is published");
+    assert_eq!(publisher.published_ids(), vec![warm_up]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    #[derive(diesel::QueryableByName)]
+    struct Terminated {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        ok: bool,
+    }
+    let mut monitor = db.sync_conn();
+    let terminated: Terminated = diesel::sql_query("SELECT pg_terminate_backend($1) AS ok")
+        .bind::<diesel::sql_types::Integer, _>(pid)
+        .get_result(&mut monitor)
+        .unwrap();
+    assert!(terminated.ok, "the listener session was terminated");
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while listener_sessions_on(&mut monitor, &db.schema)
+        .iter()
+        .any(|s| s.pid == pid)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the listener session did not end"
+        );
+    }
+    // Now, before the listener's reconnect backoff (>= 100 ms) ends.
+    let lost = record(&db, &mut conn, 2).await;
+    let at_commit = listener_sessions_on(&mut monitor, &db.schema);
+    assert!(
+        at_commit.is_empty(),
+        "the test needs the commit to happen while nobody listens: {at_commit:?}"
+    );
+
+    tokio::time::timeout(PUBLISH_BOUND, publisher.wait_for(2))
+        .await
+        .expect("the event whose NOTIFY was lost is published after the reconnect");
+    assert_eq!(publisher.published_ids(), vec![warm_up, lost]);
+    let new_pid = wait_for_listener(&db, Some(pid)).await;
+    assert_ne!(new_pid, pid);
+
+    // The new session delivers notifications again.
+    let next = record(&db, &mut conn, 3).await;
+    tokio::time::timeout(PUBLISH_BOUND, publisher.wait_for(3))
+        .await
+        .expect("published through the new LISTEN session");
+    assert_eq!(publisher.published_ids().last(), Some(&next));
+
+    stop_relay(handle, task).await;
+    assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 3);
+}

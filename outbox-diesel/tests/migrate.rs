@@ -1,0 +1,256 @@
+//! `migrate` is idempotent, safe from several instances at once, keeps its
+//! history out of diesel's `__diesel_schema_migrations`, and `ddl` applied by
+//! hand gives the same working outbox.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{database_url, moved};
+use diesel::{Connection as _, PgConnection, RunQueryDsl as _};
+use diesel_async::{AsyncConnection as _, SimpleAsyncConnection as _};
+use outbox_core::{Claim as _, OutboxStore as _};
+use outbox_diesel::{Error, Outbox, PgOutboxStore};
+
+/// A schema name of its own for one test, dropped when the test ends (also
+/// when it panics). Nothing is created up front.
+struct SchemaGuard {
+    url: String,
+    name: String,
+}
+
+impl SchemaGuard {
+    fn new(test: &str) -> SchemaGuard {
+        let mut name = format!("m_{test}_{}", std::process::id());
+        name.truncate(63);
+        let guard = SchemaGuard {
+            url: database_url(),
+            name,
+        };
+        // A leftover of an earlier run with the same pid would not be fresh.
+        guard.drop_schema();
+        guard
+    }
+
+    fn sync_conn(&self) -> PgConnection {
+        PgConnection::establish(&self.url).unwrap()
+    }
+
+    /// `to_regclass(name)::text`: `None` when no such relation exists.
+    fn regclass(&self, name: &str) -> Option<String> {
+        #[derive(diesel::QueryableByName)]
+        struct Reg {
+            #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+            r: Option<String>,
+        }
+        diesel::sql_query("SELECT to_regclass($1)::text AS r")
+            .bind::<diesel::sql_types::Text, _>(name)
+            .get_result::<Reg>(&mut self.sync_conn())
+            .unwrap()
+            .r
+    }
+
+    /// The tables of the schema, sorted.
+    fn tables(&self) -> Vec<String> {
+        #[derive(diesel::QueryableByName)]
+        struct Table {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            tablename: String,
+        }
+        diesel::sql_query(
+            "SELECT tablename::text AS tablename FROM pg_tables WHERE schemaname = $1 \
+             ORDER BY tablename",
+        )
+        .bind::<diesel::sql_types::Text, _>(&self.name)
+        .load::<Table>(&mut self.sync_conn())
+        .unwrap()
+        .into_iter()
+        .map(|t| t.tablename)
+        .collect()
+    }
+
+    fn count(&self, table: &str, filter: &str) -> i64 {
+        #[derive(diesel::QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        diesel::sql_query(format!(
+            "SELECT count(*) AS n FROM \"{}\".{table} {filter}",
+            self.name
+        ))
+        .get_result::<Count>(&mut self.sync_conn())
+        .unwrap()
+        .n
+    }
+
+    fn drop_schema(&self) {
+        if let Ok(mut conn) = PgConnection::establish(&self.url) {
+            let _ = diesel::sql_query(format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
+                .execute(&mut conn);
+        }
+    }
+}
+
+impl Drop for SchemaGuard {
+    fn drop(&mut self) {
+        self.drop_schema();
+    }
+}
+
+/// Records one event, claims it, marks it sent: the outbox in `schema` works.
+async fn assert_outbox_works(url: &str, schema: &str) {
+    let outbox = Outbox::new(schema).unwrap();
+    let mut conn = outbox_diesel::connect(url).await.unwrap();
+    let id = conn
+        .transaction::<_, Error, _>(async |conn| outbox.record(conn, &moved("m-1", 1)).await)
+        .await
+        .unwrap();
+    let store = PgOutboxStore::builder(outbox_diesel::pool(url, 2).unwrap())
+        .schema(schema)
+        .build()
+        .unwrap();
+    let mut claim = store
+        .claim(10)
+        .await
+        .unwrap()
+        .expect("the event is claimable");
+    let ids: Vec<_> = claim.records().iter().map(|r| r.id()).collect();
+    assert_eq!(ids, vec![id]);
+    claim.mark_sent(&ids).await.unwrap();
+    claim.finish().await.unwrap();
+    assert!(
+        store.claim(10).await.unwrap().is_none(),
+        "sent, not claimable"
+    );
+}
+
+#[tokio::test]
+async fn second_run_applies_nothing_and_keeps_the_data() {
+    let schema = SchemaGuard::new("migrate_twice");
+    let mut conn = outbox_diesel::connect(&schema.url).await.unwrap();
+    let applied = outbox_diesel::migrate(&mut conn, &schema.name)
+        .await
+        .unwrap();
+    assert_eq!(applied, vec![1]);
+    assert_outbox_works(&schema.url, &schema.name).await;
+
+    let again = outbox_diesel::migrate(&mut conn, &schema.name)
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "nothing left to apply: {again:?}");
+    assert_eq!(
+        schema.tables(),
+        [
+            "inbox_events",
+            "outbox_events",
+            "outbox_schema_version",
+            "outbox_settings"
+        ]
+    );
+    assert_eq!(schema.count("outbox_events", "WHERE status = 'sent'"), 1);
+    assert_eq!(schema.count("outbox_settings", ""), 1);
+    assert_eq!(schema.count("outbox_schema_version", ""), 1);
+    // And through the URL shorthand, likewise nothing.
+    let via_url = outbox_diesel::migrate_url(&schema.url, &schema.name)
+        .await
+        .unwrap();
+    assert!(via_url.is_empty(), "{via_url:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_runs_apply_once_without_error() {
+    let schema = SchemaGuard::new("migrate_concurrent");
+    assert_eq!(
+        schema.regclass(&format!("\"{}\".outbox_events", schema.name)),
+        None
+    );
+    let start = Arc::new(tokio::sync::Barrier::new(4));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let url = schema.url.clone();
+        let name = schema.name.clone();
+        let start = Arc::clone(&start);
+        tasks.push(tokio::spawn(async move {
+            let mut conn = outbox_diesel::connect(&url).await.unwrap();
+            start.wait().await;
+            outbox_diesel::migrate(&mut conn, &name).await
+        }));
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap().expect("no instance fails"));
+    }
+    results.sort();
+    assert_eq!(
+        results,
+        vec![vec![], vec![], vec![], vec![1]],
+        "exactly one instance applies the migration"
+    );
+    assert_eq!(schema.count("outbox_schema_version", ""), 1);
+    assert_eq!(schema.count("outbox_settings", ""), 1);
+    assert_outbox_works(&schema.url, &schema.name).await;
+}
+
+#[tokio::test]
+async fn diesel_migration_table_is_never_created() {
+    let schema = SchemaGuard::new("migrate_no_diesel");
+    let public_before = schema.regclass("public.__diesel_schema_migrations");
+    let mut conn = outbox_diesel::connect(&schema.url).await.unwrap();
+    assert_eq!(
+        outbox_diesel::migrate(&mut conn, &schema.name)
+            .await
+            .unwrap(),
+        vec![1]
+    );
+    assert_eq!(
+        schema.regclass(&format!("\"{}\".__diesel_schema_migrations", schema.name)),
+        None
+    );
+    assert_eq!(
+        schema.regclass("public.__diesel_schema_migrations"),
+        public_before,
+        "the user's diesel history is left as it was"
+    );
+    assert_eq!(
+        schema.regclass(&format!("\"{}\".outbox_schema_version", schema.name)),
+        Some(format!("{}.outbox_schema_version", schema.name))
+    );
+}
+
+#[tokio::test]
+async fn ddl_applied_by_hand_gives_a_working_outbox() {
+    let schema = SchemaGuard::new("migrate_ddl");
+    let ddl = outbox_diesel::ddl(&schema.name).unwrap();
+    let mut conn = outbox_diesel::connect(&schema.url).await.unwrap();
+    conn.batch_execute(&ddl).await.unwrap();
+    assert_eq!(
+        schema.tables(),
+        [
+            "inbox_events",
+            "outbox_events",
+            "outbox_schema_version",
+            "outbox_settings"
+        ],
+        "the DDL carries the version bookkeeping"
+    );
+    assert_outbox_works(&schema.url, &schema.name).await;
+    // A team that started with the DDL can switch to `migrate` later.
+    assert_eq!(
+        outbox_diesel::migrate(&mut conn, &schema.name)
+            .await
+            .unwrap(),
+        Vec::<i32>::new(),
+        "nothing to redo after the hand-applied DDL"
+    );
+    let inbox = outbox_diesel::PgInbox::new(&schema.name).unwrap();
+    let event_id = uuid::Uuid::now_v7();
+    let outcome = conn
+        .transaction::<_, Error, _>(async |conn| {
+            outbox_core::InboxStore::receive(&inbox, conn, "c", event_id).await
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome, outbox_core::InboxOutcome::FirstTime);
+}
