@@ -158,8 +158,9 @@ impl fmt::Debug for EventEnvelope {
 }
 
 impl EventEnvelope {
-    /// Builds the envelope of `event`: a new UUID v7 id, the current time, and
-    /// the payload serialized to JSON.
+    /// Builds the envelope of `event`: a new UUID v7 id, the current time, the
+    /// payload serialized to JSON, and the headers of the current
+    /// [`context`](crate::context) scope, if any.
     ///
     /// # Errors
     /// [`Error::Serialize`] if the payload cannot be serialized (e.g. a map
@@ -170,7 +171,7 @@ impl EventEnvelope {
         let event_type = event.event_type();
         let payload = serde_json::to_string(event)
             .map_err(|source| Error::Serialize { event_type, source })?;
-        let envelope = EventEnvelope {
+        let mut envelope = EventEnvelope {
             id: Uuid::now_v7(),
             aggregate_type: event.aggregate_type().to_owned(),
             aggregate_id: event.aggregate_id(),
@@ -181,6 +182,7 @@ impl EventEnvelope {
             headers: Headers::new(),
             occurred_at: Utc::now(),
         };
+        crate::context::apply(&mut envelope.headers);
         envelope.validate()?;
         Ok(envelope)
     }

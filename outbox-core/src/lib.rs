@@ -37,6 +37,7 @@
 //! | [`Publisher`], [`PublishOutcome`] | what a relay needs from a broker (RabbitMQ: `outbox-lapin`) |
 //! | [`InboxStore`] | consumer-side deduplication |
 //! | [`Relay`], [`RelayHandle`] | the engine that moves committed events to the broker |
+//! | [`context`] | headers (correlation, causation, trace) inherited by events recorded in a scope |
 //! | [`relay::metrics`] | names of the metrics it emits |
 //! | [`failpoints`] | named points where fault tests can stop the relay |
 //! | `testing` | in-memory store, inbox and recording publisher (feature `test-util`) |
@@ -59,6 +60,7 @@
 //! | `failpoints` | no | the named [`failpoints`] (via the `fail` crate) |
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+pub mod context;
 mod envelope;
 mod error;
 mod event;

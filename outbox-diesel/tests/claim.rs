@@ -425,3 +425,36 @@ async fn purge_deletes_old_sent_rows_in_chunks_and_keeps_dead_ones() {
     assert_eq!(stats.backlog, 3);
     assert!(stats.oldest_unsent_age.is_some());
 }
+
+#[tokio::test]
+async fn replay_by_aggregate_and_all_keeps_sequence_order() {
+    let db = TestDb::new("claim_replay_sel").await;
+    let ids = record(
+        &db,
+        &[
+            ("a".into(), 0),
+            ("b".into(), 0),
+            ("a".into(), 1),
+            ("c".into(), 0),
+        ],
+    )
+    .await;
+    db.execute("UPDATE {schema}.outbox_events SET status = 'dead', attempts = 10");
+    let store = db.store();
+    assert!(store.claim(10).await.unwrap().is_none());
+    let replayed = store
+        .replay_dead(DeadSelector::Aggregate {
+            aggregate_type: "piece".into(),
+            aggregate_id: "a".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(replayed, 2);
+    let claim = store.claim(10).await.unwrap().unwrap();
+    assert_eq!(ids_of(&claim), [ids[0], ids[2]]);
+    claim.finish().await.unwrap();
+    assert_eq!(store.replay_dead(DeadSelector::All).await.unwrap(), 2);
+    let claim = store.claim(10).await.unwrap().unwrap();
+    assert_eq!(ids_of(&claim), ids, "every event back, in seq order");
+    assert!(claim.records().iter().all(|r| r.attempts == 0));
+}

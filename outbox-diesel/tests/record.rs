@@ -261,3 +261,22 @@ async fn notify_is_sent_on_commit_only() {
     let more = tokio::time::timeout(std::time::Duration::from_millis(300), stream.next()).await;
     assert!(more.is_err(), "only one notification: {more:?}");
 }
+
+#[tokio::test]
+async fn pooled_connections_record_and_context_headers_are_attached() {
+    let db = TestDb::new("record_pooled").await;
+    let mut conn = db.pool.get().await.unwrap();
+    let scoped = Headers::new().with(Headers::CORRELATION_ID, "req-42").with(
+        Headers::TRACEPARENT,
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    );
+    let id = outbox_core::context::scope(scoped.clone(), async {
+        conn.transaction::<_, Error, _>(async |conn| db.outbox.record(conn, &moved("p", 1)).await)
+            .await
+    })
+    .await
+    .unwrap();
+    let claim = db.store().claim(1).await.unwrap().unwrap();
+    assert_eq!(claim.records()[0].id(), id);
+    assert_eq!(claim.records()[0].envelope.headers, scoped);
+}
