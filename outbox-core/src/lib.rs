@@ -35,7 +35,7 @@
 //! | [`RetryPolicy`] | exponential backoff with full jitter, capped, with an attempt limit |
 //! | [`OutboxStore`], [`Claim`] | what a relay needs from storage (PostgreSQL: `outbox-diesel`) |
 //! | [`Publisher`], [`PublishOutcome`] | what a relay needs from a broker (RabbitMQ: `outbox-lapin`) |
-//! | [`InboxStore`] | consumer-side deduplication |
+//! | [`InboxStore`], [`InboxDatabase`] | consumer-side deduplication, and transactions for consumers |
 //! | [`Relay`], [`RelayHandle`] | the engine that moves committed events to the broker |
 //! | [`context`] | headers (correlation, causation, trace) inherited by events recorded in a scope |
 //! | [`relay::metrics`] | names of the metrics it emits |
@@ -81,8 +81,8 @@ pub use relay::{Relay, RelayBuilder, RelayHandle};
 pub use retry::{NextStep, RetryPolicy};
 pub use status::{EventStatus, Transition};
 pub use store::{
-    Claim, DeadSelector, DeliveryOrder, FailedAttempt, InboxOutcome, InboxStore, OutboxStats,
-    OutboxStore,
+    Claim, DeadSelector, DeliveryOrder, FailedAttempt, InboxDatabase, InboxOutcome, InboxStore,
+    OutboxStats, OutboxStore,
 };
 
 /// `#[derive(DomainEvent)]` (feature `derive`); see `outbox-macros`.

@@ -190,3 +190,41 @@ pub trait InboxStore: Send + Sync {
         event_id: Uuid,
     ) -> impl Future<Output = Result<InboxOutcome, Self::Error>> + Send;
 }
+
+/// Transactions for consumers: begin one, record the inbox entry in it, run
+/// the handler on it, commit. Lets a broker adapter (the RabbitMQ
+/// `InboxConsumer`) run handlers in database transactions without depending
+/// on a database crate.
+///
+/// Dropping a [`Tx`](Self::Tx) without [`commit`](Self::commit) must roll
+/// it back. Implementations: `outbox-diesel`'s `PgInboxDatabase` and, for
+/// tests, `testing::InMemoryInbox`.
+pub trait InboxDatabase: Send + Sync + 'static {
+    /// An open transaction; the handler works on it.
+    type Tx: Send;
+    /// The database's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Opens a transaction.
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, Self::Error>> + Send;
+
+    /// Records in `tx` that `consumer` received `event_id` (see
+    /// [`InboxStore::receive`]).
+    fn receive(
+        &self,
+        tx: &mut Self::Tx,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> impl Future<Output = Result<InboxOutcome, Self::Error>> + Send;
+
+    /// Commits `tx`.
+    fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Rolls `tx` back. The default drops it (which must roll back);
+    /// implementations override it when an explicit rollback is cheaper
+    /// (e.g. keeps a pooled connection).
+    fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        drop(tx);
+        std::future::ready(Ok(()))
+    }
+}

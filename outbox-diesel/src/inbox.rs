@@ -2,13 +2,14 @@
 
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Text, Timestamptz};
+use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use outbox_core::{InboxOutcome, InboxStore};
+use outbox_core::{InboxDatabase, InboxOutcome, InboxStore};
 use uuid::Uuid;
 
 use crate::record::in_transaction;
 use crate::schema::Schema;
-use crate::{Error, Result};
+use crate::{Error, PgTransaction, Result};
 
 /// The inbox (`inbox_events`): one row per `(consumer, event_id)`.
 ///
@@ -114,5 +115,57 @@ impl InboxStore for PgInbox {
         } else {
             InboxOutcome::Duplicate
         })
+    }
+}
+
+/// [`InboxDatabase`] on a pool: what an inbox consumer (e.g. `outbox-lapin`'s
+/// `InboxConsumer`) uses to run each handler in a transaction that also
+/// records the inbox entry. Handlers get the [`PgTransaction`], usable as a
+/// `&mut AsyncPgConnection`, and may [`record`](crate::Outbox::record)
+/// new events on it.
+#[derive(Clone)]
+pub struct PgInboxDatabase {
+    pool: Pool<AsyncPgConnection>,
+    inbox: PgInbox,
+}
+
+impl std::fmt::Debug for PgInboxDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgInboxDatabase")
+            .field("inbox", &self.inbox)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgInboxDatabase {
+    /// Transactions on `pool`, inbox entries in `inbox`.
+    pub fn new(pool: Pool<AsyncPgConnection>, inbox: PgInbox) -> Self {
+        PgInboxDatabase { pool, inbox }
+    }
+}
+
+impl InboxDatabase for PgInboxDatabase {
+    type Tx = PgTransaction;
+    type Error = Error;
+
+    async fn begin(&self) -> Result<PgTransaction> {
+        PgTransaction::begin(&self.pool).await
+    }
+
+    async fn receive(
+        &self,
+        tx: &mut PgTransaction,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<InboxOutcome> {
+        InboxStore::receive(&self.inbox, tx, consumer, event_id).await
+    }
+
+    async fn commit(&self, tx: PgTransaction) -> Result<()> {
+        tx.commit().await
+    }
+
+    async fn rollback(&self, tx: PgTransaction) -> Result<()> {
+        tx.rollback().await
     }
 }

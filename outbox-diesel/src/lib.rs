@@ -118,13 +118,15 @@ mod migrate;
 mod record;
 pub mod schema;
 mod store;
+mod transaction;
 
 pub use error::{Error, Result};
-pub use inbox::PgInbox;
+pub use inbox::{PgInbox, PgInboxDatabase};
 pub use migrate::{migrate, migrate_url};
 pub use record::Outbox;
 pub use schema::{MIGRATIONS, Migration, Schema, ddl, inbox_events, outbox_events};
 pub use store::{PgClaim, PgOutboxStore, PgOutboxStoreBuilder};
+pub use transaction::PgTransaction;
 
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;

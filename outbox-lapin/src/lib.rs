@@ -1,14 +1,75 @@
-//! RabbitMQ adapter of the `outbox` transactional outbox (lapin). **Not
-//! implemented yet**: this crate reserves the name and its place in the
-//! workspace.
+//! RabbitMQ adapter of the `outbox` transactional outbox, on lapin: the
+//! relay's [`LapinPublisher`] (publisher confirms) and the inbox-aware
+//! [`InboxConsumer`].
 //!
-//! Planned (see the project README's roadmap): `LapinPublisher` implementing
-//! `outbox_core::Publisher` with publisher confirms, `mandatory` routing and the
-//! wire format of the project's design, and an inbox-aware `InboxConsumer`.
+//! # Relay: PostgreSQL outbox → RabbitMQ
+//! ```no_run
+//! use outbox_core::Relay;
+//! use outbox_diesel::PgOutboxStore;
+//! use outbox_lapin::LapinPublisher;
 //!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let db = "postgres://postgres@127.0.0.1:5432/shop";
+//! let store = PgOutboxStore::builder(outbox_diesel::pool(db, 4)?)
+//!     .listen(db) // wake on NOTIFY (direct connection)
+//!     .build()?;
+//! let publisher = LapinPublisher::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
+//!     .exchange("shop.events") // durable topic exchange, declared on connect
+//!     .source("/shop") // cloudEvents:source
+//!     .build()?;
+//! publisher.connect().await?; // fail fast on a bad URL
+//! let relay = Relay::builder(store, publisher).build()?;
+//! let handle = relay.handle(); // notify() after commits; shutdown() on SIGTERM
+//! tokio::spawn(relay.run());
+//! # let _ = handle; Ok(()) }
 //! ```
-//! // The trait it will implement lives in outbox-core:
-//! use outbox_core::{PublishOutcome, Publisher};
-//! let refused = PublishOutcome::rejected("NO_ROUTE");
-//! assert!(matches!(refused, PublishOutcome::Rejected { .. }));
-//! ```
+//!
+//! # Consumer: RabbitMQ → handler, once per event
+//! Declare a queue with its bindings and dead-letter queue with
+//! [`QueueTopology`], and run an [`InboxConsumer`] with an
+//! [`EventHandler`]; see its docs for a complete example. With
+//! `outbox-diesel`, the database is `PgInboxDatabase` and handlers get a
+//! `PgTransaction` (a `&mut AsyncPgConnection`) on which they can also record
+//! new outbox events: those inherit `causation_id` = the incoming event id,
+//! and its correlation id and trace context.
+//!
+//! # Guarantees and failure behaviour
+//! | situation | publisher | consumer |
+//! |---|---|---|
+//! | broker confirms (`basic.ack`) | event marked `Sent` | – |
+//! | unroutable (`312 NO_ROUTE` return), `basic.nack`, no confirm in time | attempt spent, retried with backoff, `Dead` at the limit | – |
+//! | channel closed by the broker for a message (404 exchange, 406) | narrowed to that message (bisect), attempt spent; the rest of the batch is published | – |
+//! | connection lost or `connection.blocked` | no attempt spent; relay pauses, reconnects on the next batch | reconnects with backoff; unacked deliveries come back and dedup in the inbox |
+//! | duplicate delivery | – | inbox says duplicate: acked, handler not run |
+//! | handler error | – | rolled back; republished with `x-outbox-attempt` + 1 after `retry_delay`; dead-lettered after `max_attempts` with `x-outbox-dead-reason` |
+//! | undecodable message | – | dead-lettered at once with the reason |
+//! | crash between commit and ack | – | redelivered, detected as duplicate |
+//!
+//! Delivery is at least once; with the inbox, effects are exactly once.
+//! Keep inbox rows at least as long as the broker may redeliver a message
+//! (see `outbox_diesel::PgInbox`).
+//!
+//! The wire format is in [`wire`].
+//!
+//! # Feature flags
+//! | feature | default | enables |
+//! |---|---|---|
+//! | `tls` | no | `amqps://` with rustls and the `ring` provider |
+
+mod consumer;
+mod error;
+mod publisher;
+mod topology;
+pub mod wire;
+
+pub use consumer::{
+    ATTEMPT_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError, HandlerFn, HandlerFuture,
+    InboxConsumer, InboxConsumerBuilder, LAST_ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER,
+    ORIGINAL_ROUTING_KEY_HEADER, handler_fn, metrics as consumer_metrics,
+};
+pub use error::{Error, Result};
+pub use publisher::{
+    BLOCKED_GAUGE, ExchangeFn, LapinPublisher, LapinPublisherBuilder, RoutingKeyFn,
+};
+pub use topology::{QueueTopology, declare_exchange};
+pub use wire::{DecodeError, IncomingEvent};

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use uuid::Uuid;
 
-use crate::{InboxOutcome, InboxStore};
+use crate::{InboxDatabase, InboxOutcome, InboxStore};
 
 /// An in-memory inbox. Entries written through an [`InboxTx`] become visible
 /// to other transactions only when it is [committed](InboxTx::commit); a
@@ -79,6 +79,29 @@ impl InboxStore for InMemoryInbox {
     }
 }
 
+impl InboxDatabase for InMemoryInbox {
+    type Tx = InboxTx;
+    type Error = std::convert::Infallible;
+
+    async fn begin(&self) -> Result<InboxTx, Self::Error> {
+        Ok(InMemoryInbox::begin(self))
+    }
+
+    async fn receive(
+        &self,
+        tx: &mut InboxTx,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<InboxOutcome, Self::Error> {
+        InboxStore::receive(self, tx, consumer, event_id).await
+    }
+
+    async fn commit(&self, tx: InboxTx) -> Result<(), Self::Error> {
+        tx.commit();
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,11 +113,11 @@ mod tests {
 
         let mut tx = inbox.begin();
         assert_eq!(
-            inbox.receive(&mut tx, "a", id).await,
+            InboxStore::receive(&inbox, &mut tx, "a", id).await,
             Ok(InboxOutcome::FirstTime)
         );
         assert_eq!(
-            inbox.receive(&mut tx, "a", id).await,
+            InboxStore::receive(&inbox, &mut tx, "a", id).await,
             Ok(InboxOutcome::Duplicate)
         );
         drop(tx); // rolled back
@@ -102,17 +125,17 @@ mod tests {
 
         let mut tx = inbox.begin();
         assert_eq!(
-            inbox.receive(&mut tx, "a", id).await,
+            InboxStore::receive(&inbox, &mut tx, "a", id).await,
             Ok(InboxOutcome::FirstTime)
         );
         tx.commit();
         let mut tx = inbox.begin();
         assert_eq!(
-            inbox.receive(&mut tx, "a", id).await,
+            InboxStore::receive(&inbox, &mut tx, "a", id).await,
             Ok(InboxOutcome::Duplicate)
         );
         assert_eq!(
-            inbox.receive(&mut tx, "b", id).await,
+            InboxStore::receive(&inbox, &mut tx, "b", id).await,
             Ok(InboxOutcome::FirstTime)
         );
         tx.commit();

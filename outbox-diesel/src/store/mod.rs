@@ -43,6 +43,8 @@ use chrono::{DateTime, Utc};
 use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text, Timestamptz};
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
+
+use crate::PgTransaction;
 use outbox_core::{
     Claim, DeadSelector, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxRecord,
     OutboxStats, OutboxStore, RelayHandle,
@@ -379,29 +381,22 @@ impl OutboxStore for PgOutboxStore {
     type Claim = PgClaim;
 
     async fn claim(&self, limit: usize) -> Result<Option<PgClaim>> {
-        let mut conn = self.conn().await?;
-        AnsiTransactionManager::begin_transaction(&mut *conn).await?;
-        // From here, dropping `PgClaim` (or this future) without COMMIT
-        // discards the connection, which makes PostgreSQL roll back.
-        let mut claim = PgClaim {
-            conn: Some(conn),
-            records: Vec::new(),
-            seq_of: HashMap::new(),
-            order: DeliveryOrder::PerAggregate,
-            sql: Arc::clone(&self.sql),
-            valid_until: Instant::now() + self.claim_timeout.mul_f64(0.8),
-        };
-        let conn = claim.connection()?;
-        let (order, records) = self.claim_rows(conn, limit).await?;
+        // Dropping the transaction (an error below, or the relay dropping
+        // the claim) closes its connection, which makes PostgreSQL roll back.
+        let mut tx = PgTransaction::begin(&self.pool).await?;
+        let (order, records) = self.claim_rows(&mut tx, limit).await?;
         if records.is_empty() {
-            claim.rollback().await?;
+            tx.rollback().await?;
             return Ok(None);
         }
-        claim.valid_until = Instant::now() + self.claim_timeout.mul_f64(0.8);
-        claim.order = order;
-        claim.seq_of = records.iter().map(|r| (r.id(), r.seq)).collect();
-        claim.records = records;
-        Ok(Some(claim))
+        Ok(Some(PgClaim {
+            tx: Some(tx),
+            seq_of: records.iter().map(|r| (r.id(), r.seq)).collect(),
+            records,
+            order,
+            sql: Arc::clone(&self.sql),
+            valid_until: Instant::now() + self.claim_timeout.mul_f64(0.8),
+        }))
     }
 
     async fn stats(&self) -> Result<OutboxStats> {
@@ -481,11 +476,11 @@ impl OutboxStore for PgOutboxStore {
 
 /// A batch held by one relay: an open transaction with the rows locked.
 ///
-/// Dropped without [`finish`](Claim::finish), its connection is closed
-/// rather than returned to the pool, so PostgreSQL rolls back and the rows
-/// are claimable again at once.
+/// Dropped without [`finish`](Claim::finish), its [`PgTransaction`] closes
+/// its connection rather than returning it to the pool, so PostgreSQL rolls
+/// back and the rows are claimable again at once.
 pub struct PgClaim {
-    conn: Option<Object<AsyncPgConnection>>,
+    tx: Option<PgTransaction>,
     records: Vec<OutboxRecord>,
     seq_of: HashMap<Uuid, i64>,
     order: DeliveryOrder,
@@ -498,14 +493,14 @@ impl std::fmt::Debug for PgClaim {
         f.debug_struct("PgClaim")
             .field("records", &self.records.len())
             .field("order", &self.order)
-            .field("open", &self.conn.is_some())
+            .field("open", &self.tx.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl PgClaim {
     fn connection(&mut self) -> Result<&mut AsyncPgConnection> {
-        self.conn
+        self.tx
             .as_deref_mut()
             .ok_or_else(|| Error::Config("claim already finished".into()))
     }
@@ -518,13 +513,6 @@ impl PgClaim {
                 .ok_or_else(|| Error::Config(format!("event {id} is not part of this claim")))
         })
         .collect()
-    }
-
-    async fn rollback(&mut self) -> Result<()> {
-        if let Some(mut conn) = self.conn.take() {
-            AnsiTransactionManager::rollback_transaction(&mut *conn).await?;
-        }
-        Ok(())
     }
 }
 
@@ -583,19 +571,9 @@ impl Claim for PgClaim {
     }
 
     async fn finish(mut self) -> Result<()> {
-        if let Some(mut conn) = self.conn.take() {
-            AnsiTransactionManager::commit_transaction(&mut *conn).await?;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for PgClaim {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            // Still inside the claim's transaction: close the connection
-            // instead of pooling it, so its locks go now.
-            drop(Object::take(conn));
+        match self.tx.take() {
+            Some(tx) => tx.commit().await,
+            None => Ok(()),
         }
     }
 }

@@ -1,0 +1,115 @@
+//! The headers a request gives its events: correlation id and W3C trace
+//! context, taken from the request's HTTP headers.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use outbox_core::Headers;
+use uuid::Uuid;
+
+/// Longest correlation id taken from a request; longer ones are replaced.
+const MAX_ID_LEN: usize = 200;
+/// Longest `traceparent`/`tracestate` carried over (W3C asks for at least
+/// 512 characters of `tracestate` to be propagated).
+const MAX_TRACE_LEN: usize = 512;
+
+/// The default request headers holding a correlation id, in order of preference.
+pub(crate) fn default_correlation_headers() -> Vec<HeaderName> {
+    vec![
+        HeaderName::from_static("x-request-id"),
+        HeaderName::from_static("x-correlation-id"),
+    ]
+}
+
+/// The event headers for a request with `headers`: the first usable
+/// correlation id among `correlation` (else a new UUID v7), and the
+/// `traceparent` and `tracestate` headers if present.
+pub(crate) fn event_headers(headers: &HeaderMap, correlation: &[HeaderName]) -> Headers {
+    let id = correlation
+        .iter()
+        .find_map(|name| usable(headers.get(name), MAX_ID_LEN))
+        .map_or_else(|| Uuid::now_v7().to_string(), str::to_owned);
+    let mut out = Headers::new().with(Headers::CORRELATION_ID, id);
+    for key in [Headers::TRACEPARENT, Headers::TRACESTATE] {
+        if let Some(value) = usable(headers.get(key), MAX_TRACE_LEN) {
+            out.insert(key, value);
+        }
+    }
+    out
+}
+
+/// The value as text if it is visible ASCII (no control characters, so no
+/// NUL either), not blank and at most `max` bytes.
+fn usable(value: Option<&HeaderValue>, max: usize) -> Option<&str> {
+    let text = value?.to_str().ok()?.trim();
+    (!text.is_empty() && text.len() <= max).then_some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    HeaderName::from_static(k),
+                    HeaderValue::from_str(v).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn request_id_wins_then_correlation_id_then_a_new_uuid_v7() {
+        let names = default_correlation_headers();
+        let both = map(&[("x-correlation-id", "corr"), ("x-request-id", "req")]);
+        assert_eq!(
+            event_headers(&both, &names).get(Headers::CORRELATION_ID),
+            Some("req")
+        );
+        let corr = map(&[("x-correlation-id", "corr")]);
+        assert_eq!(
+            event_headers(&corr, &names).get(Headers::CORRELATION_ID),
+            Some("corr")
+        );
+        for unusable in [map(&[]), map(&[("x-request-id", "  ")]), {
+            let long = "x".repeat(MAX_ID_LEN + 1);
+            map(&[("x-request-id", long.as_str())])
+        }] {
+            let headers = event_headers(&unusable, &names);
+            let id: Uuid = headers
+                .get(Headers::CORRELATION_ID)
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(id.get_version_num(), 7);
+        }
+    }
+
+    #[test]
+    fn a_configured_header_replaces_the_defaults() {
+        let names = [HeaderName::from_static("x-trace-id")];
+        let headers = map(&[("x-request-id", "req"), ("x-trace-id", "trace-7")]);
+        assert_eq!(
+            event_headers(&headers, &names).get(Headers::CORRELATION_ID),
+            Some("trace-7")
+        );
+    }
+
+    #[test]
+    fn trace_context_is_carried_when_present() {
+        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let headers = event_headers(
+            &map(&[("traceparent", tp), ("tracestate", "congo=t61rcWkgMzE")]),
+            &default_correlation_headers(),
+        );
+        assert_eq!(headers.get(Headers::TRACEPARENT), Some(tp));
+        assert_eq!(headers.get(Headers::TRACESTATE), Some("congo=t61rcWkgMzE"));
+        let none = event_headers(&HeaderMap::new(), &default_correlation_headers());
+        assert_eq!(none.len(), 1, "only the generated correlation id");
+        let mut binary = HeaderMap::new();
+        binary.insert("traceparent", HeaderValue::from_bytes(b"\xff\xfe").unwrap());
+        let skipped = event_headers(&binary, &default_correlation_headers());
+        assert_eq!(skipped.get(Headers::TRACEPARENT), None);
+    }
+}

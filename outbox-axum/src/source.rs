@@ -1,0 +1,131 @@
+//! Where request transactions get their connection: [`ConnectionSource`],
+//! implemented for diesel-async's deadpool pool.
+
+use std::fmt;
+use std::future::Future;
+use std::ops::DerefMut;
+
+use diesel_async::AsyncPgConnection;
+use diesel_async::pooled_connection::deadpool::{Object, Pool};
+use futures_util::future::BoxFuture;
+
+/// The error type a [`ConnectionSource`] reports.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A source of PostgreSQL connections for request transactions: a pool.
+///
+/// Implemented for diesel-async's deadpool
+/// [`Pool<AsyncPgConnection>`](diesel_async::pooled_connection::deadpool::Pool),
+/// the pool `outbox_diesel::pool` builds and the relay's store uses, so one
+/// pool serves both. Deadpool is the default because its connections are
+/// owned (`'static`) values that can be held across `await`s and moved
+/// between the extractor and the layer, and because
+/// deadpool's `Object::take` can detach a connection
+/// from the pool: that is how a transaction interrupted mid-way (a dropped
+/// request future, a panic, a failed `COMMIT`) is closed instead of being
+/// returned to the pool still inside `BEGIN`.
+///
+/// Another pool (bb8, or a plain connection per request) plugs in by
+/// implementing this trait. For bb8, return `Pool::get_owned()`'s
+/// `PooledConnection<'static, _>`; bb8 already drops a connection whose
+/// transaction is still open (diesel-async's `is_broken` check), so the
+/// default [`discard`](Self::discard) is enough. A source that opens a fresh
+/// connection for each request:
+///
+/// ```no_run
+/// use diesel_async::{AsyncConnection, AsyncPgConnection};
+/// use outbox_axum::{BoxError, ConnectionSource, OutboxLayer};
+///
+/// #[derive(Debug)]
+/// struct Direct(String);
+///
+/// impl ConnectionSource for Direct {
+///     type Connection = Box<AsyncPgConnection>;
+///
+///     async fn connection(&self) -> Result<Self::Connection, BoxError> {
+///         Ok(Box::new(AsyncPgConnection::establish(&self.0).await?))
+///     }
+///     // `discard` keeps its default: dropping the connection closes it.
+/// }
+///
+/// let layer = OutboxLayer::new(Direct("postgres://postgres@127.0.0.1/app".into()));
+/// # let _ = layer;
+/// ```
+pub trait ConnectionSource: Send + Sync + 'static {
+    /// A connection lent by the source; dropping it gives it back.
+    type Connection: DerefMut<Target = AsyncPgConnection> + Send + 'static;
+
+    /// Takes a connection. The layer bounds this (and the `BEGIN` after it)
+    /// with its [`acquire_timeout`](crate::OutboxLayer::acquire_timeout), so
+    /// it may wait; an error becomes a `503 Service Unavailable`.
+    fn connection(&self) -> impl Future<Output = Result<Self::Connection, BoxError>> + Send;
+
+    /// Gets rid of a connection that may still be inside a transaction (the
+    /// request was cancelled, the handler panicked, `COMMIT` or `ROLLBACK`
+    /// failed). It must not be lent out again in that state: close it, so
+    /// PostgreSQL rolls back and releases its locks at once. The default
+    /// drops it, which is right for sources whose connections are not pooled
+    /// or whose pool checks the transaction state on return (bb8).
+    fn discard(connection: Self::Connection) {
+        drop(connection);
+    }
+}
+
+impl ConnectionSource for Pool<AsyncPgConnection> {
+    type Connection = Object<AsyncPgConnection>;
+
+    async fn connection(&self) -> Result<Self::Connection, BoxError> {
+        self.get().await.map_err(BoxError::from)
+    }
+
+    fn discard(connection: Self::Connection) {
+        // Detached from the pool, the connection is closed when dropped.
+        drop(Object::take(connection));
+    }
+}
+
+/// A connection taken from some source, with the source's type erased so
+/// that `Tx` and the layer are not generic.
+pub(crate) trait Lent: Send {
+    fn conn(&mut self) -> &mut AsyncPgConnection;
+    fn discard(self: Box<Self>);
+}
+
+struct LentFrom<S: ConnectionSource>(S::Connection);
+
+impl<S: ConnectionSource> Lent for LentFrom<S> {
+    fn conn(&mut self) -> &mut AsyncPgConnection {
+        &mut self.0
+    }
+
+    fn discard(self: Box<Self>) {
+        S::discard(self.0);
+    }
+}
+
+/// A [`ConnectionSource`] behind a trait object.
+pub(crate) trait ErasedSource: Send + Sync {
+    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Lent>, BoxError>>;
+    fn type_name(&self) -> &'static str;
+}
+
+pub(crate) struct Erased<S>(pub(crate) S);
+
+impl<S: ConnectionSource> ErasedSource for Erased<S> {
+    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Lent>, BoxError>> {
+        Box::pin(async move {
+            let conn = self.0.connection().await?;
+            Ok(Box::new(LentFrom::<S>(conn)) as Box<dyn Lent>)
+        })
+    }
+
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<S>()
+    }
+}
+
+impl fmt::Debug for dyn ErasedSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.type_name())
+    }
+}

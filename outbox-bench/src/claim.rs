@@ -1,0 +1,68 @@
+//! W4: the claim's cost with and without a million sent rows kept, and the
+//! database's commit (flush) latency.
+
+use outbox::postgres::PgOutboxStore;
+
+use crate::setup::{BoxError, Env, interleaved, median_ms};
+
+/// Server-side execution time (ms) of the claim statements, median of `runs`.
+pub(crate) async fn claim_ms(env: &Env, runs: usize) -> Result<f64, BoxError> {
+    let store = PgOutboxStore::builder(env.pool.clone())
+        .schema(&env.schema)
+        .build()?;
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let plans = store.explain_claim(100).await?;
+        let total: f64 = plans
+            .iter()
+            .filter_map(|plan| plan[0]["Execution Time"].as_f64())
+            .sum();
+        times.push(total);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(crate::setup::percentile(&times, 50.0))
+}
+
+/// (claim ms with an empty history, claim ms with `sent_rows` sent rows).
+pub(crate) async fn scale(env: &Env, sent_rows: u64) -> Result<(f64, f64), BoxError> {
+    env.reset().await?;
+    env.backlog(&interleaved(100, 5)).await?;
+    let empty = claim_ms(env, 30).await?;
+    env.exec(&format!(
+        "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, schema_version, payload, \
+         occurred_at, status, published_at) \
+         SELECT gen_random_uuid(), 'order', (g % 5000)::text, 'order.placed', 1, '{{}}', now(), \
+         'sent', now() FROM generate_series(1, {sent_rows}) g",
+        env.table("outbox_events"),
+    ))
+    .await?;
+    env.exec(&format!("VACUUM ANALYZE {}", env.table("outbox_events")))
+        .await?;
+    let full = claim_ms(env, 30).await?;
+    env.reset().await?;
+    Ok((empty, full))
+}
+
+/// Median latency of a one-row autocommit INSERT: what a flush costs here.
+pub(crate) async fn commit_ms(env: &Env) -> Result<f64, BoxError> {
+    use diesel_async::SimpleAsyncConnection;
+    let mut conn = env.conn().await?;
+    conn.batch_execute("CREATE TEMP TABLE IF NOT EXISTS flush_probe (x int)")
+        .await?;
+    let table = env.table("bench_orders");
+    let sql = format!(
+        "INSERT INTO {table} (id, customer_id, total_cents) VALUES (gen_random_uuid(), gen_random_uuid(), 1)"
+    );
+    let conn = std::sync::Arc::new(tokio::sync::Mutex::new(conn));
+    let ms = median_ms(200, || {
+        let conn = std::sync::Arc::clone(&conn);
+        let sql = sql.clone();
+        async move {
+            conn.lock().await.batch_execute(&sql).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    env.reset().await?;
+    Ok(ms)
+}

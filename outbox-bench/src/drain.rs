@@ -1,0 +1,162 @@
+//! W2: draining a committed backlog through the relay, against raw
+//! publish-with-confirms of the same messages.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use outbox::postgres::PgOutboxStore;
+use outbox::rabbitmq::{LapinPublisher, wire};
+use outbox::{DeliveryOrder, EventEnvelope, Relay};
+use uuid::Uuid;
+
+use crate::setup::{BoxError, Env, OrderPlaced};
+
+/// One drain: how long until a consumer had every event.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Drain {
+    pub(crate) events: usize,
+    pub(crate) elapsed: Duration,
+    pub(crate) missing: usize,
+    pub(crate) duplicates: usize,
+}
+
+impl Drain {
+    pub(crate) fn rate(&self) -> f64 {
+        self.events as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+async fn receive_all(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Uuid, i64, Vec<u8>)>,
+    expected: &HashSet<Uuid>,
+    started: Instant,
+) -> Drain {
+    let mut seen = HashSet::with_capacity(expected.len());
+    let mut duplicates = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    while seen.len() < expected.len() {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some((id, _, _))) => {
+                if !seen.insert(id) {
+                    duplicates += 1;
+                }
+            }
+            _ => break,
+        }
+    }
+    let elapsed = started.elapsed();
+    // Anything arriving shortly after is a duplicate.
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
+        duplicates += 1;
+    }
+    Drain {
+        events: expected.len(),
+        elapsed,
+        missing: expected.difference(&seen).count(),
+        duplicates,
+    }
+}
+
+/// The relay (outbox-diesel store + LapinPublisher) draining `events`.
+pub(crate) async fn relay(
+    env: &Env,
+    events: &[OrderPlaced],
+    order: DeliveryOrder,
+    relays: usize,
+    batch_size: usize,
+) -> Result<Drain, BoxError> {
+    env.reset().await?;
+    env.backlog(events).await?;
+    #[derive(diesel::QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::Uuid)]
+        id: Uuid,
+    }
+    use diesel_async::RunQueryDsl;
+    let expected: HashSet<Uuid> =
+        diesel::sql_query(format!("SELECT id FROM {}", env.table("outbox_events")))
+            .load::<Id>(&mut env.conn().await?)
+            .await?
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+    let mut rx = env.consume().await?;
+    let mut handles = Vec::new();
+    let mut tasks = Vec::new();
+    let mut relays_built = Vec::new();
+    for n in 0..relays {
+        let store = PgOutboxStore::builder(env.pool.clone())
+            .schema(&env.schema)
+            .build()?;
+        store.set_delivery_order(order).await?;
+        let publisher = LapinPublisher::builder(crate::setup::amqp_url())
+            .exchange(&env.exchange)
+            .declare_exchange(false)
+            .connection_name(format!("{}.relay{n}", env.schema))
+            .build()?;
+        publisher.connect().await?;
+        let relay = Relay::builder(store, publisher)
+            .batch_size(batch_size)
+            .poll_interval(Duration::from_millis(100))
+            .build()?;
+        handles.push(relay.handle());
+        relays_built.push(relay);
+    }
+    let started = Instant::now();
+    for relay in relays_built {
+        tasks.push(tokio::spawn(relay.run()));
+    }
+    let drain = receive_all(&mut rx, &expected, started).await;
+    for handle in &handles {
+        handle.shutdown();
+    }
+    for task in tasks {
+        task.await?;
+    }
+    Ok(drain)
+}
+
+/// The ceiling: the same messages published with raw lapin on one
+/// confirm-mode channel, `batch_size` pipelined then all confirms awaited.
+pub(crate) async fn raw(
+    env: &Env,
+    events: &[OrderPlaced],
+    batch_size: usize,
+) -> Result<Drain, BoxError> {
+    env.reset().await?;
+    let envelopes: Vec<EventEnvelope> = events
+        .iter()
+        .map(EventEnvelope::from_event)
+        .collect::<Result<_, _>>()?;
+    let expected: HashSet<Uuid> = envelopes.iter().map(|e| e.id).collect();
+    let mut rx = env.consume().await?;
+    let channel = env.amqp.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let started = Instant::now();
+    for chunk in envelopes.chunks(batch_size) {
+        let mut confirms = Vec::with_capacity(chunk.len());
+        for envelope in chunk {
+            confirms.push(
+                channel
+                    .basic_publish(
+                        env.exchange.as_str().into(),
+                        envelope.event_type.as_str().into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..Default::default()
+                        },
+                        envelope.payload.as_bytes(),
+                        wire::properties(envelope, "/bench"),
+                    )
+                    .await?,
+            );
+        }
+        for confirm in confirms {
+            confirm.await?;
+        }
+    }
+    Ok(receive_all(&mut rx, &expected, started).await)
+}

@@ -1,0 +1,272 @@
+//! Shared set-up: URLs, a private schema and exchange/queue per run, SQL helpers.
+
+use std::time::Duration;
+
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use outbox::DomainEvent;
+use serde::Serialize;
+use uuid::Uuid;
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub(crate) fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+pub(crate) fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// The event every workload records.
+#[derive(Debug, Clone, Serialize, DomainEvent)]
+#[domain_event(aggregate = "order")]
+pub(crate) struct OrderPlaced {
+    #[aggregate_id]
+    pub(crate) order_id: String,
+    pub(crate) customer_id: Uuid,
+    pub(crate) total_cents: i64,
+    /// Unix nanoseconds taken just before the recording transaction commits
+    /// (latency workload), 0 otherwise.
+    pub(crate) stamp_ns: i64,
+}
+
+pub(crate) fn now_ns() -> i64 {
+    chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0)
+}
+
+/// A schema (outbox tables + `bench_orders`), an exchange and a durable queue
+/// bound with `#`, all private to this run and removed by [`Env::cleanup`].
+pub(crate) struct Env {
+    pub(crate) schema: String,
+    pub(crate) pool: Pool<AsyncPgConnection>,
+    pub(crate) amqp: Connection,
+    pub(crate) channel: Channel,
+    pub(crate) exchange: String,
+    pub(crate) queue: String,
+}
+
+impl Env {
+    pub(crate) async fn new() -> Result<Env, BoxError> {
+        let schema = format!("bench_{}", std::process::id());
+        let mut conn = outbox::postgres::connect(&database_url()).await?;
+        conn.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+            .await?;
+        outbox::postgres::migrate(&mut conn, &schema).await?;
+        conn.batch_execute(&format!(
+            "CREATE TABLE \"{schema}\".bench_orders (
+                 id uuid PRIMARY KEY, customer_id uuid NOT NULL,
+                 total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .await?;
+        let amqp = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .map_err(|e| {
+                format!(
+                    "RabbitMQ not reachable at {}: {e}; run scripts/dev-services",
+                    amqp_url()
+                )
+            })?;
+        let channel = amqp.create_channel().await?;
+        let exchange = format!("{schema}.events");
+        let queue = format!("{schema}.all");
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(Env {
+            pool: outbox::postgres::pool(&database_url(), 12)?,
+            schema,
+            amqp,
+            channel,
+            exchange,
+            queue,
+        })
+    }
+
+    pub(crate) fn table(&self, table: &str) -> String {
+        format!("\"{}\".{table}", self.schema)
+    }
+
+    pub(crate) async fn conn(&self) -> Result<AsyncPgConnection, BoxError> {
+        Ok(AsyncPgConnection::establish(&database_url()).await?)
+    }
+
+    pub(crate) async fn exec(&self, sql: &str) -> Result<(), BoxError> {
+        let mut conn = self.conn().await?;
+        conn.batch_execute(sql).await?;
+        Ok(())
+    }
+
+    /// Empties the outbox and the queue between runs.
+    pub(crate) async fn reset(&self) -> Result<(), BoxError> {
+        self.exec(&format!(
+            "TRUNCATE {}, {}",
+            self.table("outbox_events"),
+            self.table("bench_orders")
+        ))
+        .await?;
+        self.channel
+            .queue_purge(self.queue.as_str().into(), QueuePurgeOptions::default())
+            .await?;
+        Ok(())
+    }
+
+    /// Records `events` in committed transactions of 1,000.
+    pub(crate) async fn backlog(&self, events: &[OrderPlaced]) -> Result<(), BoxError> {
+        let outbox = outbox::postgres::Outbox::new(&self.schema)?.notify(false);
+        let mut conn = self.conn().await?;
+        for chunk in events.chunks(1000) {
+            conn.transaction::<_, outbox::postgres::Error, _>(async |conn| {
+                outbox.record_all(conn, chunk).await
+            })
+            .await?;
+        }
+        self.exec(&format!("VACUUM ANALYZE {}", self.table("outbox_events")))
+            .await?;
+        Ok(())
+    }
+
+    /// Consumes the queue (auto-ack) and reports each message id with its
+    /// receive time (Unix ns) and body.
+    pub(crate) async fn consume(
+        &self,
+    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<(Uuid, i64, Vec<u8>)>, BoxError> {
+        let channel = self.amqp.create_channel().await?;
+        let mut consumer = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            // Stop consuming (and close the channel) as soon as the receiver
+            // is dropped, so no later consumer of this queue loses messages.
+            loop {
+                let delivery = tokio::select! {
+                    () = tx.closed() => break,
+                    next = consumer.next() => match next {
+                        Some(Ok(delivery)) => delivery,
+                        _ => break,
+                    },
+                };
+                let received = now_ns();
+                let id = delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .and_then(|id| Uuid::parse_str(id.as_str()).ok())
+                    .unwrap_or_default();
+                if tx.send((id, received, delivery.data)).is_err() {
+                    break;
+                }
+            }
+            let _ = channel.close(200, "done".into()).await;
+        });
+        Ok(rx)
+    }
+
+    pub(crate) async fn cleanup(self) {
+        let _ = self
+            .channel
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+        let _ = self
+            .channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+        let _ = self
+            .exec(&format!(
+                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                self.schema
+            ))
+            .await;
+    }
+}
+
+/// `aggregates × per_aggregate` events, interleaved (a0 b0 c0 … a1 b1 …).
+pub(crate) fn interleaved(aggregates: usize, per_aggregate: usize) -> Vec<OrderPlaced> {
+    let customer = Uuid::now_v7();
+    (0..per_aggregate)
+        .flat_map(|n| {
+            (0..aggregates).map(move |a| OrderPlaced {
+                order_id: format!("order-{a}"),
+                customer_id: customer,
+                total_cents: n as i64,
+                stamp_ns: 0,
+            })
+        })
+        .collect()
+}
+
+/// Percentile (0..=100) of sorted `values`.
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Median of `f` over `n` runs, in milliseconds.
+pub(crate) async fn median_ms<F, Fut>(n: usize, mut f: F) -> Result<f64, BoxError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), BoxError>>,
+{
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n {
+        let started = std::time::Instant::now();
+        f().await?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(percentile(&times, 50.0))
+}
+
+pub(crate) fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}

@@ -1,0 +1,240 @@
+//! [`InboxConsumerBuilder`]: settings of an [`InboxConsumer`], validated at
+//! [`build`](InboxConsumerBuilder::build).
+
+use std::fmt;
+use std::time::Duration;
+
+use outbox_core::InboxDatabase;
+
+use super::{EventHandler, InboxConsumer, Settings};
+use crate::error::redact_url;
+use crate::topology::short_string;
+use crate::{Error, QueueTopology, Result};
+
+/// Settings of an [`InboxConsumer`]; made by [`InboxConsumer::builder`].
+///
+/// | setting | default |
+/// |---|---|
+/// | [`prefetch`](Self::prefetch) | 16 |
+/// | [`concurrency`](Self::concurrency) | 1 (one delivery at a time, in order) |
+/// | [`max_attempts`](Self::max_attempts) | 5 |
+/// | [`retry_delay`](Self::retry_delay) | 1 s |
+/// | [`dead_letter_exchange`](Self::dead_letter_exchange) | the topology's, else `<queue>.dlx` |
+/// | [`confirm_timeout`](Self::confirm_timeout) | 10 s |
+/// | [`reconnect_backoff`](Self::reconnect_backoff) | 100 ms, doubling up to 10 s |
+/// | [`declare`](Self::declare) | nothing: the queue and dead-letter exchange must exist |
+#[must_use]
+pub struct InboxConsumerBuilder<D, H> {
+    url: String,
+    queue: String,
+    name: String,
+    db: D,
+    handler: H,
+    prefetch: u16,
+    concurrency: usize,
+    max_attempts: u32,
+    retry_delay: Duration,
+    dead_letter_exchange: Option<String>,
+    confirm_timeout: Duration,
+    reconnect_min: Duration,
+    reconnect_max: Duration,
+    topology: Option<QueueTopology>,
+}
+
+impl<D, H> fmt::Debug for InboxConsumerBuilder<D, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InboxConsumerBuilder")
+            .field("url", &redact_url(&self.url))
+            .field("queue", &self.queue)
+            .field("name", &self.name)
+            .field("prefetch", &self.prefetch)
+            .field("concurrency", &self.concurrency)
+            .field("max_attempts", &self.max_attempts)
+            .field("retry_delay", &self.retry_delay)
+            .field("dead_letter_exchange", &self.dead_letter_exchange)
+            .field("confirm_timeout", &self.confirm_timeout)
+            .field("topology", &self.topology)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D, H> InboxConsumerBuilder<D, H>
+where
+    D: InboxDatabase,
+    H: EventHandler<D::Tx>,
+{
+    pub(super) fn new(url: String, queue: String, name: String, db: D, handler: H) -> Self {
+        InboxConsumerBuilder {
+            url,
+            queue,
+            name,
+            db,
+            handler,
+            prefetch: 16,
+            concurrency: 1,
+            max_attempts: 5,
+            retry_delay: Duration::from_secs(1),
+            dead_letter_exchange: None,
+            confirm_timeout: Duration::from_secs(10),
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_secs(10),
+            topology: None,
+        }
+    }
+
+    /// How many unacknowledged deliveries the broker sends ahead
+    /// (`basic.qos`). Default 16; at least [`concurrency`](Self::concurrency).
+    pub fn prefetch(mut self, n: u16) -> Self {
+        self.prefetch = n;
+        self
+    }
+
+    /// How many deliveries are handled at once. Default 1: one at a time, in
+    /// queue order. With `n > 1`, deliveries are spread over `n` workers by a
+    /// hash of their aggregate (type and id), so the events of one aggregate
+    /// are still handled one after the other, in queue order, while
+    /// different aggregates proceed in parallel. Each needs its own database
+    /// transaction: size the pool for `n`.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// How many times a failing message is handled before it is
+    /// dead-lettered. Default 5; at least 1 (1 = never retried).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// How long a worker waits after a failure before republishing the
+    /// message for its next attempt. Default 1 s.
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// Where undecodable and given-up messages are republished, with their
+    /// original routing key. Default: the [`declare`](Self::declare)d
+    /// topology's dead-letter exchange, else `<queue>.dlx` (the
+    /// [`QueueTopology`] default). It must exist when the consumer starts.
+    pub fn dead_letter_exchange(mut self, name: impl Into<String>) -> Self {
+        self.dead_letter_exchange = Some(name.into());
+        self
+    }
+
+    /// How long a republish (retry or dead letter) waits for the broker's
+    /// confirm before it counts as failed. Default 10 s.
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    /// The wait before reconnecting after a lost connection: `min`, doubled
+    /// after each failed attempt up to `max`. Default 100 ms to 10 s.
+    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.reconnect_min = min;
+        self.reconnect_max = max;
+        self
+    }
+
+    /// Declares `topology` (idempotently) on every (re)connect, before
+    /// consuming. Its queue must be this consumer's queue.
+    pub fn declare(mut self, topology: QueueTopology) -> Self {
+        self.topology = Some(topology);
+        self
+    }
+
+    /// Checks the settings and builds the consumer. Nothing connects yet.
+    ///
+    /// # Errors
+    /// [`Error::Config`] saying which setting is invalid.
+    pub fn build(self) -> Result<InboxConsumer<D, H>> {
+        let config = |message: String| Err(Error::Config(message));
+        if self.queue.is_empty() {
+            return config("the queue name is empty".into());
+        }
+        if self.name.is_empty() {
+            return config(
+                "the consumer name is empty; it keys the inbox, so pick a stable name per \
+                 consuming service"
+                    .into(),
+            );
+        }
+        short_string("queue name", &self.queue)?;
+        short_string("consumer name", &self.name)?;
+        if self.prefetch == 0 {
+            return config("prefetch must be at least 1 (0 would mean unlimited)".into());
+        }
+        if self.concurrency == 0 {
+            return config("concurrency must be at least 1".into());
+        }
+        if self.concurrency > usize::from(self.prefetch) {
+            return config(format!(
+                "concurrency ({}) exceeds prefetch ({}): workers would sit idle; raise prefetch",
+                self.concurrency, self.prefetch
+            ));
+        }
+        if self.max_attempts == 0 {
+            return config("max_attempts must be at least 1".into());
+        }
+        if self.confirm_timeout.is_zero() {
+            return config("confirm_timeout must be positive".into());
+        }
+        if self.reconnect_min.is_zero() || self.reconnect_max < self.reconnect_min {
+            return config(
+                "reconnect_backoff needs 0 < min <= max (a zero wait would be a hot loop)".into(),
+            );
+        }
+        if let Some(topology) = &self.topology {
+            topology.validate()?;
+            if topology.queue_name() != self.queue {
+                return config(format!(
+                    "the declared topology is for queue `{}`, the consumer reads `{}`",
+                    topology.queue_name(),
+                    self.queue
+                ));
+            }
+        }
+        let dead_letter_exchange = match (&self.dead_letter_exchange, &self.topology) {
+            (Some(name), _) => name.clone(),
+            (None, Some(topology)) => match topology.dead_letter_exchange_name() {
+                Some(name) => name.to_owned(),
+                None => {
+                    return config(
+                        "the declared topology has no dead-letter exchange: set one with \
+                         `.dead_letter_exchange(name)`"
+                            .into(),
+                    );
+                }
+            },
+            (None, None) => format!("{}.dlx", self.queue),
+        };
+        if dead_letter_exchange.is_empty() {
+            return config(
+                "the dead-letter exchange name is empty (the default exchange would route \
+                 dead messages by queue name)"
+                    .into(),
+            );
+        }
+        short_string("dead-letter exchange name", &dead_letter_exchange)?;
+        Ok(InboxConsumer {
+            settings: Settings {
+                url: self.url,
+                queue: self.queue,
+                name: self.name,
+                prefetch: self.prefetch,
+                concurrency: self.concurrency,
+                max_attempts: self.max_attempts,
+                retry_delay: self.retry_delay,
+                dead_letter_exchange,
+                confirm_timeout: self.confirm_timeout,
+                reconnect_min: self.reconnect_min,
+                reconnect_max: self.reconnect_max,
+                topology: self.topology,
+            },
+            db: self.db,
+            handler: self.handler,
+        })
+    }
+}

@@ -1,0 +1,45 @@
+//! Names of the metrics the [`InboxConsumer`](crate::InboxConsumer) emits
+//! through the [`metrics`] facade, each labelled `consumer` = the consumer
+//! name.
+//!
+//! Install any `metrics` recorder (e.g. `metrics-exporter-prometheus`) to
+//! collect them; without one they cost next to nothing.
+
+/// Counter: events handled for the first time and committed (then acked).
+pub const PROCESSED_TOTAL: &str = "outbox_consumer_processed_total";
+/// Counter: deliveries the inbox recognised as already processed (acked
+/// without running the handler).
+pub const DUPLICATES_TOTAL: &str = "outbox_consumer_duplicates_total";
+/// Counter: failed deliveries republished for another attempt.
+pub const RETRIED_TOTAL: &str = "outbox_consumer_retried_total";
+/// Counter: messages republished to the dead-letter exchange (undecodable,
+/// out of attempts, or failed permanently).
+pub const DEAD_LETTERED_TOTAL: &str = "outbox_consumer_dead_lettered_total";
+/// Counter: broker connections lost (each is followed by a reconnect).
+pub const CONNECTION_LOST_TOTAL: &str = "outbox_consumer_connection_lost_total";
+
+/// Registers descriptions of every metric above with the installed
+/// recorder. Optional; call it once after installing your recorder.
+pub fn describe() {
+    use ::metrics::describe_counter;
+    describe_counter!(
+        PROCESSED_TOTAL,
+        "Events handled for the first time and committed by an inbox consumer"
+    );
+    describe_counter!(
+        DUPLICATES_TOTAL,
+        "Deliveries an inbox consumer acknowledged as duplicates without running the handler"
+    );
+    describe_counter!(
+        RETRIED_TOTAL,
+        "Failed deliveries an inbox consumer republished for another attempt"
+    );
+    describe_counter!(
+        DEAD_LETTERED_TOTAL,
+        "Messages an inbox consumer republished to its dead-letter exchange"
+    );
+    describe_counter!(
+        CONNECTION_LOST_TOTAL,
+        "Broker connections an inbox consumer lost and re-established"
+    );
+}

@@ -1,0 +1,563 @@
+//! [`InboxConsumer`]: consumes a queue and runs a handler per event inside a
+//! database transaction that also records the event in the inbox, so each
+//! event takes effect once even though RabbitMQ delivers at least once.
+
+mod builder;
+mod handler;
+pub mod metrics;
+mod republish;
+mod worker;
+
+use std::collections::hash_map::DefaultHasher;
+use std::fmt;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
+};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ErrorKind, ExchangeKind};
+use outbox_core::InboxDatabase;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use uuid::Uuid;
+
+pub use builder::InboxConsumerBuilder;
+pub use handler::{EventHandler, HandlerError, HandlerFn, HandlerFuture, handler_fn};
+
+use crate::error::{connect, redact_url};
+use crate::topology::short_string;
+use crate::{Error, QueueTopology, Result, wire};
+use republish::Republisher;
+use worker::{Job, Shared};
+
+/// Header: which attempt this delivery is (signed 64-bit; absent = 1). Set
+/// by the consumer when it republishes a failed message.
+pub const ATTEMPT_HEADER: &str = "x-outbox-attempt";
+/// Header: the error of the previous attempt, on a retried message.
+pub const LAST_ERROR_HEADER: &str = "x-outbox-last-error";
+/// Header: why the consumer dead-lettered the message (the decode error, or
+/// the last handler error).
+pub const DEAD_REASON_HEADER: &str = "x-outbox-dead-reason";
+/// Header: the routing key the message first arrived with (a retry travels
+/// through the default exchange, keyed by the queue name). The handler sees
+/// it as [`IncomingEvent::routing_key`](crate::IncomingEvent::routing_key).
+pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-outbox-original-routing-key";
+/// Header: the exchange the message first arrived through, for operators
+/// who move dead letters back.
+pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
+
+/// Consumes a RabbitMQ queue and applies each event once, in a database
+/// transaction with an inbox entry.
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// use outbox_core::testing::{InMemoryInbox, InboxTx};
+/// use outbox_lapin::{EventHandler, HandlerError, InboxConsumer, IncomingEvent, QueueTopology};
+///
+/// // In production the database is `outbox_diesel::PgInboxDatabase` (`outbox::postgres`),
+/// // whose transaction (`PgTransaction`) is a `&mut AsyncPgConnection` for your queries.
+/// struct AwardPoints;
+///
+/// impl EventHandler<InboxTx> for AwardPoints {
+///     async fn handle(&self, _tx: &mut InboxTx, event: &IncomingEvent) -> Result<(), HandlerError> {
+///         #[derive(serde::Deserialize)]
+///         struct OrderPlaced { total_cents: i64 }
+///         let order: OrderPlaced = event.payload_as().map_err(HandlerError::permanent)?;
+///         tracing::info!(points = order.total_cents / 100, "awarding");
+///         // ... write the points on the transaction; the consumer commits it ...
+///         Ok(())
+///     }
+/// }
+///
+/// # async fn run() -> outbox_lapin::Result<()> {
+/// let consumer = InboxConsumer::builder(
+///     "amqp://guest:guest@127.0.0.1:5672/%2f",
+///     "loyalty.orders",  // queue
+///     "loyalty",         // consumer name: keys the inbox, names the connection
+///     InMemoryInbox::new(),
+///     AwardPoints,
+/// )
+/// .declare(QueueTopology::new("loyalty.orders").exchange("shop").bind("order.placed"))
+/// .max_attempts(5)
+/// .retry_delay(Duration::from_secs(2))
+/// .concurrency(4)
+/// .build()?;
+///
+/// // Runs until `stop` fires (wire it to SIGTERM, e.g. with `tokio::signal`),
+/// // then finishes the deliveries in hand and returns.
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// let running = tokio::spawn(consumer.run(async {
+///     let _ = stopped.await;
+/// }));
+/// // ...
+/// let _ = stop.send(());
+/// if let Ok(result) = running.await {
+///     result?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Per delivery
+/// 1. **Decode** the message with [`wire::decode`]. One that is not a valid
+///    event (not JSON, no `message_id`, missing headers) can never succeed:
+///    it is republished unchanged (body and properties) to the dead-letter
+///    exchange with the header `x-outbox-dead-reason`, and the original is
+///    acked. The handler does not run.
+/// 2. **Begin** a transaction and record `(consumer name, event id)` in the
+///    inbox ([`InboxDatabase::receive`]).
+/// 3. **Duplicate** (already committed earlier): ack without running the
+///    handler.
+/// 4. **First time**: run the [`EventHandler`] on the transaction, inside
+///    [`outbox_core::context::scope`] with `causation_id` = the incoming
+///    event id plus its `correlation_id`, `traceparent` and `tracestate`, so
+///    events the handler records carry them. Then **commit**, and only then
+///    **ack**.
+///
+/// A crash (or lost connection) after the commit and before the ack makes
+/// the broker redeliver the message; the inbox then says duplicate and the
+/// handler does not run again. That is the whole guarantee: **effects in the
+/// transaction happen exactly once**, other effects at least once.
+///
+/// # Retries and dead letters
+/// When the handler (or begin, inbox insert or commit) fails, the
+/// transaction rolls back — inbox entry included — and the worker waits
+/// [`retry_delay`](InboxConsumerBuilder::retry_delay), then republishes the
+/// message (body and properties) to the same queue through the default
+/// exchange with `x-outbox-attempt` + 1 and `x-outbox-last-error`, waits for
+/// the broker's confirm, and acks the original. After
+/// [`max_attempts`](InboxConsumerBuilder::max_attempts), or at once for a
+/// [permanent](HandlerError::permanent) error, it republishes to the
+/// dead-letter exchange instead (original routing key,
+/// `x-outbox-dead-reason`, `x-outbox-attempt`). If a republish is not
+/// confirmed (nack, return, timeout, lost channel), the original is not
+/// acked but requeued after the delay: a message is never dropped.
+///
+/// Why a header: classic queues do not count redeliveries (`redelivered` is
+/// only a flag), so the attempt travels with the message. Quorum queues
+/// count them and dead-letter past `x-delivery-limit` by themselves
+/// (declare the queue with `x-queue-type = quorum` through
+/// [`QueueTopology::argument`]); the consumer's own limit still applies
+/// first, as it never rejects.
+///
+/// The worker waits out the delay itself, so when everything fails (say,
+/// the database is down) the consumer slows to one attempt per delay per
+/// worker instead of burning through the attempts of the whole queue. A
+/// retried message goes to the back of the queue: later events of the same
+/// aggregate may be handled before it. Handlers that must see an
+/// aggregate's events in order should check
+/// [`aggregate_version`](crate::IncomingEvent::aggregate_version).
+///
+/// # Concurrency and order
+/// By default one delivery is handled at a time, in queue order. With
+/// [`concurrency(n)`](InboxConsumerBuilder::concurrency), `n` workers run
+/// in parallel and each delivery goes to the worker chosen by a hash of its
+/// aggregate type and id: one aggregate's events stay sequential, in queue
+/// order, different aggregates overlap. Acks are then individual and out of
+/// order (never `multiple`).
+///
+/// # Connection loss
+/// The consumer logs the loss, reconnects with a backoff (100 ms doubling to
+/// 10 s by default) and resumes. Unacked deliveries are redelivered by the
+/// broker and deduplicated by the inbox. A queue or dead-letter exchange
+/// that does not exist (`404`), or a refused declaration (`403`, `406`),
+/// stops [`run`](Self::run) with the error instead: those do not heal by
+/// waiting.
+///
+/// # Shutdown
+/// When the `shutdown` future passed to [`run`](Self::run) completes, the
+/// consumer cancels its subscription, lets each worker finish the delivery
+/// it is handling (a pending retry delay is cut short), returns deliveries
+/// not yet started to the queue, closes the connection and returns. A
+/// handler that never returns holds shutdown up: bound slow work (HTTP
+/// calls, locks) with timeouts inside the handler.
+///
+/// # Inbox retention
+/// Keep inbox rows at least as long as the broker may deliver a message
+/// again: the longest a message can stay unacked or cycle through retries
+/// (`max_attempts` × (`retry_delay` + queueing time)), plus how long a
+/// producer may publish a duplicate (its relay's claim timeout and retries),
+/// plus how long dead letters may be moved back to the queue by an operator.
+/// Purge older rows (e.g. `PgInbox::purge`); purge younger ones and a late
+/// duplicate is applied twice.
+///
+/// # Observability
+/// Each delivery runs in a `tracing` span `outbox.consume` (consumer, event
+/// id and type, aggregate, attempt). Counters are listed in [`metrics`].
+pub struct InboxConsumer<D, H> {
+    settings: Settings,
+    db: D,
+    handler: H,
+}
+
+/// Validated settings, shared by the run loop and the workers.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) url: String,
+    pub(crate) queue: String,
+    pub(crate) name: String,
+    pub(crate) prefetch: u16,
+    pub(crate) concurrency: usize,
+    pub(crate) max_attempts: u32,
+    pub(crate) retry_delay: Duration,
+    pub(crate) dead_letter_exchange: String,
+    pub(crate) confirm_timeout: Duration,
+    pub(crate) reconnect_min: Duration,
+    pub(crate) reconnect_max: Duration,
+    pub(crate) topology: Option<QueueTopology>,
+}
+
+impl<D, H> fmt::Debug for InboxConsumer<D, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.settings;
+        f.debug_struct("InboxConsumer")
+            .field("url", &redact_url(&s.url))
+            .field("queue", &s.queue)
+            .field("name", &s.name)
+            .field("prefetch", &s.prefetch)
+            .field("concurrency", &s.concurrency)
+            .field("max_attempts", &s.max_attempts)
+            .field("retry_delay", &s.retry_delay)
+            .field("dead_letter_exchange", &s.dead_letter_exchange)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One connection's worth of consuming.
+struct Session {
+    connection: Arc<Connection>,
+    channel: Channel,
+    consumer: lapin::Consumer,
+    republisher: Arc<Republisher>,
+}
+
+/// Why a session ended.
+enum Ended {
+    /// The shutdown future completed; the session is kept open until the
+    /// workers have acked.
+    Shutdown(Box<Session>),
+    /// The connection or channel was lost.
+    Lost(String),
+}
+
+impl<D, H> InboxConsumer<D, H>
+where
+    D: InboxDatabase,
+    H: EventHandler<D::Tx>,
+{
+    /// A builder for a consumer of `queue` on the broker at `url`.
+    /// `consumer_name` keys the inbox (keep it stable across deployments;
+    /// two services reading the same events need different names) and names
+    /// the AMQP connection.
+    pub fn builder(
+        url: impl Into<String>,
+        queue: impl Into<String>,
+        consumer_name: impl Into<String>,
+        db: D,
+        handler: H,
+    ) -> InboxConsumerBuilder<D, H> {
+        InboxConsumerBuilder::new(url.into(), queue.into(), consumer_name.into(), db, handler)
+    }
+
+    /// The consumer name (inbox key and connection name).
+    pub fn name(&self) -> &str {
+        &self.settings.name
+    }
+
+    /// The queue it consumes.
+    pub fn queue(&self) -> &str {
+        &self.settings.queue
+    }
+
+    /// Consumes until `shutdown` completes, then shuts down gracefully (see
+    /// the type's docs) and returns `Ok(())`.
+    ///
+    /// Lost connections are re-established; the broker being unreachable at
+    /// start is retried the same way (and logged).
+    ///
+    /// # Errors
+    /// [`Error::Amqp`] when the queue or dead-letter exchange does not exist
+    /// or a declaration is refused, [`Error::Config`] for a
+    /// [declared](InboxConsumerBuilder::declare) topology with invalid names.
+    /// Deliveries in hand are still finished first.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let InboxConsumer {
+            settings,
+            db,
+            handler,
+        } = self;
+        let shared = Arc::new(Shared {
+            settings: settings.clone(),
+            db,
+            handler,
+        });
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut workers = JoinSet::new();
+        let mut queues = Vec::with_capacity(settings.concurrency);
+        for _ in 0..settings.concurrency {
+            let (tx, rx) = mpsc::channel(usize::from(settings.prefetch));
+            queues.push(tx);
+            workers.spawn(worker::run(shared.clone(), rx, stop_rx.clone()));
+        }
+        tracing::info!(
+            consumer = %settings.name,
+            queue = %settings.queue,
+            concurrency = settings.concurrency,
+            "inbox consumer starting"
+        );
+
+        let mut shutdown = pin!(shutdown);
+        let mut backoff = settings.reconnect_min;
+        let mut kept_open = None;
+        let result = loop {
+            let opened = tokio::select! {
+                biased;
+                () = &mut shutdown => break Ok(()),
+                opened = open_session(&settings) => opened,
+            };
+            let reason = match opened {
+                Ok(session) => {
+                    backoff = settings.reconnect_min;
+                    tracing::info!(consumer = %settings.name, queue = %settings.queue, "consuming");
+                    match consume(&settings, session, &queues, &mut shutdown).await {
+                        Ended::Shutdown(session) => {
+                            kept_open = Some(session);
+                            break Ok(());
+                        }
+                        Ended::Lost(reason) => {
+                            ::metrics::counter!(
+                                metrics::CONNECTION_LOST_TOTAL,
+                                "consumer" => settings.name.clone()
+                            )
+                            .increment(1);
+                            reason
+                        }
+                    }
+                }
+                Err(error) if is_fatal(&error) => {
+                    tracing::error!(consumer = %settings.name, %error, "inbox consumer stops");
+                    break Err(error);
+                }
+                Err(error) => error.to_string(),
+            };
+            tracing::warn!(
+                consumer = %settings.name,
+                error = %reason,
+                retry_in = ?backoff,
+                "not connected to RabbitMQ; reconnecting"
+            );
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break Ok(()),
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(settings.reconnect_max);
+        };
+
+        // Graceful: workers finish the delivery in hand, requeue the rest.
+        let _ = stop_tx.send(true);
+        drop(queues);
+        while let Some(joined) = workers.join_next().await {
+            if let Err(error) = joined {
+                tracing::error!(consumer = %settings.name, %error, "a consumer worker failed");
+            }
+        }
+        drop(stop_tx);
+        if let Some(session) = kept_open {
+            drop(session.consumer);
+            if let Err(error) = session.connection.close(200, "OK".into()).await {
+                tracing::debug!(%error, "closing the connection at shutdown");
+            }
+            drop(session.channel);
+        }
+        tracing::info!(consumer = %settings.name, "inbox consumer stopped");
+        result
+    }
+}
+
+/// Connects, declares, checks the dead-letter exchange and subscribes.
+async fn open_session(settings: &Settings) -> Result<Session> {
+    let connection = Arc::new(connect(&settings.url, &settings.name).await?);
+    if let Some(topology) = &settings.topology {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(Error::amqp("open a channel to declare the topology"))?;
+        topology.declare(&channel).await?;
+        let _ = channel.close(200, "OK".into()).await;
+    }
+    let republisher =
+        Arc::new(Republisher::open(connection.clone(), settings.confirm_timeout).await?);
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(Error::amqp("open the consume channel"))?;
+    let dead_letter_exchange = &settings.dead_letter_exchange;
+    channel
+        .exchange_declare(
+            short_string("dead-letter exchange name", dead_letter_exchange)?,
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(Error::amqp(format!(
+            "check that the dead-letter exchange `{dead_letter_exchange}` exists (declare it, \
+             e.g. with QueueTopology)"
+        )))?;
+    channel
+        .basic_qos(settings.prefetch, BasicQosOptions::default())
+        .await
+        .map_err(Error::amqp("set the prefetch (basic.qos)"))?;
+    let queue = &settings.queue;
+    let consumer = channel
+        .basic_consume(
+            short_string("queue name", queue)?,
+            consumer_tag(&settings.name),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(Error::amqp(format!("consume queue `{queue}`")))?;
+    Ok(Session {
+        connection,
+        channel,
+        consumer,
+        republisher,
+    })
+}
+
+/// `<name>.<uuid>`, cut to fit a short string.
+fn consumer_tag(name: &str) -> lapin::types::ShortString {
+    let mut prefix = name;
+    let mut end = prefix.len().min(200);
+    while !prefix.is_char_boundary(end) {
+        end -= 1;
+    }
+    prefix = &prefix[..end];
+    // At most 200 + 1 + 36 bytes: within the 255-byte limit.
+    format!("{prefix}.{}", Uuid::now_v7()).into()
+}
+
+/// Hands deliveries to the workers until shutdown or a lost connection.
+async fn consume<F: Future<Output = ()>>(
+    settings: &Settings,
+    mut session: Session,
+    queues: &[mpsc::Sender<Job>],
+    shutdown: &mut std::pin::Pin<&mut F>,
+) -> Ended {
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = shutdown.as_mut() => {
+                // Stop taking deliveries; what is prefetched but not yet
+                // handed out is requeued when the connection closes.
+                let tag = session.consumer.tag();
+                if let Err(error) = session.channel.basic_cancel(tag, BasicCancelOptions::default()).await {
+                    tracing::warn!(consumer = %settings.name, %error, "cancelling the subscription");
+                }
+                return Ended::Shutdown(Box::new(session));
+            }
+            next = session.consumer.next() => next,
+        };
+        let delivery = match next {
+            Some(Ok(delivery)) => delivery,
+            Some(Err(error)) => return Ended::Lost(error.to_string()),
+            None => {
+                return Ended::Lost(
+                    "the broker cancelled the subscription (queue deleted?)".to_owned(),
+                );
+            }
+        };
+        let decoded = wire::decode(
+            &delivery.properties,
+            delivery.routing_key.as_str(),
+            &delivery.data,
+        );
+        let worker = match &decoded {
+            Ok(event) => worker_for(&event.aggregate_type, &event.aggregate_id, queues.len()),
+            Err(_) => usize::try_from(delivery.delivery_tag).unwrap_or(0) % queues.len(),
+        };
+        let job = Job {
+            delivery,
+            decoded,
+            republisher: session.republisher.clone(),
+        };
+        let Some(queue) = queues.get(worker) else {
+            continue;
+        };
+        if queue.send(job).await.is_err() {
+            // Only when a worker died (a bug): its delivery is requeued when
+            // the connection closes.
+            return Ended::Lost("a consumer worker stopped".to_owned());
+        }
+    }
+}
+
+/// The worker for an aggregate: stable for the life of the process.
+fn worker_for(aggregate_type: &str, aggregate_id: &str, workers: usize) -> usize {
+    if workers <= 1 {
+        return 0;
+    }
+    let mut hasher = DefaultHasher::new();
+    aggregate_type.hash(&mut hasher);
+    aggregate_id.hash(&mut hasher);
+    let workers_u64 = u64::try_from(workers).unwrap_or(u64::MAX);
+    usize::try_from(hasher.finish() % workers_u64).unwrap_or(0)
+}
+
+/// Errors that waiting does not heal: missing or conflicting topology,
+/// refused access, invalid configuration.
+fn is_fatal(error: &Error) -> bool {
+    match error {
+        Error::Config(_) => true,
+        Error::Amqp { source, .. } => match source.kind() {
+            ErrorKind::ProtocolError(amqp) => matches!(
+                amqp.kind(),
+                AMQPErrorKind::Soft(
+                    AMQPSoftError::NOTFOUND
+                        | AMQPSoftError::ACCESSREFUSED
+                        | AMQPSoftError::PRECONDITIONFAILED
+                )
+            ),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_aggregate_always_maps_to_the_same_worker() {
+        for n in 1..8 {
+            let first = worker_for("order", "o-1", n);
+            assert!(first < n);
+            assert_eq!(first, worker_for("order", "o-1", n));
+        }
+        let spread: std::collections::HashSet<usize> = (0..64)
+            .map(|i| worker_for("order", &i.to_string(), 4))
+            .collect();
+        assert_eq!(spread.len(), 4, "aggregates spread over all workers");
+    }
+
+    #[test]
+    fn consumer_tags_fit_a_short_string() {
+        let tag = consumer_tag(&"é".repeat(200));
+        assert!(tag.as_str().len() <= 255);
+        assert!(consumer_tag("loyalty").as_str().starts_with("loyalty."));
+    }
+}

@@ -1,0 +1,374 @@
+//! One worker: takes deliveries in order and settles each — handled and
+//! acked, acked as a duplicate, republished for a retry, or dead-lettered.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::types::AMQPValue;
+use outbox_core::{Headers, InboxDatabase, InboxOutcome, context};
+use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
+
+use super::republish::{Republisher, text, with_headers};
+use super::{
+    ATTEMPT_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError, LAST_ERROR_HEADER,
+    ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, Settings, metrics,
+};
+use crate::wire::{header_i64, header_str};
+use crate::{DecodeError, IncomingEvent};
+
+/// A delivery on its way to a worker.
+pub(super) struct Job {
+    pub(super) delivery: Delivery,
+    pub(super) decoded: Result<IncomingEvent, DecodeError>,
+    pub(super) republisher: Arc<Republisher>,
+}
+
+/// What every worker shares.
+pub(super) struct Shared<D, H> {
+    pub(super) settings: Settings,
+    pub(super) db: D,
+    pub(super) handler: H,
+}
+
+/// A database step that failed, as a handler error (so it is retried).
+#[derive(Debug, thiserror::Error)]
+#[error("inbox database: cannot {what}")]
+struct DatabaseFailure {
+    what: &'static str,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+fn database<E: std::error::Error + Send + Sync + 'static>(
+    what: &'static str,
+) -> impl FnOnce(E) -> HandlerError {
+    move |source| {
+        HandlerError::new(DatabaseFailure {
+            what,
+            source: Box::new(source),
+        })
+    }
+}
+
+/// `true` once shutdown began (or the consumer was dropped).
+fn stopping(stop: &watch::Receiver<bool>) -> bool {
+    *stop.borrow() || stop.has_changed().is_err()
+}
+
+/// Runs one worker until its queue closes.
+pub(super) async fn run<D, H>(
+    shared: Arc<Shared<D, H>>,
+    mut jobs: mpsc::Receiver<Job>,
+    mut stop: watch::Receiver<bool>,
+) where
+    D: InboxDatabase,
+    H: EventHandler<D::Tx>,
+{
+    while let Some(job) = jobs.recv().await {
+        if !job.delivery.acker.usable() {
+            // Its channel is gone: the broker has requeued it already and
+            // redelivers it on the new connection.
+            tracing::debug!(
+                consumer = %shared.settings.name,
+                "skipping a delivery of a lost connection; the broker redelivers it"
+            );
+            continue;
+        }
+        if stopping(&stop) {
+            // Not started before shutdown: back to the queue, for the next
+            // consumer (the broker keeps its position when it can).
+            let requeue = BasicNackOptions {
+                requeue: true,
+                multiple: false,
+            };
+            if let Err(error) = job.delivery.acker.nack(requeue).await {
+                tracing::debug!(%error, "cannot requeue at shutdown; closing the channel does");
+            }
+            continue;
+        }
+        shared.process(job, &mut stop).await;
+    }
+}
+
+impl<D, H> Shared<D, H>
+where
+    D: InboxDatabase,
+    H: EventHandler<D::Tx>,
+{
+    async fn process(&self, job: Job, stop: &mut watch::Receiver<bool>) {
+        let Job {
+            delivery,
+            decoded,
+            republisher,
+        } = job;
+        let empty = lapin::types::FieldTable::default();
+        let headers = delivery.properties.headers().as_ref().unwrap_or(&empty);
+        let routing_key = header_str(headers, ORIGINAL_ROUTING_KEY_HEADER)
+            .unwrap_or(delivery.routing_key.as_str())
+            .to_owned();
+        let mut event = match decoded {
+            Ok(event) => event,
+            Err(error) => {
+                let span = tracing::warn_span!(
+                    "outbox.consume",
+                    consumer = %self.settings.name,
+                    message_id = ?delivery.properties.message_id(),
+                    routing_key = %routing_key,
+                );
+                async {
+                    tracing::warn!(%error, "undecodable message: dead-lettering it");
+                    let reason = format!("cannot decode the message: {error}");
+                    let properties =
+                        with_headers(&delivery.properties, [(DEAD_REASON_HEADER, text(&reason))]);
+                    let result = republisher
+                        .publish(
+                            &self.settings.dead_letter_exchange,
+                            &routing_key,
+                            &delivery.data,
+                            properties,
+                        )
+                        .await;
+                    self.settle(&delivery, result, metrics::DEAD_LETTERED_TOTAL, stop)
+                        .await;
+                }
+                .instrument(span)
+                .await;
+                return;
+            }
+        };
+        event.routing_key.clone_from(&routing_key);
+        if event.headers.get(Headers::CORRELATION_ID).is_none()
+            && let Some(correlation) = delivery.properties.correlation_id()
+        {
+            event
+                .headers
+                .insert(Headers::CORRELATION_ID, correlation.as_str());
+        }
+        let attempt = header_i64(headers, ATTEMPT_HEADER).unwrap_or(1).max(1);
+        let span = tracing::info_span!(
+            "outbox.consume",
+            consumer = %self.settings.name,
+            event_id = %event.id,
+            event_type = %event.event_type,
+            aggregate_type = %event.aggregate_type,
+            aggregate_id = %event.aggregate_id,
+            attempt,
+        );
+        async {
+            match self.handle(&event).await {
+                Ok(InboxOutcome::FirstTime) => {
+                    self.count(metrics::PROCESSED_TOTAL);
+                    tracing::debug!("handled and committed");
+                    ack(&delivery).await;
+                }
+                Ok(InboxOutcome::Duplicate) => {
+                    self.count(metrics::DUPLICATES_TOTAL);
+                    tracing::info!("already processed: acknowledged without running the handler");
+                    ack(&delivery).await;
+                }
+                Err(error) => {
+                    self.failed(&delivery, &routing_key, attempt, &error, &republisher, stop)
+                        .await;
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// Inbox entry, handler and commit in one transaction.
+    async fn handle(&self, event: &IncomingEvent) -> Result<InboxOutcome, HandlerError> {
+        let db = &self.db;
+        let mut tx = db.begin().await.map_err(database("begin a transaction"))?;
+        let outcome = db
+            .receive(&mut tx, &self.settings.name, event.id)
+            .await
+            .map_err(database("record the inbox entry"))?;
+        if outcome == InboxOutcome::Duplicate {
+            // Nothing was written; an explicit rollback keeps a pooled
+            // connection, where dropping the transaction may close it.
+            if let Err(error) = db.rollback(tx).await {
+                tracing::debug!(%error, "rolling back the empty transaction of a duplicate failed");
+            }
+            return Ok(InboxOutcome::Duplicate);
+        }
+        let handled = AssertUnwindSafe(context::scope(
+            inherited_headers(event),
+            self.handler.handle(&mut tx, event),
+        ))
+        .catch_unwind()
+        .await;
+        match handled {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                // Rolled back, inbox entry included.
+                if let Err(rollback) = db.rollback(tx).await {
+                    tracing::debug!(error = %rollback, "rollback after a handler error failed");
+                }
+                return Err(error);
+            }
+            // After a panic the connection may be mid-statement: `tx` is
+            // dropped on return, which rolls back (and may close it).
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".to_owned());
+                return Err(HandlerError::new(format!(
+                    "the handler panicked: {message}"
+                )));
+            }
+        }
+        db.commit(tx).await.map_err(database("commit"))?;
+        Ok(InboxOutcome::FirstTime)
+    }
+
+    /// Retry (after the delay) or dead-letter a failed delivery.
+    async fn failed(
+        &self,
+        delivery: &Delivery,
+        routing_key: &str,
+        attempt: i64,
+        error: &HandlerError,
+        republisher: &Republisher,
+        stop: &mut watch::Receiver<bool>,
+    ) {
+        let settings = &self.settings;
+        let reason = error.to_string();
+        let max_attempts = i64::from(settings.max_attempts);
+        let mut headers = vec![(ATTEMPT_HEADER, AMQPValue::LongLongInt(attempt))];
+        let properties = delivery.properties.headers().as_ref();
+        if properties.is_none_or(|h| !h.contains_key(ORIGINAL_ROUTING_KEY_HEADER)) {
+            headers.push((ORIGINAL_ROUTING_KEY_HEADER, text(routing_key)));
+            headers.push((ORIGINAL_EXCHANGE_HEADER, text(delivery.exchange.as_str())));
+        }
+        if error.is_permanent() || attempt >= max_attempts {
+            tracing::warn!(
+                error = %reason,
+                max_attempts,
+                permanent = error.is_permanent(),
+                dead_letter_exchange = %settings.dead_letter_exchange,
+                "handler failed for the last time: dead-lettering the message"
+            );
+            headers.push((DEAD_REASON_HEADER, text(&reason)));
+            let properties = with_headers(&delivery.properties, headers);
+            let result = republisher
+                .publish(
+                    &settings.dead_letter_exchange,
+                    routing_key,
+                    &delivery.data,
+                    properties,
+                )
+                .await;
+            self.settle(delivery, result, metrics::DEAD_LETTERED_TOTAL, stop)
+                .await;
+        } else {
+            tracing::warn!(
+                error = %reason,
+                max_attempts,
+                retry_in = ?settings.retry_delay,
+                "handler failed: rolled back, retrying"
+            );
+            self.pause(stop).await;
+            headers[0].1 = AMQPValue::LongLongInt(attempt + 1);
+            headers.push((LAST_ERROR_HEADER, text(&reason)));
+            let properties = with_headers(&delivery.properties, headers);
+            // The default exchange routes by queue name: straight back to
+            // this queue, whatever the original exchange and bindings.
+            let result = republisher
+                .publish("", &settings.queue, &delivery.data, properties)
+                .await;
+            self.settle(delivery, result, metrics::RETRIED_TOTAL, stop)
+                .await;
+        }
+    }
+
+    /// Acks `delivery` when its copy was confirmed; otherwise waits the
+    /// retry delay and returns it to the queue, so it is never lost.
+    async fn settle(
+        &self,
+        delivery: &Delivery,
+        republished: Result<(), String>,
+        counter: &'static str,
+        stop: &mut watch::Receiver<bool>,
+    ) {
+        match republished {
+            Ok(()) => {
+                self.count(counter);
+                ack(delivery).await;
+            }
+            Err(error) => {
+                tracing::error!(
+                    %error,
+                    retry_in = ?self.settings.retry_delay,
+                    "republish not confirmed: the message goes back to the queue"
+                );
+                self.pause(stop).await;
+                let requeue = BasicNackOptions {
+                    requeue: true,
+                    multiple: false,
+                };
+                match delivery.acker.nack(requeue).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::warn!(
+                        "nack not sent: the channel is closed and the broker requeues the message"
+                    ),
+                    Err(error) => tracing::warn!(
+                        %error,
+                        "nack failed: the channel is closed and the broker requeues the message"
+                    ),
+                }
+            }
+        }
+    }
+
+    /// Waits the retry delay, cut short by shutdown.
+    async fn pause(&self, stop: &mut watch::Receiver<bool>) {
+        if stopping(stop) {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(self.settings.retry_delay) => {}
+            _ = stop.wait_for(|stopped| *stopped) => {}
+        }
+    }
+
+    fn count(&self, counter: &'static str) {
+        ::metrics::counter!(counter, "consumer" => self.settings.name.clone()).increment(1);
+    }
+}
+
+/// Headers the handler's recorded events inherit: causation = this event,
+/// plus its correlation id and trace context.
+fn inherited_headers(event: &IncomingEvent) -> Headers {
+    let mut headers = Headers::new().with(Headers::CAUSATION_ID, event.id.to_string());
+    for key in [
+        Headers::CORRELATION_ID,
+        Headers::TRACEPARENT,
+        Headers::TRACESTATE,
+    ] {
+        if let Some(value) = event.headers.get(key) {
+            headers.insert(key, value);
+        }
+    }
+    headers
+}
+
+async fn ack(delivery: &Delivery) {
+    match delivery.acker.ack(BasicAckOptions::default()).await {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            "ack not sent (the channel is closed): the broker redelivers the message and the \
+             inbox recognises it"
+        ),
+        Err(error) => tracing::warn!(
+            %error,
+            "ack failed: the broker redelivers the message and the inbox recognises it"
+        ),
+    }
+}

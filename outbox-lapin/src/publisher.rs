@@ -1,0 +1,494 @@
+//! [`LapinPublisher`]: the relay's [`Publisher`] on RabbitMQ, with publisher
+//! confirms.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::AMQPErrorKind;
+use lapin::types::FieldTable;
+use lapin::{Channel, Confirmation, Connection, ErrorKind, ExchangeKind};
+use outbox_core::{EventEnvelope, PublishOutcome, Publisher, failpoints};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use crate::error::{connect, redact_url};
+use crate::{Error, Result, wire};
+
+/// Computes the routing key of an event.
+pub type RoutingKeyFn = dyn Fn(&EventEnvelope) -> String + Send + Sync;
+
+/// Chooses the exchange of an event (overriding the configured one).
+pub type ExchangeFn = dyn Fn(&EventEnvelope) -> Option<String> + Send + Sync;
+
+/// Gauge: 1 while the broker has blocked the publisher's connection
+/// (`connection.blocked`, a resource alarm).
+pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
+
+/// Publishes outbox events to a RabbitMQ exchange with publisher confirms.
+///
+/// - One connection and one confirm-mode channel. A batch is published
+///   pipelined (every message sent before any confirm is awaited), then all
+///   confirms are awaited within [`confirm_timeout`](LapinPublisherBuilder::confirm_timeout).
+/// - `mandatory = true` and `delivery_mode = 2`: an unroutable message comes
+///   back as a return, which counts as a failure, never as sent.
+/// - Only `basic.ack` without a return is [`PublishOutcome::Acked`]. A return
+///   (`312 NO_ROUTE`), a `basic.nack`, a missing confirm and a channel closed
+///   by the broker because of a message (404 no such exchange, 406, a message
+///   too large) are [`PublishOutcome::Rejected`], which spends an attempt. On a
+///   channel error the batch is narrowed down (bisected) on fresh channels so
+///   only the message that causes it is rejected.
+/// - A lost connection (or a broker that blocks publishers because of a
+///   resource alarm) is [`PublishOutcome::ConnectionLost`] for every message
+///   not yet confirmed: the relay pauses, spends no attempts, and the next
+///   batch reconnects.
+///
+/// The wire format is documented in [`wire`].
+///
+/// ```no_run
+/// use outbox_lapin::LapinPublisher;
+///
+/// # async fn run() -> Result<(), outbox_lapin::Error> {
+/// let publisher = LapinPublisher::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
+///     .exchange("shop.events")
+///     .source("/shop")
+///     .build()?;
+/// publisher.connect().await?; // optional: fail fast at start
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LapinPublisher {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: String,
+    exchange: String,
+    kind: ExchangeKind,
+    declare: bool,
+    source: String,
+    routing_key: Option<Arc<RoutingKeyFn>>,
+    exchange_for: Option<Arc<ExchangeFn>>,
+    confirm_timeout: Duration,
+    connection_name: String,
+    session: Mutex<Option<Session>>,
+}
+
+struct Session {
+    connection: Connection,
+    channel: Channel,
+}
+
+impl fmt::Debug for LapinPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &self.inner;
+        f.debug_struct("LapinPublisher")
+            .field("url", &redact_url(&inner.url))
+            .field("exchange", &inner.exchange)
+            .field("source", &inner.source)
+            .field("confirm_timeout", &inner.confirm_timeout)
+            .field("connection_name", &inner.connection_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings of a [`LapinPublisher`].
+///
+/// | setting | default |
+/// |---|---|
+/// | [`exchange`](Self::exchange) | `outbox.events` |
+/// | [`exchange_kind`](Self::exchange_kind) | topic |
+/// | [`declare_exchange`](Self::declare_exchange) | yes (durable) |
+/// | [`source`](Self::source) | `/outbox` (`cloudEvents:source`) |
+/// | [`routing_key`](Self::routing_key) | the event type |
+/// | [`confirm_timeout`](Self::confirm_timeout) | 10 s |
+/// | [`connection_name`](Self::connection_name) | `outbox-relay` |
+#[must_use]
+pub struct LapinPublisherBuilder {
+    url: String,
+    exchange: String,
+    kind: ExchangeKind,
+    declare: bool,
+    source: String,
+    routing_key: Option<Arc<RoutingKeyFn>>,
+    exchange_for: Option<Arc<ExchangeFn>>,
+    confirm_timeout: Duration,
+    connection_name: String,
+}
+
+impl fmt::Debug for LapinPublisherBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LapinPublisherBuilder")
+            .field("url", &redact_url(&self.url))
+            .field("exchange", &self.exchange)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LapinPublisherBuilder {
+    /// The exchange to publish to. Default `outbox.events`.
+    pub fn exchange(mut self, name: impl Into<String>) -> Self {
+        self.exchange = name.into();
+        self
+    }
+
+    /// The exchange's kind, when the publisher declares it. Default topic.
+    pub fn exchange_kind(mut self, kind: ExchangeKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Whether to declare the exchange (durable) on connect. Default yes;
+    /// turn it off when the exchange is managed elsewhere.
+    pub fn declare_exchange(mut self, declare: bool) -> Self {
+        self.declare = declare;
+        self
+    }
+
+    /// The `cloudEvents:source` of every message, a URI naming the producing
+    /// service (e.g. `/ecommerce`). Default `/outbox`.
+    pub fn source(mut self, source: impl Into<String>) -> Self {
+        self.source = source.into();
+        self
+    }
+
+    /// Overrides the routing key (default: the event type, so dotted types
+    /// such as `order.placed` route naturally on a topic exchange).
+    pub fn routing_key(
+        mut self,
+        f: impl Fn(&EventEnvelope) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.routing_key = Some(Arc::new(f));
+        self
+    }
+
+    /// Sends some events to another exchange: when `f` returns `Some(name)`,
+    /// that exchange is used instead of the configured one (it is not
+    /// declared by the publisher). A missing exchange closes the channel
+    /// (404); only the events routed there fail.
+    pub fn exchange_for(
+        mut self,
+        f: impl Fn(&EventEnvelope) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.exchange_for = Some(Arc::new(f));
+        self
+    }
+
+    /// How long to wait for a batch's confirms; a message unconfirmed by then
+    /// is a per-message failure (it spends an attempt and is published
+    /// again). Keep it below the store's claim timeout. Default 10 s.
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    /// The client-provided connection name (visible in the management UI and
+    /// `rabbitmqctl list_connections`). Default `outbox-relay`.
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = name.into();
+        self
+    }
+
+    /// Validates the settings. Does not connect: the first publish (or
+    /// [`LapinPublisher::connect`]) does.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an empty or over-long exchange name, or a zero
+    /// confirm timeout.
+    pub fn build(self) -> Result<LapinPublisher> {
+        if self.exchange.len() > 255 {
+            return Err(Error::Config("exchange name longer than 255 bytes".into()));
+        }
+        if self.exchange.is_empty() && self.declare {
+            return Err(Error::Config(
+                "the default exchange (\"\") cannot be declared; set declare_exchange(false)"
+                    .into(),
+            ));
+        }
+        if self.confirm_timeout.is_zero() {
+            return Err(Error::Config("confirm_timeout must be positive".into()));
+        }
+        Ok(LapinPublisher {
+            inner: Arc::new(Inner {
+                url: self.url,
+                exchange: self.exchange,
+                kind: self.kind,
+                declare: self.declare,
+                source: self.source,
+                routing_key: self.routing_key,
+                exchange_for: self.exchange_for,
+                confirm_timeout: self.confirm_timeout,
+                connection_name: self.connection_name,
+                session: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+/// What happened to one message in one round.
+enum Round {
+    Done(PublishOutcome),
+    /// The broker closed the channel; the culprit is among these messages.
+    ChannelClosed(String),
+}
+
+impl LapinPublisher {
+    /// Starts configuring a publisher for the broker at `url`.
+    pub fn builder(url: impl Into<String>) -> LapinPublisherBuilder {
+        LapinPublisherBuilder {
+            url: url.into(),
+            exchange: "outbox.events".into(),
+            kind: ExchangeKind::Topic,
+            declare: true,
+            source: "/outbox".into(),
+            routing_key: None,
+            exchange_for: None,
+            confirm_timeout: Duration::from_secs(10),
+            connection_name: "outbox-relay".into(),
+        }
+    }
+
+    /// Connects now (and declares the exchange if configured), so
+    /// configuration errors show at start rather than at the first publish.
+    ///
+    /// # Errors
+    /// [`Error::Connect`] or [`Error::Amqp`].
+    pub async fn connect(&self) -> Result<()> {
+        let mut session = self.inner.session.lock().await;
+        self.ensure_session(&mut session).await.map(|_| ())
+    }
+
+    async fn ensure_session<'a>(
+        &self,
+        session: &'a mut Option<Session>,
+    ) -> Result<&'a mut Session> {
+        let usable = session
+            .as_ref()
+            .is_some_and(|s| s.connection.status().connected());
+        if !usable {
+            *session = None;
+            let connection = connect(&self.inner.url, &self.inner.connection_name).await?;
+            let channel = self.open_channel(&connection).await?;
+            if self.inner.declare {
+                channel
+                    .exchange_declare(
+                        self.inner.exchange.as_str().into(),
+                        self.inner.kind.clone(),
+                        ExchangeDeclareOptions {
+                            durable: true,
+                            ..ExchangeDeclareOptions::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await
+                    .map_err(Error::amqp(format!(
+                        "declare exchange {}",
+                        self.inner.exchange
+                    )))?;
+            }
+            tracing::info!(
+                connection = %self.inner.connection_name,
+                exchange = %self.inner.exchange,
+                "outbox publisher connected"
+            );
+            *session = Some(Session {
+                connection,
+                channel,
+            });
+        }
+        session
+            .as_mut()
+            .ok_or_else(|| Error::Config("session vanished".into()))
+    }
+
+    async fn open_channel(&self, connection: &Connection) -> Result<Channel> {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(Error::amqp("open channel"))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(Error::amqp("confirm.select"))?;
+        Ok(channel)
+    }
+
+    fn exchange(&self, envelope: &EventEnvelope) -> String {
+        self.inner
+            .exchange_for
+            .as_ref()
+            .and_then(|f| f(envelope))
+            .unwrap_or_else(|| self.inner.exchange.clone())
+    }
+
+    fn routing_key(&self, envelope: &EventEnvelope) -> String {
+        match &self.inner.routing_key {
+            Some(f) => f(envelope),
+            None => envelope.event_type.clone(),
+        }
+    }
+
+    /// Publishes `events` pipelined on `channel` and awaits their confirms.
+    async fn round(
+        &self,
+        connection: &Connection,
+        channel: &Channel,
+        events: &[&EventEnvelope],
+    ) -> Vec<Round> {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let mut pending = Vec::with_capacity(events.len());
+        for envelope in events {
+            let sent = channel
+                .basic_publish(
+                    self.exchange(envelope).into(),
+                    self.routing_key(envelope).into(),
+                    options,
+                    envelope.payload.as_bytes(),
+                    wire::properties(envelope, &self.inner.source),
+                )
+                .await;
+            pending.push(sent);
+        }
+        failpoints::hit(failpoints::AFTER_PUBLISH_BEFORE_CONFIRM);
+        let deadline = Instant::now() + self.inner.confirm_timeout;
+        let mut rounds = Vec::with_capacity(pending.len());
+        for sent in pending {
+            let outcome = match sent {
+                Err(err) => classify(connection, &err),
+                Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
+                    Err(_) => Round::Done(PublishOutcome::rejected(format!(
+                        "no publisher confirm within {:?}",
+                        self.inner.confirm_timeout
+                    ))),
+                    Ok(Err(err)) => classify(connection, &err),
+                    Ok(Ok(Confirmation::Ack(None))) => Round::Done(PublishOutcome::Acked),
+                    Ok(Ok(Confirmation::Ack(Some(returned)))) => {
+                        Round::Done(PublishOutcome::rejected(format!(
+                            "returned by the broker as unroutable: {} {} (no queue is bound \
+                             for this routing key on exchange `{}`)",
+                            returned.reply_code, returned.reply_text, self.inner.exchange
+                        )))
+                    }
+                    Ok(Ok(Confirmation::Nack(_))) => Round::Done(PublishOutcome::rejected(
+                        "negatively acknowledged (basic.nack) by the broker",
+                    )),
+                    Ok(Ok(Confirmation::NotRequested)) => Round::Done(PublishOutcome::rejected(
+                        "the channel is not in confirm mode",
+                    )),
+                },
+            };
+            rounds.push(outcome);
+        }
+        rounds
+    }
+}
+
+/// Sorts a lapin error into "connection lost" (spends nothing) or "the
+/// broker closed the channel" (a message caused it: narrow it down).
+fn classify(connection: &Connection, err: &lapin::Error) -> Round {
+    let lost = |reason: String| Round::Done(PublishOutcome::connection_lost(reason));
+    if !connection.status().connected() {
+        return lost(format!("connection to RabbitMQ lost: {err}"));
+    }
+    match err.kind() {
+        ErrorKind::ProtocolError(amqp) => match amqp.kind() {
+            AMQPErrorKind::Soft(_) => Round::ChannelClosed(format!(
+                "channel closed by the broker: {} {}",
+                amqp.get_id(),
+                amqp.get_message()
+            )),
+            AMQPErrorKind::Hard(_) => lost(format!("connection closed by the broker: {amqp}")),
+        },
+        ErrorKind::InvalidChannelState(..) | ErrorKind::InvalidChannel(_) => {
+            Round::ChannelClosed(format!("channel closed by the broker: {err}"))
+        }
+        _ => lost(format!("connection to RabbitMQ failed: {err}")),
+    }
+}
+
+impl Publisher for LapinPublisher {
+    async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+        let mut guard = self.inner.session.lock().await;
+        let session = match self.ensure_session(&mut guard).await {
+            Ok(session) => session,
+            Err(err) => {
+                tracing::warn!(error = %err, "outbox publisher cannot connect");
+                let reason = err.to_string();
+                return events
+                    .iter()
+                    .map(|_| PublishOutcome::connection_lost(reason.clone()))
+                    .collect();
+            }
+        };
+        let blocked = session.connection.status().blocked();
+        metrics::gauge!(BLOCKED_GAUGE).set(if blocked { 1.0 } else { 0.0 });
+        if blocked {
+            tracing::warn!("RabbitMQ blocked the publisher (resource alarm); pausing");
+            return events
+                .iter()
+                .map(|_| {
+                    PublishOutcome::connection_lost(
+                        "RabbitMQ blocked publishing (connection.blocked: a memory or disk alarm)",
+                    )
+                })
+                .collect();
+        }
+
+        let mut outcomes: Vec<Option<PublishOutcome>> = vec![None; events.len()];
+        // Groups of indexes still to publish; the first is the whole batch.
+        let mut groups: Vec<Vec<usize>> = vec![(0..events.len()).collect()];
+        while let Some(group) = groups.pop() {
+            if !session.channel.status().connected() {
+                match self.open_channel(&session.connection).await {
+                    Ok(channel) => session.channel = channel,
+                    Err(err) => {
+                        let reason = format!("cannot reopen a channel: {err}");
+                        for i in groups.iter().flatten().chain(&group) {
+                            outcomes[*i] = Some(PublishOutcome::connection_lost(reason.clone()));
+                        }
+                        break;
+                    }
+                }
+            }
+            let batch: Vec<&EventEnvelope> = group.iter().map(|&i| events[i]).collect();
+            let rounds = self
+                .round(&session.connection, &session.channel, &batch)
+                .await;
+            let mut closed = Vec::new();
+            let mut closed_reason = String::new();
+            for (&i, round) in group.iter().zip(rounds) {
+                match round {
+                    Round::Done(outcome) => outcomes[i] = Some(outcome),
+                    Round::ChannelClosed(reason) => {
+                        closed.push(i);
+                        closed_reason = reason;
+                    }
+                }
+            }
+            match closed.len() {
+                0 => {}
+                1 => {
+                    // Alone on a fresh channel and still closing it: the culprit.
+                    if group.len() == 1 {
+                        outcomes[closed[0]] = Some(PublishOutcome::rejected(closed_reason));
+                    } else {
+                        groups.push(closed);
+                    }
+                }
+                n => {
+                    let right = closed.split_off(n / 2);
+                    groups.push(right);
+                    groups.push(closed);
+                }
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| PublishOutcome::connection_lost("not published")))
+            .collect()
+    }
+}

@@ -1,0 +1,460 @@
+//! Declaring exchanges, queues, bindings and dead-lettering, so applications
+//! do not hand-write AMQP topology.
+//!
+//! Every declaration here is idempotent: declaring what already exists with
+//! the same settings is a no-op, so services can declare their topology at
+//! each start. Declaring an existing exchange or queue with *different*
+//! settings (another kind, durability or queue arguments) is refused by the
+//! broker with `406 PRECONDITION_FAILED`, which closes the channel: delete
+//! the old one first or keep the settings.
+//!
+//! ```no_run
+//! use outbox_lapin::QueueTopology;
+//!
+//! # async fn run() -> outbox_lapin::Result<()> {
+//! let connection = lapin::Connection::connect(
+//!     "amqp://guest:guest@127.0.0.1:5672/%2f",
+//!     lapin::ConnectionProperties::default(),
+//! )
+//! .await
+//! .map_err(|source| outbox_lapin::Error::Amqp { operation: "connect".into(), source })?;
+//! let channel = connection
+//!     .create_channel()
+//!     .await
+//!     .map_err(|source| outbox_lapin::Error::Amqp { operation: "open channel".into(), source })?;
+//!
+//! // Queue `billing.orders` gets `order.placed` and every `inventory.*` event
+//! // from the topic exchange `shop`; messages the consumer gives up on go to
+//! // `billing.orders.dlx` and from there to the queue `billing.orders.dead`.
+//! let topology = QueueTopology::new("billing.orders")
+//!     .exchange("shop")
+//!     .bind("order.placed")
+//!     .bind("inventory.*");
+//! topology.declare(&channel).await?;
+//! assert_eq!(topology.dead_letter_exchange_name(), Some("billing.orders.dlx"));
+//! assert_eq!(topology.dead_letter_queue_name(), Some("billing.orders.dead"));
+//! # Ok(()) }
+//! ```
+
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Channel, ExchangeKind};
+
+use crate::{Error, Result};
+
+/// Queue argument naming the queue's dead-letter exchange.
+const X_DEAD_LETTER_EXCHANGE: &str = "x-dead-letter-exchange";
+
+/// `name` as an AMQP short string, or [`Error::Config`] when it is longer
+/// than the protocol's 255 bytes.
+pub(crate) fn short_string(what: &str, name: &str) -> Result<ShortString> {
+    ShortString::try_new(name).map_err(|_| {
+        Error::Config(format!(
+            "{what} `{name}` is longer than 255 bytes, the AMQP limit"
+        ))
+    })
+}
+
+fn exchange_kind_name(kind: &ExchangeKind) -> &str {
+    match kind {
+        ExchangeKind::Custom(name) => name,
+        ExchangeKind::Direct => "direct",
+        ExchangeKind::Fanout => "fanout",
+        ExchangeKind::Headers => "headers",
+        ExchangeKind::Topic => "topic",
+    }
+}
+
+/// Declares a durable exchange `name` of `kind` (not auto-deleted, not
+/// internal). Idempotent.
+///
+/// The outbox publishes to a topic exchange ([`ExchangeKind::Topic`]) with
+/// the event type as routing key, so consumers can bind `order.placed` or
+/// `order.*`.
+///
+/// # Errors
+/// [`Error::Config`] for a name longer than 255 bytes, [`Error::Amqp`] if
+/// the broker refuses (e.g. the exchange exists with another kind).
+pub async fn declare_exchange(channel: &Channel, name: &str, kind: ExchangeKind) -> Result<()> {
+    let kind_name = exchange_kind_name(&kind).to_owned();
+    channel
+        .exchange_declare(
+            short_string("exchange name", name)?,
+            kind,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(Error::amqp(format!(
+            "declare {kind_name} exchange `{name}`"
+        )))
+}
+
+/// A consumer's queue with its bindings and dead-lettering, declared in one
+/// call with [`declare`](Self::declare).
+///
+/// | setting | default |
+/// |---|---|
+/// | [`exchange`](Self::exchange) (where [`bind`](Self::bind) patterns apply) | none: set it before `bind` |
+/// | [`exchange_kind`](Self::exchange_kind) of declared exchanges | [`ExchangeKind::Topic`] |
+/// | [`durable`](Self::durable) queue(s) | `true` |
+/// | [`dead_letter_exchange`](Self::dead_letter_exchange) | `<queue>.dlx`, a durable topic exchange |
+/// | [`dead_letter_queue`](Self::dead_letter_queue) | `<queue>.dead`, bound to the dead-letter exchange with `#` |
+///
+/// [`declare`](Self::declare) declares, in this order: every exchange named
+/// in a binding, the dead-letter exchange, the dead-letter queue and its
+/// binding, the queue (with the argument `x-dead-letter-exchange`, so
+/// messages the broker itself dead-letters — rejected without requeue,
+/// expired, or over a quorum queue's `x-delivery-limit` — land in the same
+/// place), and the queue's bindings.
+///
+/// One dead-letter exchange per queue (the default) keeps the dead-letter
+/// queue free of other queues' messages: the
+/// [`InboxConsumer`](crate::InboxConsumer) republishes a dead message with
+/// its original routing key, and the dead-letter queue is bound with `#`.
+#[derive(Debug, Clone)]
+pub struct QueueTopology {
+    queue: String,
+    exchange: Option<String>,
+    exchange_kind: ExchangeKind,
+    bindings: Vec<(String, String)>,
+    /// Mistakes found by the builder methods, reported by `validate`.
+    deferred_errors: Vec<String>,
+    dead_letter: Option<(String, String)>,
+    durable: bool,
+    arguments: FieldTable,
+}
+
+impl QueueTopology {
+    /// The topology of queue `queue`, with the defaults above.
+    pub fn new(queue: impl Into<String>) -> Self {
+        let queue = queue.into();
+        let dead_letter = Some((format!("{queue}.dlx"), format!("{queue}.dead")));
+        QueueTopology {
+            queue,
+            exchange: None,
+            exchange_kind: ExchangeKind::Topic,
+            bindings: Vec::new(),
+            deferred_errors: Vec::new(),
+            dead_letter,
+            durable: true,
+            arguments: FieldTable::default(),
+        }
+    }
+
+    /// The exchange that following [`bind`](Self::bind) calls bind to
+    /// (declared as [`exchange_kind`](Self::exchange_kind), durable).
+    #[must_use]
+    pub fn exchange(mut self, name: impl Into<String>) -> Self {
+        self.exchange = Some(name.into());
+        self
+    }
+
+    /// The kind of every exchange this topology declares, except the
+    /// dead-letter exchange (always topic). Default: [`ExchangeKind::Topic`].
+    #[must_use]
+    pub fn exchange_kind(mut self, kind: ExchangeKind) -> Self {
+        self.exchange_kind = kind;
+        self
+    }
+
+    /// Binds the queue to the current [`exchange`](Self::exchange) with
+    /// `pattern`: an event type such as `order.placed`, or a topic pattern
+    /// (`inventory.*` is one word after `inventory.`, `#` is zero or more
+    /// words). A `bind` before any `exchange` is reported by
+    /// [`declare`](Self::declare).
+    #[must_use]
+    pub fn bind(mut self, pattern: impl Into<String>) -> Self {
+        match &self.exchange {
+            Some(exchange) => self.bindings.push((exchange.clone(), pattern.into())),
+            None => {
+                let pattern = pattern.into();
+                self.deferred_errors.push(format!(
+                    "binding `{pattern}` of queue `{}` has no exchange: call `.exchange(name)` \
+                     before `.bind(pattern)`, or use `.bind_to(exchange, pattern)`",
+                    self.queue
+                ));
+            }
+        }
+        self
+    }
+
+    /// Binds the queue to `exchange` with `pattern`, whatever the current
+    /// [`exchange`](Self::exchange) is.
+    #[must_use]
+    pub fn bind_to(mut self, exchange: impl Into<String>, pattern: impl Into<String>) -> Self {
+        self.bindings.push((exchange.into(), pattern.into()));
+        self
+    }
+
+    /// The dead-letter exchange (a durable topic exchange). Default
+    /// `<queue>.dlx`. Give every queue its own, or its dead-letter queue
+    /// also receives other queues' dead messages.
+    #[must_use]
+    pub fn dead_letter_exchange(mut self, name: impl Into<String>) -> Self {
+        let queue = match self.dead_letter.take() {
+            Some((_, queue)) => queue,
+            None => format!("{}.dead", self.queue),
+        };
+        self.dead_letter = Some((name.into(), queue));
+        self
+    }
+
+    /// The dead-letter queue, bound to the dead-letter exchange with `#`.
+    /// Default `<queue>.dead`.
+    #[must_use]
+    pub fn dead_letter_queue(mut self, name: impl Into<String>) -> Self {
+        let exchange = match self.dead_letter.take() {
+            Some((exchange, _)) => exchange,
+            None => format!("{}.dlx", self.queue),
+        };
+        self.dead_letter = Some((exchange, name.into()));
+        self
+    }
+
+    /// Declares no dead-letter exchange or queue (and no
+    /// `x-dead-letter-exchange` argument). The consumer still needs a
+    /// dead-letter exchange: declare it elsewhere.
+    #[must_use]
+    pub fn without_dead_letter(mut self) -> Self {
+        self.dead_letter = None;
+        self
+    }
+
+    /// Whether the queue and dead-letter queue survive a broker restart
+    /// (default `true`). Exchanges are always durable.
+    #[must_use]
+    pub fn durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// Adds a queue argument, e.g. `x-queue-type` = `quorum` (then also
+    /// `x-delivery-limit`, the broker-side alternative to the consumer's
+    /// attempt header). Applies to the queue only, not the dead-letter queue.
+    #[must_use]
+    pub fn argument(mut self, key: &str, value: AMQPValue) -> Self {
+        match ShortString::try_new(key) {
+            Ok(key) => {
+                self.arguments.insert(key, value);
+            }
+            Err(_) => self
+                .deferred_errors
+                .push(format!("queue argument `{key}` is longer than 255 bytes")),
+        }
+        self
+    }
+
+    /// The queue's name.
+    pub fn queue_name(&self) -> &str {
+        &self.queue
+    }
+
+    /// The dead-letter exchange, unless [`without_dead_letter`](Self::without_dead_letter).
+    pub fn dead_letter_exchange_name(&self) -> Option<&str> {
+        self.dead_letter
+            .as_ref()
+            .map(|(exchange, _)| exchange.as_str())
+    }
+
+    /// The dead-letter queue, unless [`without_dead_letter`](Self::without_dead_letter).
+    pub fn dead_letter_queue_name(&self) -> Option<&str> {
+        self.dead_letter.as_ref().map(|(_, queue)| queue.as_str())
+    }
+
+    /// `(exchange, pattern)` of every binding of the queue.
+    pub fn bindings(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.bindings.iter().map(|(e, p)| (e.as_str(), p.as_str()))
+    }
+
+    /// Checks the settings without a broker: names fit AMQP, every `bind`
+    /// follows an `exchange`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] saying what is wrong.
+    pub fn validate(&self) -> Result<()> {
+        if self.queue.is_empty() {
+            return Err(Error::Config(
+                "the queue name is empty (a server-named queue cannot be shared by consumers)"
+                    .into(),
+            ));
+        }
+        if let Some(error) = self.deferred_errors.first() {
+            return Err(Error::Config(error.clone()));
+        }
+        short_string("queue name", &self.queue)?;
+        for (exchange, pattern) in &self.bindings {
+            short_string("exchange name", exchange)?;
+            short_string("binding pattern", pattern)?;
+            if exchange.is_empty() {
+                return Err(Error::Config(
+                    "cannot bind to the default exchange (\"\"): it routes by queue name already"
+                        .into(),
+                ));
+            }
+        }
+        if let Some((exchange, queue)) = &self.dead_letter {
+            short_string("dead-letter exchange name", exchange)?;
+            short_string("dead-letter queue name", queue)?;
+            if exchange.is_empty() || queue.is_empty() {
+                return Err(Error::Config(
+                    "the dead-letter exchange and queue names must not be empty".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Declares the exchanges, the dead-letter exchange and queue, the queue
+    /// and its bindings (see the type's docs). Idempotent.
+    ///
+    /// # Errors
+    /// [`Error::Config`] as [`validate`](Self::validate); [`Error::Amqp`]
+    /// naming the declaration the broker refused (the channel is then
+    /// closed: open a new one).
+    pub async fn declare(&self, channel: &Channel) -> Result<()> {
+        self.validate()?;
+        let mut declared: Vec<&str> = Vec::new();
+        for (exchange, _) in &self.bindings {
+            if !declared.contains(&exchange.as_str()) {
+                declare_exchange(channel, exchange, self.exchange_kind.clone()).await?;
+                declared.push(exchange);
+            }
+        }
+        let queue_options = QueueDeclareOptions {
+            durable: self.durable,
+            ..QueueDeclareOptions::default()
+        };
+        let mut arguments = self.arguments.clone();
+        if let Some((dlx, dlq)) = &self.dead_letter {
+            declare_exchange(channel, dlx, ExchangeKind::Topic).await?;
+            channel
+                .queue_declare(
+                    short_string("dead-letter queue name", dlq)?,
+                    queue_options,
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(Error::amqp(format!("declare dead-letter queue `{dlq}`")))?;
+            channel
+                .queue_bind(
+                    short_string("dead-letter queue name", dlq)?,
+                    short_string("dead-letter exchange name", dlx)?,
+                    "#".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(Error::amqp(format!(
+                    "bind dead-letter queue `{dlq}` to `{dlx}` with `#`"
+                )))?;
+            arguments.insert(
+                X_DEAD_LETTER_EXCHANGE.into(),
+                AMQPValue::LongString(LongString::from(dlx.as_str())),
+            );
+        }
+        let queue = &self.queue;
+        channel
+            .queue_declare(short_string("queue name", queue)?, queue_options, arguments)
+            .await
+            .map_err(Error::amqp(format!("declare queue `{queue}`")))?;
+        for (exchange, pattern) in &self.bindings {
+            channel
+                .queue_bind(
+                    short_string("queue name", queue)?,
+                    short_string("exchange name", exchange)?,
+                    short_string("binding pattern", pattern)?,
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(Error::amqp(format!(
+                    "bind queue `{queue}` to `{exchange}` with `{pattern}`"
+                )))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the queue, the dead-letter queue and the dead-letter exchange
+    /// (with their messages), but not the exchanges of the bindings, which
+    /// other queues may use. For tests and decommissioning; missing ones are
+    /// not an error.
+    ///
+    /// # Errors
+    /// [`Error::Config`] as [`validate`](Self::validate); [`Error::Amqp`]
+    /// if the broker refuses.
+    pub async fn delete(&self, channel: &Channel) -> Result<()> {
+        self.validate()?;
+        let queue = &self.queue;
+        channel
+            .queue_delete(
+                short_string("queue name", queue)?,
+                QueueDeleteOptions::default(),
+            )
+            .await
+            .map_err(Error::amqp(format!("delete queue `{queue}`")))?;
+        if let Some((dlx, dlq)) = &self.dead_letter {
+            channel
+                .queue_delete(
+                    short_string("dead-letter queue name", dlq)?,
+                    QueueDeleteOptions::default(),
+                )
+                .await
+                .map_err(Error::amqp(format!("delete dead-letter queue `{dlq}`")))?;
+            channel
+                .exchange_delete(
+                    short_string("dead-letter exchange name", dlx)?,
+                    ExchangeDeleteOptions::default(),
+                )
+                .await
+                .map_err(Error::amqp(format!("delete dead-letter exchange `{dlx}`")))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_name_the_dead_letter_pair_after_the_queue() {
+        let t = QueueTopology::new("billing")
+            .exchange("shop")
+            .bind("order.*");
+        assert_eq!(t.queue_name(), "billing");
+        assert_eq!(t.dead_letter_exchange_name(), Some("billing.dlx"));
+        assert_eq!(t.dead_letter_queue_name(), Some("billing.dead"));
+        assert_eq!(t.bindings().collect::<Vec<_>>(), [("shop", "order.*")]);
+        assert!(t.validate().is_ok());
+        let t = t.dead_letter_queue("parked").dead_letter_exchange("dlx");
+        assert_eq!(t.dead_letter_exchange_name(), Some("dlx"));
+        assert_eq!(t.dead_letter_queue_name(), Some("parked"));
+        assert_eq!(t.without_dead_letter().dead_letter_exchange_name(), None);
+    }
+
+    #[test]
+    fn invalid_settings_are_reported_before_any_declaration() {
+        let no_exchange = QueueTopology::new("q").bind("order.placed");
+        let err = no_exchange.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("order.placed") && err.contains(".exchange(name)"),
+            "{err}"
+        );
+        assert!(QueueTopology::new("").validate().is_err());
+        assert!(QueueTopology::new("x".repeat(300)).validate().is_err());
+        assert!(QueueTopology::new("q").bind_to("", "k").validate().is_err());
+        assert!(
+            QueueTopology::new("q")
+                .argument(&"k".repeat(300), AMQPValue::Boolean(true))
+                .validate()
+                .is_err()
+        );
+    }
+}

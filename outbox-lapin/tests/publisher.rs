@@ -1,0 +1,404 @@
+//! `LapinPublisher` against the real RabbitMQ: wire format, confirms,
+//! unroutable returns, channel errors narrowed to their message, reconnects.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use outbox_core::{EventEnvelope, Headers, PublishOutcome, Publisher};
+use outbox_lapin::LapinPublisher;
+use outbox_lapin::wire::{self, header_str};
+use uuid::Uuid;
+
+fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A private exchange and queue (bound with `#`), deleted on drop.
+struct Broker {
+    conn: Connection,
+    channel: Channel,
+    exchange: String,
+    queue: String,
+}
+
+impl Broker {
+    async fn new(test: &str) -> Broker {
+        let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "RabbitMQ not reachable at {}: {e}; start it with scripts/dev-services",
+                    amqp_url()
+                )
+            });
+        let channel = conn.create_channel().await.unwrap();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("test.{test}.{}.{n}", std::process::id());
+        let exchange = format!("{name}.x");
+        let queue = format!("{name}.q");
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        Broker {
+            conn,
+            channel,
+            exchange,
+            queue,
+        }
+    }
+
+    fn publisher(&self, connection_name: &str) -> LapinPublisher {
+        LapinPublisher::builder(amqp_url())
+            .exchange(&self.exchange)
+            .source("/tests")
+            .connection_name(connection_name)
+            .build()
+            .unwrap()
+    }
+
+    /// Takes every message currently in the queue.
+    async fn drain(&self) -> Vec<lapin::message::BasicGetMessage> {
+        let mut messages = Vec::new();
+        while let Some(message) = self
+            .channel
+            .basic_get(self.queue.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+        {
+            messages.push(message);
+        }
+        messages
+    }
+
+    async fn cleanup(self) {
+        let _ = self
+            .channel
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+        let _ = self
+            .channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+        let _ = self.conn.close(200, "done".into()).await;
+    }
+}
+
+fn envelope(aggregate: &str, n: i64) -> EventEnvelope {
+    EventEnvelope {
+        id: Uuid::now_v7(),
+        aggregate_type: "order".into(),
+        aggregate_id: aggregate.into(),
+        aggregate_version: Some(n),
+        event_type: "order.placed".into(),
+        schema_version: 1,
+        payload: format!(r#"{{"z":{n},"a":"ünïcode","nested":{{"k":[1,2]}}}}"#),
+        headers: Headers::new(),
+        occurred_at: chrono::Utc::now(),
+    }
+}
+
+#[tokio::test]
+async fn a_published_event_arrives_with_the_whole_wire_format() {
+    let broker = Broker::new("wire").await;
+    let publisher = broker.publisher("outbox-test-wire");
+    let mut env = envelope("o-1", 4)
+        .with_correlation_id("corr-1")
+        .with_causation_id("cause-1")
+        .with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .with_header(Headers::TRACESTATE, "vendor=1");
+    env.schema_version = 3;
+    let outcomes = publisher.publish(&[&env]).await;
+    assert_eq!(outcomes, [PublishOutcome::Acked]);
+
+    let messages = broker.drain().await;
+    assert_eq!(messages.len(), 1);
+    let m = &messages[0].delivery;
+    assert_eq!(
+        m.data,
+        env.payload.as_bytes(),
+        "body is the stored payload, byte for byte"
+    );
+    assert_eq!(m.routing_key.as_str(), "order.placed");
+    let p = &m.properties;
+    assert_eq!(
+        p.content_type().as_ref().unwrap().as_str(),
+        "application/json"
+    );
+    assert_eq!(
+        p.message_id().as_ref().unwrap().as_str(),
+        env.id.to_string()
+    );
+    assert_eq!(p.kind().as_ref().unwrap().as_str(), "order.placed");
+    assert_eq!(*p.timestamp(), Some(env.occurred_at.timestamp() as u64));
+    assert_eq!(*p.delivery_mode(), Some(2));
+    assert_eq!(p.correlation_id().as_ref().unwrap().as_str(), "corr-1");
+    let h = p.headers().as_ref().unwrap();
+    assert_eq!(header_str(h, "aggregate_type"), Some("order"));
+    assert_eq!(header_str(h, "aggregate_id"), Some("o-1"));
+    assert_eq!(
+        h.inner().get("aggregate_version"),
+        Some(&AMQPValue::LongLongInt(4))
+    );
+    assert_eq!(
+        h.inner().get("schema_version"),
+        Some(&AMQPValue::LongLongInt(3))
+    );
+    assert!(matches!(
+        h.inner().get("traceparent"),
+        Some(AMQPValue::LongString(_))
+    ));
+    assert_eq!(
+        header_str(h, "traceparent"),
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+    );
+    assert_eq!(header_str(h, "tracestate"), Some("vendor=1"));
+    assert_eq!(header_str(h, "correlation_id"), Some("corr-1"));
+    assert_eq!(header_str(h, "causation_id"), Some("cause-1"));
+    assert_eq!(
+        header_str(h, "cloudEvents:id"),
+        Some(env.id.to_string().as_str())
+    );
+    assert_eq!(header_str(h, "cloudEvents:type"), Some("order.placed"));
+    assert_eq!(header_str(h, "cloudEvents:source"), Some("/tests"));
+    assert_eq!(header_str(h, "cloudEvents:subject"), Some("o-1"));
+    assert_eq!(header_str(h, "cloudEvents:specversion"), Some("1.0"));
+    let time = header_str(h, "cloudEvents:time").unwrap();
+    assert_eq!(
+        chrono::DateTime::parse_from_rfc3339(time).unwrap(),
+        env.occurred_at
+    );
+    // And a consumer decodes it back to the same event.
+    let incoming = wire::decode(p, m.routing_key.as_str(), &m.data).unwrap();
+    assert_eq!(incoming.id, env.id);
+    assert_eq!(incoming.payload, env.payload);
+    assert_eq!(incoming.headers.get(Headers::CAUSATION_ID), Some("cause-1"));
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_pipelined_batch_is_confirmed_in_full_and_arrives_in_order() {
+    let broker = Broker::new("batch").await;
+    let publisher = broker.publisher("outbox-test-batch");
+    let envs: Vec<EventEnvelope> = (0..500).map(|n| envelope(&format!("o-{n}"), n)).collect();
+    let refs: Vec<&EventEnvelope> = envs.iter().collect();
+    let outcomes = publisher.publish(&refs).await;
+    assert!(outcomes.iter().all(|o| *o == PublishOutcome::Acked));
+    let received: Vec<String> = broker
+        .drain()
+        .await
+        .iter()
+        .map(|m| {
+            m.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let sent: Vec<String> = envs.iter().map(|e| e.id.to_string()).collect();
+    assert_eq!(received, sent);
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unroutable_event_is_rejected_not_acked() {
+    let broker = Broker::new("unroutable").await;
+    // A second exchange with no binding: mandatory publishes come back.
+    let publisher = LapinPublisher::builder(amqp_url())
+        .exchange(format!("{}.unbound", broker.exchange))
+        .connection_name("outbox-test-unroutable")
+        .build()
+        .unwrap();
+    let env = envelope("o-1", 1);
+    let outcomes = publisher.publish(&[&env]).await;
+    match &outcomes[..] {
+        [PublishOutcome::Rejected { reason }] => {
+            assert!(
+                reason.contains("312") && reason.contains("NO_ROUTE"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    let _ = broker
+        .channel
+        .exchange_delete(
+            format!("{}.unbound", broker.exchange).as_str().into(),
+            ExchangeDeleteOptions::default(),
+        )
+        .await;
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_missing_exchange_fails_only_the_events_routed_to_it() {
+    let broker = Broker::new("missing_exchange").await;
+    let missing = format!("{}.does-not-exist", broker.exchange);
+    let publisher = LapinPublisher::builder(amqp_url())
+        .exchange(&broker.exchange)
+        .exchange_for(move |e| (e.aggregate_id == "ghost").then(|| missing.clone()))
+        .connection_name("outbox-test-missing-exchange")
+        .build()
+        .unwrap();
+    let envs: Vec<EventEnvelope> = (0..9)
+        .map(|n| envelope(if n == 4 { "ghost" } else { "real" }, n))
+        .collect();
+    let refs: Vec<&EventEnvelope> = envs.iter().collect();
+    let outcomes = publisher.publish(&refs).await;
+    for (n, outcome) in outcomes.iter().enumerate() {
+        if n == 4 {
+            match outcome {
+                PublishOutcome::Rejected { reason } => {
+                    assert!(reason.contains("404"), "{reason}")
+                }
+                other => panic!("the ghost event must be rejected, got {other:?}"),
+            }
+        } else {
+            assert_eq!(*outcome, PublishOutcome::Acked, "event {n}");
+        }
+    }
+    let received: std::collections::HashSet<String> = broker
+        .drain()
+        .await
+        .iter()
+        .map(|m| {
+            m.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    for (n, env) in envs.iter().enumerate() {
+        assert_eq!(received.contains(&env.id.to_string()), n != 4, "event {n}");
+    }
+    // The publisher keeps working afterwards.
+    let next = envelope("real", 10);
+    assert_eq!(publisher.publish(&[&next]).await, [PublishOutcome::Acked]);
+    broker.cleanup().await;
+}
+
+/// Closes the broker connections whose client-provided name is `name`.
+fn close_connections_named(name: &str) -> usize {
+    let out = Command::new("rabbitmqctl")
+        .args(["-q", "list_connections", "pid", "client_properties"])
+        .output()
+        .expect("rabbitmqctl runs");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let mut closed = 0;
+    for line in listing.lines() {
+        if line.contains(&format!("\"{name}\"")) {
+            let pid = line.split_whitespace().next().unwrap();
+            let status = Command::new("rabbitmqctl")
+                .args(["close_connection", pid, "test closes it"])
+                .status()
+                .unwrap();
+            assert!(status.success());
+            closed += 1;
+        }
+    }
+    closed
+}
+
+#[tokio::test]
+async fn a_closed_connection_is_reported_lost_then_reopened() {
+    let broker = Broker::new("reconnect").await;
+    let name = format!("outbox-test-reconnect-{}", std::process::id());
+    let publisher = broker.publisher(&name);
+    publisher.connect().await.unwrap();
+    let first = envelope("o", 1);
+    assert_eq!(publisher.publish(&[&first]).await, [PublishOutcome::Acked]);
+
+    assert_eq!(
+        close_connections_named(&name),
+        1,
+        "the publisher's connection is listed"
+    );
+    // The broker closes it asynchronously; wait until the client sees it.
+    let mut lost = false;
+    for _ in 0..50 {
+        let env = envelope("o", 2);
+        match publisher.publish(&[&env]).await.as_slice() {
+            [PublishOutcome::ConnectionLost { .. }] => {
+                lost = true;
+                break;
+            }
+            [PublishOutcome::Acked] => {
+                // Reconnected already, or the close had not landed yet.
+                if close_connections_named(&name) == 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        lost,
+        "a publish on the closed connection reports ConnectionLost"
+    );
+    // The next publish reconnects.
+    let after = envelope("o", 3);
+    assert_eq!(publisher.publish(&[&after]).await, [PublishOutcome::Acked]);
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_broker_is_connection_lost_and_connect_says_how_to_fix() {
+    let publisher = LapinPublisher::builder("amqp://guest:secret@127.0.0.1:1/%2f")
+        .build()
+        .unwrap();
+    let env = envelope("o", 1);
+    assert!(matches!(
+        publisher.publish(&[&env]).await.as_slice(),
+        [PublishOutcome::ConnectionLost { .. }]
+    ));
+    let err = publisher.connect().await.unwrap_err().to_string();
+    assert!(err.contains("scripts/dev-services"), "{err}");
+    assert!(!err.contains("secret"), "password redacted: {err}");
+}

@@ -1,0 +1,508 @@
+//! The relay end to end: PostgreSQL outbox → relay → RabbitMQ, through the
+//! facade, against the real servers. Each test owns a PostgreSQL schema and
+//! an exchange/queue pair.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{HashMap, HashSet};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use diesel::{Connection as _, PgConnection, RunQueryDsl as _};
+use diesel_async::AsyncConnection as _;
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use outbox::postgres::{Outbox, PgOutboxStore};
+use outbox::rabbitmq::LapinPublisher;
+use outbox::{DomainEvent, Relay, RelayHandle, RetryPolicy};
+use serde::Serialize;
+use uuid::Uuid;
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+#[derive(Serialize, DomainEvent)]
+#[domain_event(aggregate = "order")]
+struct OrderPlaced {
+    #[aggregate_id]
+    order: String,
+    n: u32,
+}
+
+/// A schema, an exchange and a queue bound to it with `#`; all removed on drop.
+struct Env {
+    name: String,
+    schema: String,
+    outbox: Outbox,
+    pool: diesel_async::pooled_connection::deadpool::Pool<diesel_async::AsyncPgConnection>,
+    _amqp: Connection,
+    channel: Channel,
+    exchange: String,
+    queue: String,
+}
+
+impl Env {
+    async fn new(test: &str) -> Env {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("relay_{test}_{}_{n}", std::process::id());
+        let schema = name.clone();
+        outbox::postgres::migrate_url(&database_url(), &schema)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let amqp = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "RabbitMQ not reachable at {}: {e}; start it with scripts/dev-services",
+                    amqp_url()
+                )
+            });
+        let channel = amqp.create_channel().await.unwrap();
+        let exchange = format!("{name}.x");
+        let queue = format!("{name}.q");
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                "order.*".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        Env {
+            outbox: Outbox::new(&schema).unwrap(),
+            pool: outbox::postgres::pool(&database_url(), 4).unwrap(),
+            name,
+            schema,
+            _amqp: amqp,
+            channel,
+            exchange,
+            queue,
+        }
+    }
+
+    async fn record(&self, events: &[(String, u32)]) -> Vec<Uuid> {
+        let mut conn = outbox::postgres::connect(&database_url()).await.unwrap();
+        let mut ids = Vec::new();
+        for chunk in events.chunks(1000) {
+            let batch: Vec<OrderPlaced> = chunk
+                .iter()
+                .map(|(order, n)| OrderPlaced {
+                    order: order.clone(),
+                    n: *n,
+                })
+                .collect();
+            let chunk_ids = conn
+                .transaction::<_, outbox::postgres::Error, _>(async |conn| {
+                    self.outbox.record_all(conn, &batch).await
+                })
+                .await
+                .unwrap();
+            ids.extend(chunk_ids);
+        }
+        ids
+    }
+
+    fn store(&self) -> PgOutboxStore {
+        PgOutboxStore::builder(self.pool.clone())
+            .schema(&self.schema)
+            .build()
+            .unwrap()
+    }
+
+    fn publisher(&self) -> outbox::rabbitmq::LapinPublisherBuilder {
+        LapinPublisher::builder(amqp_url())
+            .exchange(&self.exchange)
+            .source("/tests")
+            .connection_name(format!("{}.relay", self.name))
+    }
+
+    fn start(
+        &self,
+        publisher: LapinPublisher,
+        retry: RetryPolicy,
+    ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
+        let relay = Relay::builder(self.store(), publisher)
+            .batch_size(100)
+            .poll_interval(Duration::from_millis(20))
+            .pause(Duration::from_millis(50), Duration::from_millis(500))
+            .retry(retry)
+            .build()
+            .unwrap();
+        let handle = relay.handle();
+        (handle, tokio::spawn(relay.run()))
+    }
+
+    /// Collects every message id arriving on the queue, in arrival order.
+    async fn collect(&self) -> Arc<Mutex<Vec<Uuid>>> {
+        let received: Arc<Mutex<Vec<Uuid>>> = Arc::default();
+        let mut consumer = self
+            .channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let sink = Arc::clone(&received);
+        tokio::spawn(async move {
+            while let Some(Ok(delivery)) = consumer.next().await {
+                let id = delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .and_then(|id| Uuid::parse_str(id.as_str()).ok())
+                    .expect("every message has a UUID message_id");
+                sink.lock().unwrap().push(id);
+                let _ = delivery.ack(BasicAckOptions::default()).await;
+            }
+        });
+        received
+    }
+
+    fn sql_count(&self, filter: &str) -> i64 {
+        #[derive(diesel::QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let mut conn = PgConnection::establish(&database_url()).unwrap();
+        diesel::sql_query(format!(
+            "SELECT count(*) AS n FROM \"{}\".outbox_events {filter}",
+            self.schema
+        ))
+        .get_result::<Count>(&mut conn)
+        .unwrap()
+        .n
+    }
+
+    fn row(&self, id: Uuid) -> (String, i32, Option<String>) {
+        #[derive(diesel::QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            status: String,
+            #[diesel(sql_type = diesel::sql_types::Integer)]
+            attempts: i32,
+            #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+            last_error: Option<String>,
+        }
+        let mut conn = PgConnection::establish(&database_url()).unwrap();
+        let row: Row = diesel::sql_query(format!(
+            "SELECT status, attempts, last_error FROM \"{}\".outbox_events WHERE id = '{id}'",
+            self.schema
+        ))
+        .get_result(&mut conn)
+        .unwrap();
+        (row.status, row.attempts, row.last_error)
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Ok(mut conn) = PgConnection::establish(&database_url()) {
+            let _ = diesel::sql_query(format!(
+                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
+                 JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = '{}' AND l.pid <> pg_backend_pid()",
+                self.schema
+            ))
+            .execute(&mut conn);
+            let _ = diesel::sql_query(format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema))
+                .execute(&mut conn);
+        }
+        let queue = self.queue.clone();
+        let exchange = self.exchange.clone();
+        let channel = self.channel.clone();
+        // Best effort; the runtime may be shutting down.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = channel
+                    .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+                let _ = channel
+                    .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                    .await;
+            });
+        }
+    }
+}
+
+impl Env {
+    async fn cleanup(self) {
+        let _ = self
+            .channel
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+        let _ = self
+            .channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+    }
+}
+
+async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn interleaved(aggregates: usize, per: usize) -> Vec<(String, u32)> {
+    (0..per)
+        .flat_map(|n| (0..aggregates).map(move |a| (format!("o-{a}"), n as u32)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_events_are_relayed_and_each_received() {
+    let env = Env::new("ten_k").await;
+    let ids = env.record(&interleaved(1000, 10)).await;
+    let received = env.collect().await;
+    let (handle, task) = env.start(env.publisher().build().unwrap(), RetryPolicy::default());
+    wait_until("10,000 events received", Duration::from_secs(240), || {
+        received.lock().unwrap().len() >= 10_000
+    })
+    .await;
+    wait_until("all marked sent", Duration::from_secs(30), || {
+        env.sql_count("WHERE status = 'sent'") == 10_000
+    })
+    .await;
+    handle.shutdown();
+    task.await.unwrap();
+    let received = received.lock().unwrap().clone();
+    let unique: HashSet<Uuid> = received.iter().copied().collect();
+    assert_eq!(
+        unique,
+        ids.iter().copied().collect::<HashSet<_>>(),
+        "every event received"
+    );
+    assert_eq!(received.len(), 10_000, "no duplicates without faults");
+    // Per-aggregate order on the wire.
+    let position: HashMap<Uuid, usize> = received
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (*id, i))
+        .collect();
+    let events = interleaved(1000, 10);
+    let mut by_aggregate: HashMap<&str, Vec<usize>> = HashMap::new();
+    for ((aggregate, _), id) in events.iter().zip(&ids) {
+        by_aggregate
+            .entry(aggregate)
+            .or_default()
+            .push(position[id]);
+    }
+    for (aggregate, positions) in by_aggregate {
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]),
+            "order broken for {aggregate}"
+        );
+    }
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unroutable_event_spends_its_attempts_and_ends_dead() {
+    let env = Env::new("unroutable").await;
+    // Routing key `refund.issued` matches no binding (the queue binds `order.*`).
+    let ids = env.record(&[("o-1".into(), 1)]).await;
+    let publisher = env
+        .publisher()
+        .routing_key(|_| "refund.issued".into())
+        .build()
+        .unwrap();
+    let retry = RetryPolicy::default()
+        .base_delay(Duration::from_millis(10))
+        .max_delay(Duration::from_millis(10))
+        .max_attempts(3);
+    let received = env.collect().await;
+    let (handle, task) = env.start(publisher, retry);
+    wait_until("the event is dead", Duration::from_secs(30), || {
+        env.row(ids[0]).0 == "dead"
+    })
+    .await;
+    handle.shutdown();
+    task.await.unwrap();
+    let (status, attempts, last_error) = env.row(ids[0]);
+    assert_eq!(status, "dead");
+    assert_eq!(attempts, 3);
+    let last_error = last_error.unwrap();
+    assert!(last_error.contains("NO_ROUTE"), "{last_error}");
+    assert!(received.lock().unwrap().is_empty());
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_exchange_costs_attempts_only_for_its_events() {
+    let env = Env::new("missing_x").await;
+    let ids = env.record(&interleaved(20, 3)).await;
+    let ghost = format!("{}.ghost", env.exchange);
+    let publisher = env
+        .publisher()
+        .exchange_for(move |e| (e.aggregate_id == "o-7").then(|| ghost.clone()))
+        .build()
+        .unwrap();
+    let retry = RetryPolicy::default()
+        .base_delay(Duration::from_millis(10))
+        .max_delay(Duration::from_millis(10))
+        .max_attempts(2);
+    let received = env.collect().await;
+    let (handle, task) = env.start(publisher, retry);
+    wait_until("57 events received", Duration::from_secs(60), || {
+        received.lock().unwrap().len() >= 57
+    })
+    .await;
+    wait_until("o-7's head is dead", Duration::from_secs(30), || {
+        env.sql_count("WHERE status = 'dead'") == 1
+    })
+    .await;
+    handle.shutdown();
+    task.await.unwrap();
+    let events = interleaved(20, 3);
+    for ((aggregate, n), id) in events.iter().zip(&ids) {
+        let (status, attempts, last_error) = env.row(*id);
+        match (aggregate.as_str(), n) {
+            ("o-7", 0) => {
+                assert_eq!((status.as_str(), attempts), ("dead", 2));
+                assert!(last_error.unwrap().contains("404"));
+            }
+            ("o-7", _) => assert_eq!((status.as_str(), attempts), ("pending", 0), "held back"),
+            _ => assert_eq!((status.as_str(), attempts), ("sent", 0), "{aggregate} {n}"),
+        }
+    }
+    env.cleanup().await;
+}
+
+/// Closes the broker connections whose client-provided name is `name`.
+fn close_connections_named(name: &str) -> usize {
+    let out = Command::new("rabbitmqctl")
+        .args(["-q", "list_connections", "pid", "client_properties"])
+        .output()
+        .expect("rabbitmqctl runs");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    listing
+        .lines()
+        .filter(|line| line.contains(&format!("\"{name}\"")))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|pid| {
+            Command::new("rabbitmqctl")
+                .args(["close_connection", pid, "fault injected by test"])
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_connection_closes_lose_nothing_and_mark_nothing_unconfirmed() {
+    let env = Arc::new(Env::new("conn_close").await);
+    let received = env.collect().await;
+    let (handle, task) = env.start(env.publisher().build().unwrap(), RetryPolicy::default());
+    // Producers keep committing while the relay's connection is closed
+    // under it, three times.
+    let faulting = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let producer = {
+        let env = Arc::clone(&env);
+        let faulting = Arc::clone(&faulting);
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            let mut round = 0u32;
+            while faulting.load(Ordering::Relaxed) {
+                let events: Vec<(String, u32)> =
+                    (0..50).map(|a| (format!("o-{a}"), round)).collect();
+                ids.extend(env.record(&events).await);
+                round += 1;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            ids
+        })
+    };
+    let relay_name = format!("{}.relay", env.name);
+    let mut faults = 0;
+    let started = Instant::now();
+    while faults < 3 && started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let name = relay_name.clone();
+        faults += tokio::task::spawn_blocking(move || close_connections_named(&name))
+            .await
+            .unwrap();
+    }
+    faulting.store(false, Ordering::Relaxed);
+    let ids = producer.await.unwrap();
+    assert_eq!(faults, 3, "faults were injected");
+    let total = ids.len() as i64;
+    wait_until("every event sent", Duration::from_secs(120), || {
+        env.sql_count("WHERE status = 'sent'") == total
+    })
+    .await;
+    handle.shutdown();
+    task.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await; // let the last deliveries land
+    let received = received.lock().unwrap().clone();
+    let unique: HashSet<Uuid> = received.iter().copied().collect();
+    // Marked sent ⇒ confirmed ⇒ routed to the queue: nothing marked without it.
+    for id in &ids {
+        assert!(
+            unique.contains(id),
+            "event {id} is marked sent but never arrived"
+        );
+    }
+    assert_eq!(unique.len(), ids.len());
+    assert_eq!(
+        env.sql_count("WHERE attempts > 0"),
+        0,
+        "connection loss spends no attempts"
+    );
+    println!(
+        "forced closes: {faults}, events: {}, received: {}, duplicates: {}",
+        ids.len(),
+        received.len(),
+        received.len() - unique.len()
+    );
+    if let Ok(env) = Arc::try_unwrap(env) {
+        env.cleanup().await;
+    }
+}
