@@ -65,6 +65,7 @@ pub(crate) async fn relay(
     order: DeliveryOrder,
     relays: usize,
     batch_size: usize,
+    keep_sent: bool,
 ) -> Result<Drain, BoxError> {
     env.reset().await?;
     env.backlog(events).await?;
@@ -88,6 +89,7 @@ pub(crate) async fn relay(
     for n in 0..relays {
         let store = PgOutboxStore::builder(env.pool.clone())
             .schema(&env.schema)
+            .keep_sent(keep_sent)
             .build()?;
         store.set_delivery_order(order).await?;
         let publisher = LapinPublisher::builder(crate::setup::amqp_url())

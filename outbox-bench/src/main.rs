@@ -55,6 +55,10 @@ async fn main() {
 
 async fn run() -> Result<(), BoxError> {
     let quick = std::env::args().any(|a| a == "--quick");
+    let only: Option<String> = std::env::args()
+        .skip_while(|a| a != "--only")
+        .nth(1)
+        .map(|s| s.to_lowercase());
     let p = if quick {
         Params {
             w1_secs: 1,
@@ -75,210 +79,234 @@ async fn run() -> Result<(), BoxError> {
         }
     };
     let env = Env::new().await?;
-    let result = workloads(&env, &p).await;
+    let result = workloads(&env, &p, only.as_deref()).await;
     env.cleanup().await;
     let report = result?;
     println!("{report}");
     Ok(())
 }
 
-async fn workloads(env: &Env, p: &Params) -> Result<serde_json::Value, BoxError> {
+async fn workloads(
+    env: &Env,
+    p: &Params,
+    only: Option<&str>,
+) -> Result<serde_json::Value, BoxError> {
+    let run = |w: &str| only.is_none_or(|o| o.split(',').any(|x| x == w));
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let commit = claim::commit_ms(env).await?;
     println!(
         "outbox-bench: {cores} cores; PostgreSQL commit (flush) latency {commit:.2} ms (median of 200 one-row autocommit INSERTs)\n"
     );
 
-    // W1
-    println!("W1 record: transactions/s ({} s per cell)", p.w1_secs);
-    println!("  {:<42} {:>10} {:>10}", "", "1 writer", "8 writers");
-    let duration = Duration::from_secs(p.w1_secs);
     let mut w1 = serde_json::Map::new();
-    let mut rows = Vec::new();
-    for variant in [
-        record::Variant::OrderOnly,
-        record::Variant::HandSql,
-        record::Variant::Library,
-        record::Variant::LibraryNotify,
-    ] {
-        let one = record::run(env, variant, 1, duration).await?;
-        let eight = record::run(env, variant, 8, duration).await?;
-        println!("  {:<42} {:>10.0} {:>10.0}", variant.name(), one, eight);
-        rows.push((variant, one, eight));
-    }
-    let get = |v: record::Variant| {
-        rows.iter()
-            .find(|(x, _, _)| *x == v)
-            .map_or((f64::NAN, f64::NAN), |(_, a, b)| (*a, *b))
-    };
-    let (hand1, hand8) = get(record::Variant::HandSql);
-    let (lib1, lib8) = get(record::Variant::Library);
-    let (not1, not8) = get(record::Variant::LibraryNotify);
-    let (base1, base8) = get(record::Variant::OrderOnly);
-    println!(
-        "  {:<42} {:>10.2} {:>10.2}   target >= 0.95",
-        "library / hand-written SQL",
-        lib1 / hand1,
-        lib8 / hand8
-    );
-    println!(
-        "  {:<42} {:>10.2} {:>10.2}",
-        "library+NOTIFY / hand-written SQL",
-        not1 / hand1,
-        not8 / hand8
-    );
-    println!(
-        "  {:<42} {:>10.2} {:>10.2}",
-        "with outbox row / order only",
-        lib1 / base1,
-        lib8 / base8
-    );
-    let all1 = record::run_record_all(env, 1, duration).await?;
-    let all8 = record::run_record_all(env, 8, duration).await?;
-    println!(
-        "  {:<42} {:>10.0} {:>10.0}   rows/s",
-        "record_all, 100 events per transaction", all1, all8
-    );
-    for (variant, one, eight) in &rows {
+    if run("w1") {
+        println!("W1 record: transactions/s ({} s per cell)", p.w1_secs);
+        println!("  {:<42} {:>10} {:>10}", "", "1 writer", "8 writers");
+        let duration = Duration::from_secs(p.w1_secs);
+        let mut rows = Vec::new();
+        for variant in [
+            record::Variant::OrderOnly,
+            record::Variant::HandSql,
+            record::Variant::Library,
+            record::Variant::LibraryNotify,
+        ] {
+            let one = record::run(env, variant, 1, duration).await?;
+            let eight = record::run(env, variant, 8, duration).await?;
+            println!("  {:<42} {:>10.0} {:>10.0}", variant.name(), one, eight);
+            rows.push((variant, one, eight));
+        }
+        let get = |v: record::Variant| {
+            rows.iter()
+                .find(|(x, _, _)| *x == v)
+                .map_or((f64::NAN, f64::NAN), |(_, a, b)| (*a, *b))
+        };
+        let (hand1, hand8) = get(record::Variant::HandSql);
+        let (lib1, lib8) = get(record::Variant::Library);
+        let (not1, not8) = get(record::Variant::LibraryNotify);
+        let (base1, base8) = get(record::Variant::OrderOnly);
+        println!(
+            "  {:<42} {:>10.2} {:>10.2}   target >= 0.95",
+            "library / hand-written SQL",
+            lib1 / hand1,
+            lib8 / hand8
+        );
+        println!(
+            "  {:<42} {:>10.2} {:>10.2}",
+            "library+NOTIFY / hand-written SQL",
+            not1 / hand1,
+            not8 / hand8
+        );
+        println!(
+            "  {:<42} {:>10.2} {:>10.2}",
+            "with outbox row / order only",
+            lib1 / base1,
+            lib8 / base8
+        );
+        let all1 = record::run_record_all(env, 1, duration).await?;
+        let all8 = record::run_record_all(env, 8, duration).await?;
+        println!(
+            "  {:<42} {:>10.0} {:>10.0}   rows/s",
+            "record_all, 100 events per transaction", all1, all8
+        );
+        for (variant, one, eight) in &rows {
+            w1.insert(
+                format!("{variant:?}"),
+                json!({"writers_1": one, "writers_8": eight}),
+            );
+        }
         w1.insert(
-            format!("{variant:?}"),
-            json!({"writers_1": one, "writers_8": eight}),
+            "ratio_library_vs_hand".into(),
+            json!([lib1 / hand1, lib8 / hand8]),
         );
+        w1.insert(
+            "ratio_notify_vs_hand".into(),
+            json!([not1 / hand1, not8 / hand8]),
+        );
+        w1.insert("record_all_rows_per_s".into(), json!([all1, all8]));
     }
-    w1.insert(
-        "ratio_library_vs_hand".into(),
-        json!([lib1 / hand1, lib8 / hand8]),
-    );
-    w1.insert(
-        "ratio_notify_vs_hand".into(),
-        json!([not1 / hand1, not8 / hand8]),
-    );
-    w1.insert("record_all_rows_per_s".into(), json!([all1, all8]));
 
-    // W2
-    let (aggs, per) = p.drain_events;
-    let spread = setup::interleaved(aggs, per);
-    let hot = setup::interleaved(p.hot.0, p.hot.1);
-    println!(
-        "\nW2 drain: {} events ({aggs} aggregates x {per}), batch 100",
-        spread.len()
-    );
-    println!(
-        "  {:<42} {:>10} {:>8} {:>8} {:>8} {:>6}",
-        "", "events/s", "time", "vs raw", "missing", "dup"
-    );
-    let raw = drain::raw(env, &spread, 100).await?;
-    let line = |name: &str, d: &drain::Drain, ceiling: f64| {
-        println!(
-            "  {:<42} {:>10.0} {:>8} {:>8.2} {:>8} {:>6}",
-            name,
-            d.rate(),
-            setup::secs(d.elapsed),
-            d.rate() / ceiling,
-            d.missing,
-            d.duplicates
-        );
-    };
-    line("raw publish-with-confirms (ceiling)", &raw, raw.rate());
     let mut w2 = serde_json::Map::new();
-    w2.insert("raw_per_s".into(), json!(raw.rate()));
-    for (name, key, events, order, relays) in [
-        (
-            "relay, ordered, 1 relay",
-            "ordered_1",
-            &spread,
-            DeliveryOrder::PerAggregate,
-            1,
-        ),
-        (
-            "relay, unordered, 1 relay",
-            "unordered_1",
-            &spread,
-            DeliveryOrder::Unordered,
-            1,
-        ),
-        (
-            "relay, ordered, 2 relays",
-            "ordered_2",
-            &spread,
-            DeliveryOrder::PerAggregate,
-            2,
-        ),
-        (
-            "relay, unordered, 2 relays",
-            "unordered_2",
-            &spread,
-            DeliveryOrder::Unordered,
-            2,
-        ),
-        (
-            "hot: relay, ordered, 1 relay (20 aggregates)",
-            "hot_ordered_1",
-            &hot,
-            DeliveryOrder::PerAggregate,
-            1,
-        ),
-    ] {
-        let d = drain::relay(env, events, order, relays, 100).await?;
-        line(name, &d, raw.rate());
-        w2.insert(
-            key.into(),
-            json!({"per_s": d.rate(), "ratio": d.rate() / raw.rate(), "missing": d.missing, "duplicates": d.duplicates}),
-        );
-    }
-    println!("  target: relay ordered 1 relay >= 0.90 of raw, no missing, no duplicates");
-
-    // W3
-    println!(
-        "\nW3 latency: {} events/s for {} s, milliseconds from just before COMMIT to receipt",
-        p.w3_rate, p.w3_secs
-    );
-    println!(
-        "  {:<42} {:>6} {:>8} {:>8} {:>8} {:>10}",
-        "", "n", "p50", "p99", "max", "p99/floor"
-    );
-    let duration = Duration::from_secs(p.w3_secs);
-    let floor = latency::floor(env, p.w3_rate, duration).await?;
-    let lat_line = |name: &str, l: &latency::Latency| {
+    if run("w2") {
+        let (aggs, per) = p.drain_events;
+        let spread = setup::interleaved(aggs, per);
+        let hot = setup::interleaved(p.hot.0, p.hot.1);
         println!(
-            "  {:<42} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>10.2}",
-            name,
-            l.n,
-            l.p50,
-            l.p99,
-            l.max,
-            l.p99 / floor.p99
+            "\nW2 drain: {} events ({aggs} aggregates x {per}), batch 100",
+            spread.len()
         );
-    };
-    lat_line("floor: commit, then publish inline", &floor);
+        println!(
+            "  {:<42} {:>10} {:>8} {:>8} {:>8} {:>6}",
+            "", "events/s", "time", "vs raw", "missing", "dup"
+        );
+        let raw = drain::raw(env, &spread, 100).await?;
+        let line = |name: &str, d: &drain::Drain, ceiling: f64| {
+            println!(
+                "  {:<42} {:>10.0} {:>8} {:>8.2} {:>8} {:>6}",
+                name,
+                d.rate(),
+                setup::secs(d.elapsed),
+                d.rate() / ceiling,
+                d.missing,
+                d.duplicates
+            );
+        };
+        line("raw publish-with-confirms (ceiling)", &raw, raw.rate());
+        w2.insert("raw_per_s".into(), json!(raw.rate()));
+        let variants = [
+            (
+                "relay, ordered, 1 relay",
+                "ordered_1",
+                &spread,
+                DeliveryOrder::PerAggregate,
+                1,
+                true,
+            ),
+            (
+                "relay, unordered, 1 relay",
+                "unordered_1",
+                &spread,
+                DeliveryOrder::Unordered,
+                1,
+                true,
+            ),
+            (
+                "relay, ordered, 2 relays",
+                "ordered_2",
+                &spread,
+                DeliveryOrder::PerAggregate,
+                2,
+                true,
+            ),
+            (
+                "relay, unordered, 2 relays",
+                "unordered_2",
+                &spread,
+                DeliveryOrder::Unordered,
+                2,
+                true,
+            ),
+            (
+                "relay, ordered, 1 relay, delete on publish",
+                "ordered_1_delete",
+                &spread,
+                DeliveryOrder::PerAggregate,
+                1,
+                false,
+            ),
+            (
+                "hot: relay, ordered, 1 relay (20 aggregates)",
+                "hot_ordered_1",
+                &hot,
+                DeliveryOrder::PerAggregate,
+                1,
+                true,
+            ),
+        ];
+        for (name, key, events, order, relays, keep_sent) in variants {
+            let d = drain::relay(env, events, order, relays, 100, keep_sent).await?;
+            line(name, &d, raw.rate());
+            w2.insert(
+                key.into(),
+                json!({"per_s": d.rate(), "ratio": d.rate() / raw.rate(), "missing": d.missing, "duplicates": d.duplicates}),
+            );
+        }
+        println!("  target: relay ordered 1 relay >= 0.90 of raw, no missing, no duplicates");
+    }
+
     let mut w3 = serde_json::Map::new();
-    w3.insert(
-        "floor".into(),
-        json!({"p50": floor.p50, "p99": floor.p99, "max": floor.max}),
-    );
-    for wakeup in [
-        latency::Wakeup::InProcess,
-        latency::Wakeup::Notify,
-        latency::Wakeup::Polling,
-    ] {
-        let l = latency::relay(env, wakeup, p.w3_rate, duration).await?;
-        lat_line(wakeup.name(), &l);
+    if run("w3") {
+        println!(
+            "\nW3 latency: {} events/s for {} s, milliseconds from just before COMMIT to receipt",
+            p.w3_rate, p.w3_secs
+        );
+        println!(
+            "  {:<42} {:>6} {:>8} {:>8} {:>8} {:>10}",
+            "", "n", "p50", "p99", "max", "p99/floor"
+        );
+        let duration = Duration::from_secs(p.w3_secs);
+        let floor = latency::floor(env, p.w3_rate, duration).await?;
+        let lat_line = |name: &str, l: &latency::Latency| {
+            println!(
+                "  {:<42} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>10.2}",
+                name,
+                l.n,
+                l.p50,
+                l.p99,
+                l.max,
+                l.p99 / floor.p99
+            );
+        };
+        lat_line("floor: commit, then publish inline", &floor);
         w3.insert(
-            format!("{wakeup:?}"),
-            json!({"n": l.n, "p50": l.p50, "p99": l.p99, "max": l.max}),
+            "floor".into(),
+            json!({"p50": floor.p50, "p99": floor.p99, "max": floor.max}),
+        );
+        for wakeup in [
+            latency::Wakeup::InProcess,
+            latency::Wakeup::Notify,
+            latency::Wakeup::Polling,
+        ] {
+            let l = latency::relay(env, wakeup, p.w3_rate, duration).await?;
+            lat_line(wakeup.name(), &l);
+            w3.insert(
+                format!("{wakeup:?}"),
+                json!({"n": l.n, "p50": l.p50, "p99": l.p99, "max": l.max}),
+            );
+        }
+        println!(
+            "  targets: in-process p99 <= 2x floor p99 (<= 5 ms); NOTIFY p99 <= 10 ms; polling p99 <= 1000 ms"
         );
     }
-    println!(
-        "  targets: in-process p99 <= 2x floor p99 (<= 5 ms); NOTIFY p99 <= 10 ms; polling p99 <= 1000 ms"
-    );
 
-    // W4
-    let (empty, full) = claim::scale(env, p.w4_rows).await?;
-    println!(
-        "\nW4 claim: server time of one claim of 100 (median of 30): {empty:.3} ms with no history, {full:.3} ms with {} sent rows kept; ratio {:.2} (target <= 1.5)",
-        p.w4_rows,
-        full / empty
-    );
+    let (mut empty, mut full) = (f64::NAN, f64::NAN);
+    if run("w4") {
+        (empty, full) = claim::scale(env, p.w4_rows).await?;
+        println!(
+            "\nW4 claim: server time of one claim of 100 (median of 30): {empty:.3} ms with no history, {full:.3} ms with {} sent rows kept; ratio {:.2} (target <= 1.5)",
+            p.w4_rows,
+            full / empty
+        );
+    }
 
     Ok(json!({
         "cores": cores,

@@ -406,6 +406,8 @@ fn invalid_settings_are_rejected_at_build() {
     assert!(build(|b| b).is_ok());
     assert!(build(|b| b.batch_size(0)).is_err());
     assert!(build(|b| b.batch_size(10_001)).is_err());
+    assert!(build(|b| b.concurrency(0)).is_err());
+    assert!(build(|b| b.concurrency(17)).is_err());
     assert!(build(|b| b.poll_interval(Duration::ZERO)).is_err());
     assert!(build(|b| b.retry(RetryPolicy::default().max_attempts(0))).is_err());
     let err = build(|b| b.batch_size(0)).unwrap_err().to_string();
@@ -430,6 +432,7 @@ fn random_failures_case(
     events: usize,
     batch_size: usize,
     ordered: bool,
+    concurrency: usize,
 ) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -464,6 +467,7 @@ fn random_failures_case(
         });
         let relay = Relay::builder(store.clone(), publisher.clone())
             .batch_size(batch_size)
+            .concurrency(concurrency)
             .poll_interval(Duration::from_millis(5))
             .pause(Duration::from_millis(1), Duration::from_millis(4))
             .retry(instant_retries(10_000))
@@ -511,8 +515,9 @@ proptest! {
         aggregates in 1usize..8,
         events in 1usize..120,
         batch_size in 1usize..40,
+        concurrency in 1usize..4,
     ) {
-        random_failures_case(seed, aggregates, events, batch_size, true);
+        random_failures_case(seed, aggregates, events, batch_size, true, concurrency);
     }
 
     #[test]
@@ -520,7 +525,8 @@ proptest! {
         seed in any::<u64>(),
         events in 1usize..120,
         batch_size in 1usize..40,
+        concurrency in 1usize..4,
     ) {
-        random_failures_case(seed, 3, events, batch_size, false);
+        random_failures_case(seed, 3, events, batch_size, false, concurrency);
     }
 }

@@ -10,6 +10,7 @@ use crate::{Error, OutboxStore, Publisher, Relay, RelayHandle, RetryPolicy};
 /// | setting | default | meaning |
 /// |---|---|---|
 /// | [`batch_size`](Self::batch_size) | 100 | events claimed and published per batch |
+/// | [`concurrency`](Self::concurrency) | 2 | batches in flight at once (one publishing while another claims or marks) |
 /// | [`poll_interval`](Self::poll_interval) | 1 s | fallback polling when no wakeup arrives |
 /// | [`stats_interval`](Self::stats_interval) | 10 s | how often backlog/dead gauges are refreshed |
 /// | [`shutdown_grace`](Self::shutdown_grace) | 30 s | how long shutdown waits for the batch in flight |
@@ -25,6 +26,7 @@ pub struct RelayBuilder<S, P> {
     publisher: P,
     handle: Option<RelayHandle>,
     batch_size: usize,
+    concurrency: usize,
     poll_interval: Duration,
     stats_interval: Duration,
     shutdown_grace: Duration,
@@ -40,6 +42,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             publisher,
             handle: None,
             batch_size: 100,
+            concurrency: 2,
             poll_interval: Duration::from_secs(1),
             stats_interval: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
@@ -52,6 +55,15 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     /// Events claimed per batch (1..=10 000). Default 100.
     pub fn batch_size(mut self, n: usize) -> Self {
         self.batch_size = n;
+        self
+    }
+
+    /// Batches in flight at once (1..=16). Default 2: while one batch waits
+    /// for its confirms, the next is claimed and the previous one marked, so
+    /// database round trips overlap the broker's. Each in-flight batch holds
+    /// one pooled connection for its duration.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
         self
     }
 
@@ -105,6 +117,12 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
                 self.batch_size
             )));
         }
+        if !(1..=16).contains(&self.concurrency) {
+            return Err(Error::Config(format!(
+                "relay concurrency must be between 1 and 16, got {}",
+                self.concurrency
+            )));
+        }
         for (name, value) in [
             ("poll_interval", self.poll_interval),
             ("stats_interval", self.stats_interval),
@@ -125,6 +143,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             publisher: self.publisher,
             handle: self.handle.unwrap_or_default(),
             batch_size: self.batch_size,
+            concurrency: self.concurrency,
             poll_interval: self.poll_interval,
             stats_interval: self.stats_interval,
             shutdown_grace: self.shutdown_grace,

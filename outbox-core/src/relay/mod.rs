@@ -42,6 +42,12 @@ use waves::Waves;
 ///   is released and the relay pauses with exponential backoff before claiming
 ///   again.
 ///
+/// With [`concurrency`](RelayBuilder::concurrency) 2 (the default) two such
+/// loops share the store and the publisher, so one claims and marks in the
+/// database while the other publishes: the database round trips hide behind
+/// the broker's confirms. They never share an aggregate (the store's claims
+/// exclude each other), so per-aggregate order holds as with several relays.
+///
 /// It wakes up on [`RelayHandle::notify`], on store wakeups
 /// ([`OutboxStore::wakeups`], e.g. PostgreSQL `NOTIFY`) and every
 /// `poll_interval`. It stops on [`RelayHandle::shutdown`] after finishing (or,
@@ -82,6 +88,7 @@ pub struct Relay<S, P> {
     publisher: P,
     handle: RelayHandle,
     batch_size: usize,
+    concurrency: usize,
     poll_interval: Duration,
     stats_interval: Duration,
     shutdown_grace: Duration,
@@ -124,19 +131,25 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// Runs until [`RelayHandle::shutdown`]. Errors are logged, counted and
     /// retried with backoff; the relay never gives up on its own.
     pub async fn run(self) {
-        info!(batch_size = self.batch_size, "outbox relay started");
+        info!(
+            batch_size = self.batch_size,
+            concurrency = self.concurrency,
+            "outbox relay started"
+        );
+        let pause = Pause::new(self.pause_min, self.pause_max);
+        let loops =
+            futures_util::future::join_all((0..self.concurrency).map(|_| self.main_loop(&pause)));
         tokio::select! {
             biased;
-            () = self.main_loop() => {}
+            _ = loops => {}
             () = forever(self.store.wakeups(self.handle.clone())) => {}
             () = forever(self.stats_loop()) => {}
         }
         info!("outbox relay stopped");
     }
 
-    async fn main_loop(&self) {
+    async fn main_loop(&self, pause: &Pause) {
         let mut wait = false;
-        let mut pause = Backoff::new(self.pause_min, self.pause_max);
         let mut store_backoff = Backoff::new(self.pause_min, self.pause_max);
         while !self.handle.is_shutdown() {
             if wait {
@@ -145,6 +158,15 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     () = tokio::time::sleep(self.poll_interval) => {}
                     () = self.handle.shutdown_requested() => break,
                 }
+            }
+            // A lost connection pauses every loop of the relay.
+            if let Some(until) = pause.until() {
+                tokio::select! {
+                    () = tokio::time::sleep_until(until) => {}
+                    () = self.handle.shutdown_requested() => break,
+                }
+                wait = false;
+                continue;
             }
             failpoints::hit(failpoints::BEFORE_CLAIM);
             let claim = match self.store.claim(self.batch_size).await {
@@ -174,7 +196,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     store_backoff.reset();
                     if let Some(reason) = report.connection_lost {
                         ::metrics::counter!(metrics::CONNECTION_LOST_TOTAL).increment(1);
-                        let delay = pause.next_delay();
+                        let delay = pause.start();
                         warn!(%reason, pause = ?delay, "outbox relay: broker connection lost; pausing (no attempts spent)");
                         ::metrics::gauge!(metrics::PAUSED).set(1.0);
                         self.sleep_unless_shutdown(delay).await;
@@ -346,6 +368,48 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
 async fn forever(fut: impl std::future::Future<Output = ()>) {
     fut.await;
     std::future::pending::<()>().await;
+}
+
+/// The relay-wide pause after a lost broker connection, shared by its loops:
+/// exponential, reset by the next batch that reaches the broker.
+#[derive(Debug)]
+struct Pause {
+    state: std::sync::Mutex<(Backoff, Option<tokio::time::Instant>)>,
+}
+
+impl Pause {
+    fn new(min: Duration, max: Duration) -> Self {
+        Pause {
+            state: std::sync::Mutex::new((Backoff::new(min, max), None)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Backoff, Option<tokio::time::Instant>)> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts (or extends) a pause; returns its length.
+    fn start(&self) -> Duration {
+        let mut state = self.lock();
+        let delay = state.0.next_delay();
+        let until = tokio::time::Instant::now() + delay;
+        state.1 = Some(state.1.map_or(until, |u| u.max(until)));
+        delay
+    }
+
+    /// The end of the pause in force, if any.
+    fn until(&self) -> Option<tokio::time::Instant> {
+        let state = self.lock();
+        state.1.filter(|u| *u > tokio::time::Instant::now())
+    }
+
+    fn reset(&self) {
+        let mut state = self.lock();
+        state.0.reset();
+        state.1 = None;
+    }
 }
 
 /// Exponential backoff for pauses (broker connection lost, store errors).

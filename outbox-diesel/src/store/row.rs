@@ -83,15 +83,6 @@ pub(crate) struct CandidateRow {
 }
 
 #[derive(Debug, diesel::QueryableByName)]
-pub(crate) struct ClaimSettings {
-    #[diesel(sql_type = Text)]
-    #[allow(dead_code)]
-    pub(crate) timeout: String,
-    #[diesel(sql_type = Text)]
-    pub(crate) delivery_order: String,
-}
-
-#[derive(Debug, diesel::QueryableByName)]
 pub(crate) struct StatsRow {
     #[diesel(sql_type = BigInt)]
     pub(crate) backlog: i64,

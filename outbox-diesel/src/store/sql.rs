@@ -20,7 +20,6 @@ pub(crate) const COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, aggrega
 
 #[derive(Debug)]
 pub(crate) struct Sql {
-    pub(crate) begin_claim: String,
     pub(crate) window: String,
     pub(crate) lock_planned: String,
     pub(crate) claim_unordered: String,
@@ -37,7 +36,7 @@ pub(crate) struct Sql {
 }
 
 impl Sql {
-    pub(crate) fn new(schema: &Schema) -> Self {
+    pub(crate) fn new(schema: &Schema, keep_sent: bool) -> Self {
         let t = schema.table("outbox_events");
         let settings = schema.table("outbox_settings");
         let unsent = literals(&[EventStatus::Pending, EventStatus::Retry]);
@@ -46,12 +45,10 @@ impl Sql {
         let dead = literals(&[EventStatus::Dead]);
         let retry = literals(&[EventStatus::Retry]);
         Sql {
-            begin_claim: format!(
-                "SELECT set_config('idle_in_transaction_session_timeout', $1, true) AS timeout, \
-                 (SELECT delivery_order FROM {settings}) AS delivery_order"
-            ),
             window: format!(
-                "SELECT w.seq, w.aggregate_type, w.aggregate_id, EXISTS ( \
+                "SELECT w.seq, w.aggregate_type, w.aggregate_id, \
+                 set_config('idle_in_transaction_session_timeout', $2, true) AS claim_timeout, \
+                 EXISTS ( \
                      SELECT 1 FROM {t} b \
                      WHERE b.aggregate_type = w.aggregate_type AND b.aggregate_id = w.aggregate_id \
                        AND b.seq < w.seq AND b.status IN ({blocking}) \
@@ -68,16 +65,25 @@ impl Sql {
                  ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED"
             ),
             claim_unordered: format!(
-                "SELECT {COLUMNS} FROM {t} \
+                "SELECT {COLUMNS}, \
+                 set_config('idle_in_transaction_session_timeout', $2, true) AS claim_timeout \
+                 FROM {t} \
                  WHERE status IN ({claimable}) AND {due} \
                  ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED"
             ),
-            mark_sent: format!(
-                "UPDATE {t} SET status = '{sent}', published_at = now(), next_attempt_at = NULL \
-                 WHERE seq = ANY($1) AND status IN ({from})",
-                sent = Transition::Publish.to().as_str(),
-                from = literals(Transition::Publish.from()),
-            ),
+            mark_sent: if keep_sent {
+                format!(
+                    "UPDATE {t} SET status = '{sent}', published_at = now(), next_attempt_at = NULL \
+                     WHERE seq = ANY($1) AND status IN ({from})",
+                    sent = Transition::Publish.to().as_str(),
+                    from = literals(Transition::Publish.from()),
+                )
+            } else {
+                format!(
+                    "DELETE FROM {t} WHERE seq = ANY($1) AND status IN ({from})",
+                    from = literals(Transition::Publish.from()),
+                )
+            },
             mark_failed: format!(
                 "UPDATE {t} AS t SET status = u.status, attempts = u.attempts, \
                  next_attempt_at = u.next_attempt_at, last_error = u.last_error \
