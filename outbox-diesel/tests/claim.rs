@@ -458,3 +458,32 @@ async fn replay_by_aggregate_and_all_keeps_sequence_order() {
     assert_eq!(ids_of(&claim), ids, "every event back, in seq order");
     assert!(claim.records().iter().all(|r| r.attempts == 0));
 }
+
+#[tokio::test]
+async fn keep_sent_false_deletes_confirmed_events_only() {
+    let db = TestDb::new("claim_delete_sent").await;
+    let ids = record(&db, &[("a".into(), 0), ("b".into(), 0)]).await;
+    let store = PgOutboxStore::builder(db.pool.clone())
+        .schema(&db.schema)
+        .keep_sent(false)
+        .build()
+        .unwrap();
+    let mut claim = store.claim(10).await.unwrap().unwrap();
+    claim.mark_sent(&ids[..1]).await.unwrap();
+    claim
+        .mark_failed(&[FailedAttempt {
+            id: ids[1],
+            attempts: 1,
+            error: "nack".into(),
+            next: NextStep::Dead,
+        }])
+        .await
+        .unwrap();
+    claim.finish().await.unwrap();
+    assert_eq!(db.count("outbox_events", ""), 1, "the sent event is gone");
+    assert_eq!(
+        db.count("outbox_events", "WHERE status = 'dead'"),
+        1,
+        "the dead one is kept"
+    );
+}
