@@ -1,0 +1,181 @@
+//! Settings, read from the environment, with the defaults of the service's
+//! contract.
+//!
+//! | variable | default | used by |
+//! |---|---|---|
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/ecommerce` (created if missing) | every role |
+//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | every role |
+//! | `BIND` | `127.0.0.1:3000` | `api`, `all` |
+//! | `EXCHANGE` | `ecommerce.events` | every role |
+//! | `QUEUE_PREFIX` | `ecommerce` (queues are `<prefix>.inventory`, `<prefix>.loyalty`, `<prefix>.orders`) | every role |
+//! | `RUST_LOG` | `info` | every role (read in `main`) |
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+/// Default of `DATABASE_URL`.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/ecommerce";
+/// Default of `AMQP_URL`.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Default of `BIND`.
+pub const DEFAULT_BIND: &str = "127.0.0.1:3000";
+/// Default of `EXCHANGE`.
+pub const DEFAULT_EXCHANGE: &str = "ecommerce.events";
+/// Default of `QUEUE_PREFIX`.
+pub const DEFAULT_QUEUE_PREFIX: &str = "ecommerce";
+
+/// The service's settings.
+#[derive(Clone)]
+pub struct Config {
+    /// PostgreSQL URL of the service's database.
+    pub database_url: String,
+    /// RabbitMQ URL.
+    pub amqp_url: String,
+    /// Where the HTTP API listens.
+    pub bind: SocketAddr,
+    /// The durable topic exchange every event is published to.
+    pub exchange: String,
+    /// The prefix of the queue names.
+    pub queue_prefix: String,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // URLs may carry passwords: never log them.
+        f.debug_struct("Config")
+            .field("database_url", &redact_url(&self.database_url))
+            .field("amqp_url", &redact_url(&self.amqp_url))
+            .field("bind", &self.bind)
+            .field("exchange", &self.exchange)
+            .field("queue_prefix", &self.queue_prefix)
+            .finish()
+    }
+}
+
+/// A setting that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A variable is set to something that is not valid Unicode.
+    #[error("environment variable {0} is not valid Unicode")]
+    NotUnicode(&'static str),
+    /// A variable is set but empty.
+    #[error("environment variable {0} is set but empty; unset it to use the default")]
+    Empty(&'static str),
+    /// `BIND` is not an address.
+    #[error("BIND={value:?} is not a socket address such as 127.0.0.1:3000: {source}")]
+    Bind {
+        /// The value given.
+        value: String,
+        /// Why it does not parse.
+        #[source]
+        source: std::net::AddrParseError,
+    },
+}
+
+impl Config {
+    /// Reads the settings from the environment.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the variable that cannot be used.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name))
+    }
+
+    /// Reads the settings through `lookup` (the environment, or a map in tests).
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env).
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Result<String, std::env::VarError>,
+    ) -> Result<Self, ConfigError> {
+        let var = |name: &'static str, default: &str| -> Result<String, ConfigError> {
+            match lookup(name) {
+                Ok(value) if value.is_empty() => Err(ConfigError::Empty(name)),
+                Ok(value) => Ok(value),
+                Err(std::env::VarError::NotPresent) => Ok(default.to_owned()),
+                Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode(name)),
+            }
+        };
+        let bind = var("BIND", DEFAULT_BIND)?;
+        Ok(Config {
+            database_url: var("DATABASE_URL", DEFAULT_DATABASE_URL)?,
+            amqp_url: var("AMQP_URL", DEFAULT_AMQP_URL)?,
+            bind: SocketAddr::from_str(&bind).map_err(|source| ConfigError::Bind {
+                value: bind.clone(),
+                source,
+            })?,
+            exchange: var("EXCHANGE", DEFAULT_EXCHANGE)?,
+            queue_prefix: var("QUEUE_PREFIX", DEFAULT_QUEUE_PREFIX)?,
+        })
+    }
+
+    /// The queue `<QUEUE_PREFIX>.<name>`.
+    pub fn queue(&self, name: &str) -> String {
+        format!("{}.{name}", self.queue_prefix)
+    }
+}
+
+/// `url` with its password (if any) replaced by `***`, for logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Config::from_lookup(|name| {
+            vars.get(name)
+                .cloned()
+                .ok_or(std::env::VarError::NotPresent)
+        })
+    }
+
+    #[test]
+    fn defaults_are_the_contract() {
+        let config = config(&[]).unwrap();
+        assert_eq!(config.database_url, DEFAULT_DATABASE_URL);
+        assert_eq!(config.amqp_url, DEFAULT_AMQP_URL);
+        assert_eq!(config.bind.to_string(), "127.0.0.1:3000");
+        assert_eq!(config.exchange, "ecommerce.events");
+        assert_eq!(config.queue("inventory"), "ecommerce.inventory");
+    }
+
+    #[test]
+    fn variables_override_and_bad_values_name_the_variable() {
+        let config = config(&[("QUEUE_PREFIX", "shop"), ("BIND", "0.0.0.0:8080")]).unwrap();
+        assert_eq!(config.queue("orders"), "shop.orders");
+        assert_eq!(config.bind.port(), 8080);
+        let err = super::tests::config(&[("BIND", "localhost")]).unwrap_err();
+        assert!(err.to_string().starts_with("BIND=\"localhost\""), "{err}");
+        let err = super::tests::config(&[("EXCHANGE", "")]).unwrap_err();
+        assert!(err.to_string().contains("EXCHANGE"), "{err}");
+    }
+
+    #[test]
+    fn debug_redacts_passwords() {
+        let config = config(&[("AMQP_URL", "amqp://app:s3cret@mq:5672/%2f")]).unwrap();
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("amqp://app:***@mq:5672/%2f"), "{shown}");
+    }
+}

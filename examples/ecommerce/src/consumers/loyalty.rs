@@ -1,0 +1,88 @@
+//! Loyalty: 1 point per full 100 cents of a paid order, taken back when a
+//! paid order is cancelled.
+
+use diesel_async::AsyncPgConnection;
+use outbox::postgres::PgTransaction;
+use outbox::rabbitmq::{EventHandler, HandlerError, IncomingEvent};
+
+use super::payload;
+use crate::db;
+use crate::domain::loyalty::{Award, AwardStatus, points_for};
+use crate::domain::{OrderCancelled, OrderPaid};
+
+/// The loyalty consumer's [`EventHandler`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Loyalty;
+
+impl Loyalty {
+    /// `order.paid`: awards the order's points, once.
+    async fn award(conn: &mut AsyncPgConnection, paid: OrderPaid) -> Result<(), HandlerError> {
+        let order_id = paid.order_id;
+        if let Some(award) = db::loyalty::lock_award(conn, order_id).await? {
+            // Revoked by a cancel that overtook the payment.
+            tracing::info!(%order_id, status = award.status.as_str(), "order already handled by loyalty");
+            return Ok(());
+        }
+        let award = Award {
+            customer_id: paid.customer_id,
+            points: points_for(paid.total_cents),
+            status: AwardStatus::Awarded,
+        };
+        db::loyalty::insert_award(conn, order_id, &award).await?;
+        if award.points > 0 {
+            db::loyalty::add_points(conn, award.customer_id, award.points).await?;
+        }
+        tracing::info!(%order_id, customer_id = %award.customer_id, points = award.points, "points awarded");
+        Ok(())
+    }
+
+    /// `order.cancelled`: takes back the points of a paid order.
+    async fn revoke(
+        conn: &mut AsyncPgConnection,
+        cancelled: OrderCancelled,
+    ) -> Result<(), HandlerError> {
+        if !cancelled.was_paid {
+            return Ok(());
+        }
+        let order_id = cancelled.order_id;
+        match db::loyalty::lock_award(conn, order_id).await? {
+            Some(award) if award.status == AwardStatus::Awarded => {
+                if award.points > 0 {
+                    db::loyalty::add_points(conn, award.customer_id, -award.points).await?;
+                }
+                db::loyalty::set_award_status(conn, order_id, AwardStatus::Revoked).await?;
+                tracing::info!(%order_id, points = award.points, "points taken back");
+            }
+            Some(_) => {}
+            None => {
+                // The cancel overtook the payment: the late `order.paid`
+                // must award nothing.
+                let award = Award {
+                    customer_id: cancelled.customer_id,
+                    points: 0,
+                    status: AwardStatus::Revoked,
+                };
+                db::loyalty::insert_award(conn, order_id, &award).await?;
+                tracing::info!(%order_id, "paid order cancelled before loyalty saw the payment");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl EventHandler<PgTransaction> for Loyalty {
+    async fn handle(
+        &self,
+        tx: &mut PgTransaction,
+        event: &IncomingEvent,
+    ) -> Result<(), HandlerError> {
+        match event.event_type.as_str() {
+            OrderPaid::EVENT_TYPE => Self::award(tx, payload(event)?).await,
+            OrderCancelled::EVENT_TYPE => Self::revoke(tx, payload(event)?).await,
+            other => {
+                tracing::debug!(event_type = other, "loyalty ignores this event");
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! The orders service's own consumer (run by the `api` role): marks an
+//! order `rejected` when the inventory rejects it, if it is still `placed`.
+
+use diesel_async::AsyncPgConnection;
+use outbox::postgres::PgTransaction;
+use outbox::rabbitmq::{EventHandler, HandlerError, IncomingEvent};
+
+use super::payload;
+use crate::db;
+use crate::domain::{InventoryRejected, InventoryReserved};
+
+/// The orders consumer's [`EventHandler`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Orders;
+
+impl Orders {
+    /// `inventory.rejected`: `placed` → `rejected`; any other status stays.
+    async fn reject(
+        conn: &mut AsyncPgConnection,
+        rejected: InventoryRejected,
+    ) -> Result<(), HandlerError> {
+        let order_id = rejected.order_id;
+        // Locked like every other change to an order.
+        let Some(mut order) = db::orders::find_for_update(conn, order_id).await? else {
+            tracing::warn!(%order_id, "inventory rejected an unknown order; ignored");
+            return Ok(());
+        };
+        if order.reject() {
+            db::orders::update_rejected(conn, &order, &rejected.reason).await?;
+            tracing::info!(%order_id, reason = %rejected.reason, "order rejected");
+        } else {
+            tracing::info!(%order_id, status = order.status.as_str(), "inventory rejected an order that is no longer placed; it keeps its status");
+        }
+        Ok(())
+    }
+}
+
+impl EventHandler<PgTransaction> for Orders {
+    async fn handle(
+        &self,
+        tx: &mut PgTransaction,
+        event: &IncomingEvent,
+    ) -> Result<(), HandlerError> {
+        match event.event_type.as_str() {
+            InventoryRejected::EVENT_TYPE => Self::reject(tx, payload(event)?).await,
+            InventoryReserved::EVENT_TYPE => Ok(()),
+            other => {
+                tracing::debug!(event_type = other, "orders ignores this event");
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Operations endpoints: `GET /healthz` and `GET /metrics`.
+
+use std::fmt;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use diesel_async::RunQueryDsl;
+use lapin::{Connection, ConnectionProperties};
+use tokio::sync::Mutex;
+
+use super::AppState;
+use crate::config::redact_url;
+use crate::db::PgPool;
+
+/// How long each health probe may take before it counts as down.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Probes the database and the broker.
+pub struct Health {
+    pool: PgPool,
+    amqp_url: String,
+    /// Kept open between probes (reopened when lost), so a probe is one
+    /// channel round trip rather than a new AMQP connection.
+    broker: Mutex<Option<Connection>>,
+}
+
+impl fmt::Debug for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Health")
+            .field("amqp_url", &redact_url(&self.amqp_url))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The outcome of one probe of each dependency: `Err` says why it is down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthReport {
+    /// PostgreSQL: a `SELECT 1` on a pooled connection.
+    pub database: Result<(), String>,
+    /// RabbitMQ: opening and closing a channel.
+    pub broker: Result<(), String>,
+}
+
+impl HealthReport {
+    /// `true` when both are reachable.
+    pub fn is_healthy(&self) -> bool {
+        self.database.is_ok() && self.broker.is_ok()
+    }
+}
+
+impl Health {
+    /// Probes on `pool` and the broker at `amqp_url`.
+    pub fn new(pool: PgPool, amqp_url: impl Into<String>) -> Self {
+        Health {
+            pool,
+            amqp_url: amqp_url.into(),
+            broker: Mutex::new(None),
+        }
+    }
+
+    /// Probes both, concurrently, each bounded by [`PROBE_TIMEOUT`].
+    pub async fn check(&self) -> HealthReport {
+        let (database, broker) =
+            tokio::join!(bounded(self.check_database()), bounded(self.check_broker()));
+        HealthReport { database, broker }
+    }
+
+    async fn check_database(&self) -> Result<(), String> {
+        let mut conn = self.pool.get().await.map_err(|e| e.to_string())?;
+        diesel::sql_query("SELECT 1")
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    async fn check_broker(&self) -> Result<(), String> {
+        let mut broker = self.broker.lock().await;
+        let connection = match broker.take() {
+            Some(connection) if connection.status().connected() => connection,
+            _ => Connection::connect(
+                &self.amqp_url,
+                ConnectionProperties::default().with_connection_name("ecommerce-health".into()),
+            )
+            .await
+            .map_err(|e| e.to_string())?,
+        };
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| e.to_string())?;
+        channel
+            .close(200, "OK".into())
+            .await
+            .map_err(|e| e.to_string())?;
+        // Kept only after a successful round trip; a timeout drops it.
+        *broker = Some(connection);
+        Ok(())
+    }
+}
+
+async fn bounded(probe: impl Future<Output = Result<(), String>>) -> Result<(), String> {
+    tokio::time::timeout(PROBE_TIMEOUT, probe)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {PROBE_TIMEOUT:?}")))
+}
+
+/// `GET /healthz`: `200 {"status":"ok","database":"ok","broker":"ok"}` when
+/// both are reachable, else `503` with an `error` naming what is down.
+pub async fn healthz(State(state): State<AppState>) -> Response {
+    let report = state.health.check().await;
+    let show = |probe: &Result<(), String>| match probe {
+        Ok(()) => "ok".to_owned(),
+        Err(reason) => format!("unreachable: {reason}"),
+    };
+    let database = show(&report.database);
+    let broker = show(&report.broker);
+    if report.is_healthy() {
+        return Json(serde_json::json!({ "status": "ok", "database": database, "broker": broker }))
+            .into_response();
+    }
+    let down: Vec<&str> = [
+        ("database", report.database.is_err()),
+        ("broker", report.broker.is_err()),
+    ]
+    .into_iter()
+    .filter_map(|(name, down)| down.then_some(name))
+    .collect();
+    tracing::warn!(%database, %broker, "health check failed");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(serde_json::json!({
+            "error": format!("unavailable: {}", down.join(", ")),
+            "status": "unavailable",
+            "database": database,
+            "broker": broker,
+        })),
+    )
+        .into_response()
+}
+
+/// `GET /metrics`: every metric of this process in the Prometheus text format.
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::to_bytes;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    use super::*;
+
+    /// Nothing listens on port 1: both probes fail fast, and `/healthz`
+    /// says which dependency is down.
+    #[tokio::test]
+    async fn healthz_is_503_naming_what_is_unreachable() {
+        let pool = crate::db::pool("postgres://postgres@127.0.0.1:1/nothing", 1).unwrap();
+        let state = AppState {
+            health: std::sync::Arc::new(Health::new(pool, "amqp://guest:guest@127.0.0.1:1/%2f")),
+            metrics: PrometheusBuilder::new().build_recorder().handle(),
+        };
+        let response = healthz(State(state)).await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body: serde_json::Value =
+            serde_json::from_slice(&to_bytes(response.into_body(), 4096).await.unwrap()).unwrap();
+        assert_eq!(body["error"], "unavailable: database, broker");
+        assert_eq!(body["status"], "unavailable");
+        assert!(
+            body["database"]
+                .as_str()
+                .unwrap()
+                .starts_with("unreachable: "),
+            "{body}"
+        );
+        assert!(
+            body["broker"]
+                .as_str()
+                .unwrap()
+                .starts_with("unreachable: "),
+            "{body}"
+        );
+    }
+}

@@ -1,0 +1,1076 @@
+//! The example e-commerce service (`examples/ecommerce`) end to end: the
+//! real `ecommerce` binary, its roles (`api`, `relay`, `inventory`,
+//! `loyalty`) started as separate processes, against the real PostgreSQL
+//! and RabbitMQ, driven over HTTP.
+//!
+//! Each test gets its own database (`ecommerce_test_<pid>_<n>`, created by
+//! the service itself, dropped at the end), its own exchange and queue
+//! prefix (deleted at the end) and a free port; every process it started is
+//! killed when it ends, also when it fails (then the tail of each process's
+//! log is printed, and the logs are kept under `target/tmp/ecommerce/`).
+//! Effects are eventual, so assertions poll with a deadline.
+//!
+//! Needs PostgreSQL and RabbitMQ at `DATABASE_URL` / `AMQP_URL` (defaults:
+//! the local servers of `scripts/dev-services`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::fs::OpenOptions;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use diesel::QueryableByName;
+use diesel::sql_types::BigInt;
+use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use outbox::rabbitmq::{declare_exchange, wire};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// How long an eventual effect may take (the contract says 5 s on an idle
+/// system; the tests run in parallel).
+const DEADLINE: Duration = Duration::from_secs(10);
+/// How long a process may take to answer `/healthz` after it was started.
+const STARTUP: Duration = Duration::from_secs(30);
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// `url` naming database `name` instead of its own.
+fn with_database(url: &str, name: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let (authority, query) = match rest.split_once('/') {
+        Some((authority, path)) => (authority, path.split_once('?').map(|(_, q)| q)),
+        None => (rest, None),
+    };
+    match query {
+        Some(query) => format!("{scheme}://{authority}/{name}?{query}"),
+        None => format!("{scheme}://{authority}/{name}"),
+    }
+}
+
+/// The `ecommerce` binary, built once per test run with `cargo build -p
+/// ecommerce` (a binary of another package is not built for these tests).
+fn binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let output = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "-p",
+                "ecommerce",
+                "--message-format=json-render-diagnostics",
+            ])
+            .current_dir(&workspace)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run cargo build -p ecommerce");
+        assert!(output.status.success(), "cargo build -p ecommerce failed");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|message| {
+                message["reason"] == "compiler-artifact" && message["target"]["name"] == "ecommerce"
+            })
+            .find_map(|message| message["executable"].as_str().map(PathBuf::from))
+            .expect("cargo build -p ecommerce reported no executable")
+    })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `probe` until it returns `expected`; fails after [`DEADLINE`].
+async fn eventually<T, F, Fut>(what: &str, expected: T, mut probe: F)
+where
+    T: PartialEq + Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let got = probe().await;
+        if got == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: still {got:?} after {DEADLINE:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// One test's private e-commerce deployment.
+struct Shop {
+    name: String,
+    database_url: String,
+    exchange: String,
+    prefix: String,
+    port: u16,
+    logs: PathBuf,
+    children: HashMap<&'static str, Child>,
+    http: reqwest::Client,
+    _amqp: Connection,
+    channel: Channel,
+    /// Messages taken from the capture queue and not yet asked for.
+    captured: Mutex<Vec<Delivery>>,
+}
+
+impl Shop {
+    /// Names, a port and a broker connection; starts nothing yet.
+    async fn new(test: &str) -> Shop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("ecommerce_test_{}_{n}", std::process::id());
+        let base = database_url();
+        if let Err(error) = outbox::postgres::connect(&base).await {
+            panic!(
+                "{error}\n(these tests need PostgreSQL at {base} and RabbitMQ at {}: run \
+                 scripts/dev-services, or set DATABASE_URL and AMQP_URL)",
+                amqp_url()
+            );
+        }
+        let amqp = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "RabbitMQ not reachable at {}: {error}; run scripts/dev-services, or set AMQP_URL",
+                    amqp_url()
+                )
+            });
+        let channel = amqp.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let logs = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join("ecommerce")
+            .join(format!("{test}-{name}"));
+        std::fs::create_dir_all(&logs).unwrap();
+        Shop {
+            database_url: with_database(&base, &name),
+            exchange: format!("{name}.events"),
+            prefix: name.clone(),
+            name,
+            port: free_port(),
+            logs,
+            children: HashMap::new(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+            _amqp: amqp,
+            channel,
+            captured: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Starts `roles`, each in its own process, all at once (so they also
+    /// race to create the database), then waits until an HTTP role answers
+    /// `/healthz`.
+    async fn start(&mut self, roles: &[&'static str]) {
+        for role in roles {
+            self.spawn(role);
+        }
+        if roles.iter().any(|role| matches!(*role, "api" | "all")) {
+            self.wait_healthy().await;
+        }
+    }
+
+    fn spawn(&mut self, role: &'static str) {
+        assert!(!self.children.contains_key(role), "{role} already runs");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log(role))
+            .unwrap();
+        let child = Command::new(binary())
+            .arg(role)
+            .env("DATABASE_URL", &self.database_url)
+            .env("AMQP_URL", amqp_url())
+            .env("BIND", format!("127.0.0.1:{}", self.port))
+            .env("EXCHANGE", &self.exchange)
+            .env("QUEUE_PREFIX", &self.prefix)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary().display()));
+        self.children.insert(role, child);
+    }
+
+    fn log(&self, role: &str) -> PathBuf {
+        self.logs.join(format!("{role}.log"))
+    }
+
+    async fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            if let Ok(response) = self.http.get(self.url("/healthz")).send().await
+                && response.status() == StatusCode::OK
+            {
+                let body: Value = response.json().await.unwrap();
+                assert_eq!(
+                    body,
+                    json!({"status": "ok", "database": "ok", "broker": "ok"})
+                );
+                return;
+            }
+            for (role, child) in &mut self.children {
+                if let Some(status) = child.try_wait().unwrap() {
+                    panic!("the {role} process exited at start with {status}");
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no healthy /healthz within {STARTUP:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills `role` with SIGKILL: no shutdown code runs.
+    fn kill(&mut self, role: &str) {
+        let mut child = self.children.remove(role).expect("a running role");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Sends SIGTERM to `role` and returns its exit status (within 10 s).
+    fn terminate(&mut self, role: &str) -> ExitStatus {
+        let mut child = self.children.remove(role).expect("a running role");
+        let sent = Command::new("sh")
+            .args(["-c", &format!("kill -TERM {}", child.id())])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -TERM {}", child.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{role} did not stop within 10 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    async fn request(&self, request: reqwest::RequestBuilder) -> (StatusCode, Value) {
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        let body = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("a {status} response that is not JSON ({e}): {text:?}"));
+        (status, body)
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.request(self.http.get(self.url(path))).await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.request(self.http.post(self.url(path)).json(&body))
+            .await
+    }
+
+    async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.request(self.http.put(self.url(path)).json(&body))
+            .await
+    }
+
+    async fn metrics(&self) -> String {
+        let response = self.http.get(self.url("/metrics")).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.text().await.unwrap()
+    }
+
+    async fn set_stock(&self, sku: &str, available: i64) {
+        let (status, body) = self
+            .put(
+                &format!("/inventory/{sku}"),
+                json!({ "available": available }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
+    /// `(available, reserved)` of `sku`.
+    async fn stock(&self, sku: &str) -> (i64, i64) {
+        let (status, body) = self.get(&format!("/inventory/{sku}")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        (
+            body["available"].as_i64().unwrap(),
+            body["reserved"].as_i64().unwrap(),
+        )
+    }
+
+    /// Places an order of `(sku, quantity, unit price)` lines; returns its id.
+    async fn place(&self, customer: Uuid, items: &[(&str, i64, i64)]) -> Uuid {
+        let items: Vec<Value> = items
+            .iter()
+            .map(|(sku, quantity, price)| {
+                json!({"sku": sku, "quantity": quantity, "unit_price_cents": price})
+            })
+            .collect();
+        let (status, body) = self
+            .post("/orders", json!({"customer_id": customer, "items": items}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["id"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// `POST /orders/{id}/{action}`, expecting `200` with the new status.
+    async fn transition(&self, order: Uuid, action: &str, status: &str) {
+        let (code, body) = self
+            .post(&format!("/orders/{order}/{action}"), Value::Null)
+            .await;
+        assert_eq!(code, StatusCode::OK, "{action} {order}: {body}");
+        assert_eq!(body, json!({"id": order, "status": status}));
+    }
+
+    async fn status(&self, order: Uuid) -> String {
+        let (code, body) = self.get(&format!("/orders/{order}")).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        body["status"].as_str().unwrap().to_owned()
+    }
+
+    async fn points(&self, customer: Uuid) -> i64 {
+        let (code, body) = self.get(&format!("/customers/{customer}/points")).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert_eq!(body["customer_id"], json!(customer));
+        body["points"].as_i64().unwrap()
+    }
+
+    /// `SELECT count(*)` on the test's database.
+    async fn count(&self, sql: &str) -> i64 {
+        #[derive(QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = BigInt)]
+            n: i64,
+        }
+        let mut conn = outbox::postgres::connect(&self.database_url).await.unwrap();
+        diesel::sql_query(sql)
+            .get_result::<Count>(&mut conn)
+            .await
+            .unwrap()
+            .n
+    }
+
+    async fn inbox_rows(&self, consumer: &str) -> i64 {
+        self.count(&format!(
+            "SELECT count(*) AS n FROM inbox_events WHERE consumer = '{consumer}'"
+        ))
+        .await
+    }
+
+    async fn unsent_events(&self) -> i64 {
+        self.count("SELECT count(*) AS n FROM outbox_events WHERE status <> 'sent'")
+            .await
+    }
+
+    fn queue(&self, name: &str) -> String {
+        format!("{}.{name}", self.prefix)
+    }
+
+    /// Messages ready in `queue`.
+    async fn ready(&self, queue: &str) -> u32 {
+        self.channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap()
+            .message_count()
+    }
+
+    /// Binds a queue of the test's own to the exchange with `#`, so every
+    /// published event can be inspected (and copied) later. Call before the
+    /// events are published.
+    async fn capture(&self) {
+        declare_exchange(&self.channel, &self.exchange, ExchangeKind::Topic)
+            .await
+            .unwrap();
+        let queue = self.queue("capture");
+        self.channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        self.channel
+            .queue_bind(
+                queue.as_str().into(),
+                self.exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// The published `event_type` message of order `order`, from the
+    /// capture queue.
+    async fn captured(&self, event_type: &str, order: Uuid) -> Delivery {
+        let is_it = |delivery: &Delivery| {
+            delivery.routing_key.as_str() == event_type
+                && delivery
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .and_then(|h| wire::header_str(h, wire::AGGREGATE_ID))
+                    == Some(order.to_string().as_str())
+        };
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            {
+                let mut kept = self.captured.lock().unwrap();
+                if let Some(i) = kept.iter().position(is_it) {
+                    return kept.remove(i);
+                }
+            }
+            let got = self
+                .channel
+                .basic_get(
+                    self.queue("capture").as_str().into(),
+                    BasicGetOptions { no_ack: true },
+                )
+                .await
+                .unwrap();
+            match got {
+                Some(message) => self.captured.lock().unwrap().push(message.delivery),
+                None => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "no {event_type} of order {order} published within {DEADLINE:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    /// Publishes an exact copy of `delivery` (body and properties, so the
+    /// same `message_id`) straight into `queue`, through the default exchange.
+    async fn inject(&self, delivery: &Delivery, queue: &str) {
+        let confirm = self
+            .channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &delivery.data,
+                delivery.properties.clone(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(confirm, Confirmation::Ack(None), "injected into {queue}");
+    }
+
+    /// The counter `name{consumer="..."}` on `/metrics` (0 when absent).
+    async fn consumer_counter(&self, name: &str, consumer: &str) -> u64 {
+        let prefix = format!("{name}{{consumer=\"{consumer}\"}} ");
+        self.metrics()
+            .await
+            .lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .map_or(0, |value| value.trim().parse().unwrap())
+    }
+
+    fn print_logs(&self) {
+        for role in ["all", "api", "relay", "inventory", "loyalty"] {
+            let Ok(text) = std::fs::read_to_string(self.log(role)) else {
+                continue;
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            eprintln!(
+                "--- last lines of {} ---\n{}",
+                self.log(role).display(),
+                tail.join("\n")
+            );
+        }
+    }
+}
+
+impl Drop for Shop {
+    fn drop(&mut self) {
+        for child in self.children.values_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            self.print_logs();
+        } else {
+            let _ = std::fs::remove_dir_all(&self.logs);
+        }
+        let name = self.name.clone();
+        let queues: Vec<String> = ["inventory", "loyalty", "orders"]
+            .iter()
+            .flat_map(|q| [self.queue(q), format!("{}.dead", self.queue(q))])
+            .chain([self.queue("capture")])
+            .collect();
+        let exchanges: Vec<String> = ["inventory", "loyalty", "orders"]
+            .iter()
+            .map(|q| format!("{}.dlx", self.queue(q)))
+            .chain([self.exchange.clone()])
+            .collect();
+        // From a thread of its own: this may run while the test unwinds.
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                if let Ok(mut conn) = outbox::postgres::connect(&database_url()).await {
+                    let _ = conn
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                        .await;
+                }
+                if let Ok(amqp) =
+                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await
+                {
+                    let channel = amqp.create_channel().await.unwrap();
+                    for queue in queues {
+                        let _ = channel
+                            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                            .await;
+                    }
+                    for exchange in exchanges {
+                        let _ = channel
+                            .exchange_delete(
+                                exchange.as_str().into(),
+                                ExchangeDeleteOptions::default(),
+                            )
+                            .await;
+                    }
+                    let _ = amqp.close(200, "OK".into()).await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn place_pay_and_cancel_move_stock_and_points_and_every_role_stops_on_sigterm() {
+    let mut shop = Shop::new("flows").await;
+    shop.capture().await;
+    shop.start(&["api", "relay", "inventory", "loyalty"]).await;
+    shop.set_stock("mug", 10).await;
+    shop.set_stock("tea", 5).await;
+    let customer = Uuid::now_v7();
+
+    // Place: 201 with the order, stock reserved by the inventory.
+    let (status, placed) = shop
+        .post(
+            "/orders",
+            json!({"customer_id": customer, "items": [
+                {"sku": "mug", "quantity": 2, "unit_price_cents": 1250},
+                {"sku": "tea", "quantity": 1, "unit_price_cents": 499},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{placed}");
+    let a: Uuid = placed["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(
+        placed,
+        json!({"id": a, "customer_id": customer, "status": "placed", "total_cents": 2999, "items": [
+            {"sku": "mug", "quantity": 2, "unit_price_cents": 1250},
+            {"sku": "tea", "quantity": 1, "unit_price_cents": 499},
+        ]})
+    );
+    eventually("mug after placing", (8, 2), || shop.stock("mug")).await;
+    eventually("tea after placing", (4, 1), || shop.stock("tea")).await;
+    let (status, got) = shop.get(&format!("/orders/{a}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(got, placed, "GET shows the order as placed");
+
+    // The wire contract of what the relay published.
+    let message = shop.captured("order.placed", a).await;
+    let properties = &message.properties;
+    assert_eq!(
+        properties.content_type().as_ref().unwrap().as_str(),
+        "application/json"
+    );
+    assert_eq!(properties.kind().as_ref().unwrap().as_str(), "order.placed");
+    assert_eq!(properties.delivery_mode(), &Some(2));
+    let headers = properties.headers().as_ref().unwrap();
+    assert_eq!(
+        wire::header_str(headers, wire::CE_SOURCE),
+        Some("/ecommerce")
+    );
+    assert_eq!(
+        wire::header_str(headers, wire::AGGREGATE_TYPE),
+        Some("order")
+    );
+    assert_eq!(
+        wire::header_str(headers, wire::CE_ID),
+        properties.message_id().as_ref().map(|id| id.as_str())
+    );
+    assert_eq!(
+        serde_json::from_slice::<Value>(&message.data).unwrap(),
+        json!({"order_id": a, "customer_id": customer, "total_cents": 2999, "items": [
+            {"sku": "mug", "quantity": 2, "unit_price_cents": 1250},
+            {"sku": "tea", "quantity": 1, "unit_price_cents": 499},
+        ]})
+    );
+    let reserved = shop.captured("inventory.reserved", a).await;
+    let headers = reserved.properties.headers().as_ref().unwrap();
+    assert_eq!(
+        wire::header_str(headers, wire::CE_SOURCE),
+        Some("/ecommerce")
+    );
+    assert_eq!(
+        wire::header_str(headers, "causation_id"),
+        message
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str()),
+        "inventory.reserved is caused by order.placed"
+    );
+    assert_eq!(
+        serde_json::from_slice::<Value>(&reserved.data).unwrap(),
+        json!({"order_id": a, "items": [{"sku": "mug", "quantity": 2}, {"sku": "tea", "quantity": 1}]})
+    );
+
+    // Pay: 29 points for 2999 cents.
+    shop.transition(a, "pay", "paid").await;
+    eventually("points after paying", 29, || shop.points(customer)).await;
+    let paid = shop.captured("order.paid", a).await;
+    assert_eq!(
+        serde_json::from_slice::<Value>(&paid.data).unwrap(),
+        json!({"order_id": a, "customer_id": customer, "total_cents": 2999})
+    );
+
+    // An unpaid order cancelled: its stock comes back, points unchanged.
+    let b = shop.place(customer, &[("mug", 1, 100)]).await;
+    eventually("mug after placing b", (7, 3), || shop.stock("mug")).await;
+    shop.transition(b, "cancel", "cancelled").await;
+    eventually("mug after cancelling b", (8, 2), || shop.stock("mug")).await;
+    let cancelled = shop.captured("order.cancelled", b).await;
+    assert_eq!(
+        serde_json::from_slice::<Value>(&cancelled.data).unwrap(),
+        json!({"order_id": b, "customer_id": customer, "total_cents": 100, "was_paid": false})
+    );
+    assert_eq!(shop.points(customer).await, 29);
+
+    // The paid order cancelled: stock back, points taken back.
+    shop.transition(a, "cancel", "cancelled").await;
+    eventually("mug after cancelling a", (10, 0), || shop.stock("mug")).await;
+    eventually("tea after cancelling a", (5, 0), || shop.stock("tea")).await;
+    eventually("points after cancelling a", 0, || shop.points(customer)).await;
+    assert_eq!(shop.status(a).await, "cancelled");
+    assert_eq!(
+        shop.points(Uuid::now_v7()).await,
+        0,
+        "a customer never seen"
+    );
+
+    // Every role stops cleanly on SIGTERM.
+    for role in ["api", "relay", "inventory", "loyalty"] {
+        let status = shop.terminate(role);
+        assert!(status.success(), "{role} exited with {status} on SIGTERM");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn orders_with_an_unknown_or_short_sku_are_rejected_and_leave_stock_unchanged() {
+    let mut shop = Shop::new("rejected").await;
+    shop.start(&["api", "relay", "inventory"]).await;
+    shop.set_stock("mug", 5).await;
+    shop.set_stock("tea", 1).await;
+    let customer = Uuid::now_v7();
+
+    let unknown = shop
+        .place(customer, &[("mug", 1, 100), ("ghost", 1, 100)])
+        .await;
+    let short = shop
+        .place(customer, &[("mug", 2, 100), ("tea", 2, 100)])
+        .await;
+    eventually("unknown sku", "rejected".to_owned(), || {
+        shop.status(unknown)
+    })
+    .await;
+    eventually("short sku", "rejected".to_owned(), || shop.status(short)).await;
+    assert_eq!(shop.stock("mug").await, (5, 0), "nothing reserved");
+    assert_eq!(shop.stock("tea").await, (1, 0), "nothing reserved");
+    assert_eq!(
+        shop.count(&format!(
+            "SELECT count(*) AS n FROM orders WHERE id = '{unknown}' \
+             AND rejection_reason = 'unknown sku \"ghost\"'"
+        ))
+        .await,
+        1,
+        "the inventory's reason is kept"
+    );
+
+    // A rejected order can be neither paid nor cancelled.
+    for action in ["pay", "cancel"] {
+        let (status, body) = shop
+            .post(&format!("/orders/{short}/{action}"), Value::Null)
+            .await;
+        assert_eq!(status, StatusCode::CONFLICT, "{action}: {body}");
+    }
+
+    // The stock the rejected orders wanted is still all there.
+    let fits = shop
+        .place(customer, &[("mug", 5, 100), ("tea", 1, 100)])
+        .await;
+    eventually("mug reserved", (0, 5), || shop.stock("mug")).await;
+    eventually("tea reserved", (0, 1), || shop.stock("tea")).await;
+    assert_eq!(shop.status(fits).await, "placed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_errors_are_json_with_the_contract_status_and_change_nothing() {
+    let mut shop = Shop::new("errors").await;
+    shop.start(&["api"]).await;
+    let customer = Uuid::now_v7();
+    shop.set_stock("mug", 3).await;
+    let order = shop.place(customer, &[("mug", 1, 100)]).await;
+
+    let json_error = |status: StatusCode, body: &Value, expected: StatusCode, what: &str| {
+        assert_eq!(status, expected, "{what}: {body}");
+        assert!(
+            body["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{what}: errors are {{\"error\": \"...\"}}, got {body}"
+        );
+    };
+    let raw = |method: reqwest::Method, path: &str, content_type: &str, body: String| {
+        shop.request(
+            shop.http
+                .request(method, shop.url(path))
+                .header("content-type", content_type)
+                .body(body),
+        )
+    };
+
+    // 400: malformed JSON, malformed ids in the path.
+    let (s, b) = raw(
+        reqwest::Method::POST,
+        "/orders",
+        "application/json",
+        "{\"customer_id\":".into(),
+    )
+    .await;
+    json_error(s, &b, StatusCode::BAD_REQUEST, "malformed JSON");
+    for path in [
+        "/orders/not-a-uuid",
+        "/customers/123/points",
+        "/inventory/bad%20sku",
+    ] {
+        let (s, b) = shop.get(path).await;
+        json_error(s, &b, StatusCode::BAD_REQUEST, path);
+    }
+    for action in ["pay", "cancel"] {
+        let (s, b) = shop
+            .post(&format!("/orders/xyz/{action}"), Value::Null)
+            .await;
+        json_error(s, &b, StatusCode::BAD_REQUEST, action);
+    }
+
+    // 415: not JSON.
+    let body = json!({"customer_id": customer, "items": [{"sku": "mug", "quantity": 1, "unit_price_cents": 1}]});
+    let (s, b) = raw(
+        reqwest::Method::POST,
+        "/orders",
+        "text/plain",
+        body.to_string(),
+    )
+    .await;
+    json_error(s, &b, StatusCode::UNSUPPORTED_MEDIA_TYPE, "text/plain");
+    let (s, b) = raw(
+        reqwest::Method::PUT,
+        "/inventory/mug",
+        "application/x-www-form-urlencoded",
+        "available=1".into(),
+    )
+    .await;
+    json_error(s, &b, StatusCode::UNSUPPORTED_MEDIA_TYPE, "a form");
+
+    // 422: well-formed JSON, invalid data.
+    let item = |sku: &str, quantity: i64, price: i64| json!({"sku": sku, "quantity": quantity, "unit_price_cents": price});
+    for (what, body) in [
+        ("no items", json!({"customer_id": customer, "items": []})),
+        (
+            "quantity 0",
+            json!({"customer_id": customer, "items": [item("mug", 0, 1)]}),
+        ),
+        (
+            "negative quantity",
+            json!({"customer_id": customer, "items": [item("mug", -1, 1)]}),
+        ),
+        (
+            "negative price",
+            json!({"customer_id": customer, "items": [item("mug", 1, -1)]}),
+        ),
+        (
+            "the same sku twice",
+            json!({"customer_id": customer, "items": [item("mug", 1, 1), item("mug", 2, 1)]}),
+        ),
+        (
+            "an unknown field",
+            json!({"customer_id": customer, "items": [item("mug", 1, 1)], "coupon": "x"}),
+        ),
+        (
+            "an unknown item field",
+            json!({"customer_id": customer, "items": [{"sku": "mug", "quantity": 1, "unit_price_cents": 1, "colour": "red"}]}),
+        ),
+        (
+            "a malformed customer_id",
+            json!({"customer_id": "alice", "items": [item("mug", 1, 1)]}),
+        ),
+        ("a missing field", json!({"items": [item("mug", 1, 1)]})),
+        (
+            "a fractional quantity",
+            json!({"customer_id": customer, "items": [{"sku": "mug", "quantity": 1.5, "unit_price_cents": 1}]}),
+        ),
+        (
+            "a malformed sku",
+            json!({"customer_id": customer, "items": [item("a b", 1, 1)]}),
+        ),
+    ] {
+        let (s, b) = shop.post("/orders", body).await;
+        json_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, what);
+    }
+    for (what, body) in [
+        ("negative stock", json!({"available": -1})),
+        ("an unknown field", json!({"available": 1, "reserved": 5})),
+        ("a string", json!({"available": "many"})),
+    ] {
+        let (s, b) = shop.put("/inventory/mug", body).await;
+        json_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, what);
+    }
+
+    // 404: unknown ids.
+    let unknown = Uuid::now_v7();
+    let (s, b) = shop.get(&format!("/orders/{unknown}")).await;
+    json_error(s, &b, StatusCode::NOT_FOUND, "GET unknown order");
+    for action in ["pay", "cancel"] {
+        let (s, b) = shop
+            .post(&format!("/orders/{unknown}/{action}"), Value::Null)
+            .await;
+        json_error(s, &b, StatusCode::NOT_FOUND, action);
+    }
+    let (s, b) = shop.get("/inventory/unknown-sku").await;
+    json_error(s, &b, StatusCode::NOT_FOUND, "unknown sku");
+
+    // 409: transitions the status does not allow.
+    shop.transition(order, "pay", "paid").await;
+    let (s, b) = shop
+        .post(&format!("/orders/{order}/pay"), Value::Null)
+        .await;
+    json_error(s, &b, StatusCode::CONFLICT, "paying twice");
+    shop.transition(order, "cancel", "cancelled").await;
+    for action in ["pay", "cancel"] {
+        let (s, b) = shop
+            .post(&format!("/orders/{order}/{action}"), Value::Null)
+            .await;
+        json_error(s, &b, StatusCode::CONFLICT, action);
+    }
+
+    // 413: a body over the limit (64 KiB).
+    let big = json!({"customer_id": customer, "items": [item(&"x".repeat(60), 1, 1)], "pad": "x".repeat(100_000)});
+    let (s, b) = shop.post("/orders", big).await;
+    json_error(s, &b, StatusCode::PAYLOAD_TOO_LARGE, "an oversized body");
+
+    // Only the successful requests left a trace: one order, three events
+    // (placed, paid, cancelled), the stock as set.
+    assert_eq!(shop.count("SELECT count(*) AS n FROM orders").await, 1);
+    assert_eq!(
+        shop.count("SELECT count(*) AS n FROM outbox_events").await,
+        3
+    );
+    assert_eq!(shop.stock("mug").await, (3, 0));
+
+    // No relay in this process: the outbox gauges, no relay counters.
+    let metrics = shop.metrics().await;
+    for gauge in [
+        "outbox_backlog",
+        "outbox_oldest_unsent_age_seconds",
+        "outbox_dead",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(&format!("{gauge} "))),
+            "{gauge} missing from /metrics:\n{metrics}"
+        );
+    }
+    assert!(!metrics.contains("outbox_published_total"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn duplicates_injected_into_the_consumer_queues_change_nothing() {
+    let mut shop = Shop::new("duplicates").await;
+    shop.capture().await;
+    shop.start(&["api", "relay", "inventory", "loyalty"]).await;
+    shop.set_stock("mug", 10).await;
+    let customer = Uuid::now_v7();
+    let order = shop.place(customer, &[("mug", 3, 1000)]).await;
+    eventually("mug reserved", (7, 3), || shop.stock("mug")).await;
+    shop.transition(order, "pay", "paid").await;
+    eventually("points", 30, || shop.points(customer)).await;
+    let placed = shop.captured("order.placed", order).await;
+    let paid = shop.captured("order.paid", order).await;
+    let reserved = shop.captured("inventory.reserved", order).await;
+
+    // Every event again, twice, into the queue that consumes it, with the
+    // same message id.
+    for _ in 0..2 {
+        shop.inject(&placed, &shop.queue("inventory")).await;
+        shop.inject(&paid, &shop.queue("loyalty")).await;
+        shop.inject(&reserved, &shop.queue("orders")).await;
+    }
+    // The orders consumer runs in the api process: its counter shows the
+    // duplicates were seen (and skipped).
+    eventually("duplicates seen by the orders consumer", 2, || {
+        shop.consumer_counter("outbox_consumer_duplicates_total", "orders")
+    })
+    .await;
+    // The inventory and loyalty consumers handle an order's events in queue
+    // order: once the cancel (queued after the copies) has taken effect,
+    // the copies have been handled too.
+    shop.transition(order, "cancel", "cancelled").await;
+    eventually("mug released", (10, 0), || shop.stock("mug")).await;
+    eventually("points taken back", 0, || shop.points(customer)).await;
+
+    // One inbox row per event, not per delivery; nothing dead-lettered.
+    assert_eq!(shop.inbox_rows("inventory").await, 2, "placed, cancelled");
+    assert_eq!(shop.inbox_rows("loyalty").await, 2, "paid, cancelled");
+    assert_eq!(shop.inbox_rows("orders").await, 1, "reserved");
+    for queue in ["inventory", "loyalty", "orders"] {
+        let dead = format!("{}.dead", shop.queue(queue));
+        assert_eq!(shop.ready(&dead).await, 0, "{dead}");
+    }
+    assert_eq!(shop.status(order).await, "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_killed_with_sigkill_and_restarted_loses_nothing() {
+    const ORDERS: usize = 40;
+    const KILL_AFTER: usize = 10;
+    let mut shop = Shop::new("relay_kill").await;
+    shop.start(&["api", "relay", "inventory", "loyalty"]).await;
+    shop.set_stock("mug", 1000).await;
+    let customer = Uuid::now_v7();
+
+    let mut orders = Vec::new();
+    for i in 0..ORDERS {
+        if i == KILL_AFTER {
+            // Mid-stream: the relay is publishing the orders placed so far.
+            shop.kill("relay");
+        }
+        let order = shop.place(customer, &[("mug", 1, 150)]).await;
+        shop.transition(order, "pay", "paid").await;
+        orders.push(order);
+    }
+    assert!(
+        shop.unsent_events().await > 0,
+        "events wait in the outbox while no relay runs"
+    );
+
+    shop.spawn("relay");
+    eventually("mug reserved for every order", (1000 - 40, 40), || {
+        shop.stock("mug")
+    })
+    .await;
+    eventually("a point per order", 40, || shop.points(customer)).await;
+    eventually("outbox drained", 0, || shop.unsent_events()).await;
+    assert_eq!(
+        shop.inbox_rows("inventory").await,
+        i64::try_from(ORDERS).unwrap()
+    );
+    assert_eq!(
+        shop.inbox_rows("loyalty").await,
+        i64::try_from(ORDERS).unwrap()
+    );
+    for order in orders {
+        assert_eq!(shop.status(order).await, "paid");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_all_role_serves_metrics_from_the_start_and_stops_on_sigterm() {
+    let mut shop = Shop::new("all").await;
+    shop.start(&["all"]).await;
+    let metrics = shop.metrics().await;
+    for name in [
+        "outbox_backlog",
+        "outbox_oldest_unsent_age_seconds",
+        "outbox_dead",
+        "outbox_published_total",
+        "outbox_failed_total",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(&format!("{name} "))),
+            "{name} missing from /metrics at start:\n{metrics}"
+        );
+    }
+
+    shop.set_stock("mug", 2).await;
+    let customer = Uuid::now_v7();
+    let order = shop.place(customer, &[("mug", 2, 250)]).await;
+    shop.transition(order, "pay", "paid").await;
+    eventually("stock reserved", (0, 2), || shop.stock("mug")).await;
+    eventually("points", 5, || shop.points(customer)).await;
+    let published = |metrics: String| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("outbox_published_total "))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    // order.placed, inventory.reserved, order.paid.
+    eventually("published events", 3, || async {
+        published(shop.metrics().await)
+    })
+    .await;
+
+    let status = shop.terminate("all");
+    assert!(status.success(), "all exited with {status} on SIGTERM");
+}
