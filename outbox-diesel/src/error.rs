@@ -47,35 +47,4 @@ pub enum Error {
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// `url` with the password (if any) replaced by `***`, for logs and errors.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact_url;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact_url("postgres://app:s3cret@db:5432/shop"),
-            "postgres://app:***@db:5432/shop"
-        );
-        assert_eq!(
-            redact_url("postgres://postgres@127.0.0.1/x"),
-            "postgres://postgres@127.0.0.1/x"
-        );
-        assert_eq!(redact_url("not a url"), "not a url");
-    }
-}
+pub(crate) use outbox_core::redact_url;
