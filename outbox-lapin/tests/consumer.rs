@@ -987,3 +987,118 @@ async fn declared_topology_routes_bound_patterns_and_collects_dead_letters() {
         .unwrap_err();
     assert!(err.to_string().contains(broker.queue()), "{err}");
 }
+
+/// The in-memory inbox behind a switch: while `down`, `begin` fails as a
+/// database that does not answer would. Counts `begin` calls.
+#[derive(Clone, Default)]
+struct SwitchedInbox {
+    inner: InMemoryInbox,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    begins: Arc<AtomicU32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("connection refused (database down on purpose)")]
+struct DatabaseDown;
+
+impl outbox_core::InboxDatabase for SwitchedInbox {
+    type Tx = InboxTx;
+    type Error = DatabaseDown;
+
+    async fn begin(&self) -> Result<InboxTx, DatabaseDown> {
+        self.begins.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(DatabaseDown);
+        }
+        Ok(self.inner.begin())
+    }
+
+    async fn receive(
+        &self,
+        tx: &mut InboxTx,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<outbox_core::InboxOutcome, DatabaseDown> {
+        Ok(
+            outbox_core::InboxStore::receive(&self.inner, tx, consumer, event_id)
+                .await
+                .unwrap_or_else(|never| match never {}),
+        )
+    }
+
+    async fn commit(&self, tx: InboxTx) -> Result<(), DatabaseDown> {
+        tx.commit();
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn an_unavailable_database_spends_no_attempts_and_shutdown_requeues() {
+    let broker = Broker::new("db_down").await;
+    let db = SwitchedInbox::default();
+    db.down.store(true, Ordering::SeqCst);
+    let calls = Calls::default();
+    let build = |db: &SwitchedInbox| {
+        InboxConsumer::builder(
+            amqp_url(),
+            broker.queue(),
+            broker.consumer_name(),
+            db.clone(),
+            recording(&calls, |_, _| Ok(())),
+        )
+        .max_attempts(2)
+        .retry_delay(Duration::from_millis(50))
+        .build()
+        .unwrap()
+    };
+    let start = |consumer: InboxConsumer<SwitchedInbox, _>| {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(consumer.run(async {
+            let _ = stopped.await;
+        }));
+        (stop, task)
+    };
+    let stop = |running: (oneshot::Sender<()>, JoinHandle<outbox_lapin::Result<()>>)| async move {
+        let _ = running.0.send(());
+        tokio::time::timeout(WAIT, running.1)
+            .await
+            .expect("the consumer stops")
+            .unwrap()
+            .expect("run returns Ok after shutdown");
+    };
+
+    // The database is down: far more tries than max_attempts, none spent.
+    let running = start(build(&db));
+    let event = placed("o-1", 1);
+    broker.publish(&event).await;
+    let deadline = Instant::now() + WAIT;
+    while db.begins.load(Ordering::SeqCst) < 6 {
+        assert!(Instant::now() < deadline, "the consumer keeps trying");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        broker.ready(broker.dead_letter_queue()).await,
+        0,
+        "not dead-lettered"
+    );
+    assert!(calls.all().is_empty(), "the handler never ran");
+    // Shutdown during the outage puts the message back, unspent.
+    stop(running).await;
+    assert_eq!(
+        broker.ready(broker.queue()).await,
+        1,
+        "requeued at shutdown"
+    );
+
+    // The database is back: handled once, on the first attempt.
+    db.down.store(false, Ordering::SeqCst);
+    let running = start(build(&db));
+    calls
+        .wait_for("the handler", |c| c.iter().any(|c| c.event.id == event.id))
+        .await;
+    stop(running).await;
+    assert_eq!(calls.of(event.id).len(), 1);
+    assert_eq!(db.inner.len(), 1);
+    assert_eq!(broker.ready(broker.queue()).await, 0, "acked");
+    assert_eq!(broker.ready(broker.dead_letter_queue()).await, 0);
+}

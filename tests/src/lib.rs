@@ -1,3 +1,49 @@
-//! Cross-crate end-to-end tests of the outbox workspace. They use the `outbox`
-//! facade exactly as an application does; the tests against real PostgreSQL
-//! and RabbitMQ arrive with the adapters.
+//! Cross-crate end-to-end tests of the outbox workspace, and the
+//! fault-injection harness they use.
+//!
+//! The tests (in `tests/`) use the `outbox` facade exactly as an
+//! application does, against the real PostgreSQL and RabbitMQ. The harness
+//! in this library runs one fault-injection scenario:
+//!
+//! - [`servers`]: the shared servers, or private ones
+//!   ([`PrivatePostgres`], a throwaway `initdb` cluster; [`PrivateRabbit`],
+//!   a second RabbitMQ node) that a scenario may stop and restart;
+//! - [`Scenario`]: its own schema, exchange and queues, removed on drop,
+//!   and [`Scenario::verify`], which checks every guarantee at the end and
+//!   prints one summary line;
+//! - [`Producers`]: commit business rows with their events, roll some back
+//!   on purpose, survive connection loss;
+//! - [`RelayProcess`]: a relay as a real child process, SIGKILLed at random
+//!   or at a named failpoint;
+//! - [`Tap`] (records every message) and [`Inbox`] (the library's inbox
+//!   consumer, whose effects must happen exactly once).
+//!
+//! ```no_run
+//! # async fn scenario() {
+//! use std::time::Duration;
+//! use outbox_tests::*;
+//!
+//! let scenario = Scenario::new("example", Servers::shared()).await;
+//! let tap = Tap::start(&scenario);
+//! let inbox = Inbox::start(&scenario, 50, HandlerFaults::default());
+//! let producers = Producers::start(&scenario, ProducerConfig::default());
+//! let mut relay = scenario.spawn_relay("target/debug/outbox-fault-relay", "relay", None);
+//! relay.ready().await;
+//! tokio::time::sleep(Duration::from_secs(2)).await;
+//! relay.kill().await;
+//! scenario.fault("relay SIGKILL");
+//! let mut relay = scenario.spawn_relay("target/debug/outbox-fault-relay", "relay", None);
+//! let produced = producers.stop().await;
+//! scenario.verify(&tap, &produced, Duration::from_secs(60)).await;
+//! # }
+//! ```
+
+pub mod relay_process;
+mod scenario;
+pub mod servers;
+mod traffic;
+
+pub use relay_process::RelayProcess;
+pub use scenario::{Committed, Scenario, Servers, Summary, connect_amqp, connect_db};
+pub use servers::{PrivatePostgres, PrivateRabbit};
+pub use traffic::{Delivery, HandlerFaults, Inbox, Produced, ProducerConfig, Producers, Tap, Tick};

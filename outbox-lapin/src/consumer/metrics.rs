@@ -15,6 +15,10 @@ pub const RETRIED_TOTAL: &str = "outbox_consumer_retried_total";
 /// Counter: messages republished to the dead-letter exchange (undecodable,
 /// out of attempts, or failed permanently).
 pub const DEAD_LETTERED_TOTAL: &str = "outbox_consumer_dead_lettered_total";
+/// Counter: deliveries whose transaction could not begin, or whose inbox
+/// entry could not be written (the database is unavailable); each is tried
+/// again after the retry delay without spending an attempt.
+pub const DATABASE_UNAVAILABLE_TOTAL: &str = "outbox_consumer_database_unavailable_total";
 /// Counter: broker connections lost (each is followed by a reconnect).
 pub const CONNECTION_LOST_TOTAL: &str = "outbox_consumer_connection_lost_total";
 
@@ -37,6 +41,10 @@ pub fn describe() {
     describe_counter!(
         DEAD_LETTERED_TOTAL,
         "Messages an inbox consumer republished to its dead-letter exchange"
+    );
+    describe_counter!(
+        DATABASE_UNAVAILABLE_TOTAL,
+        "Deliveries an inbox consumer retried in place because its database was unavailable"
     );
     describe_counter!(
         CONNECTION_LOST_TOTAL,

@@ -128,7 +128,7 @@ pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
 /// transaction happen exactly once**, other effects at least once.
 ///
 /// # Retries and dead letters
-/// When the handler (or begin, inbox insert or commit) fails, the
+/// When the handler (or the commit) fails, the
 /// transaction rolls back — inbox entry included — and the worker waits
 /// [`retry_delay`](InboxConsumerBuilder::retry_delay), then republishes the
 /// message (body and properties) to the same queue through the default
@@ -148,9 +148,20 @@ pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
 /// [`QueueTopology::argument`]); the consumer's own limit still applies
 /// first, as it never rejects.
 ///
-/// The worker waits out the delay itself, so when everything fails (say,
-/// the database is down) the consumer slows to one attempt per delay per
-/// worker instead of burning through the attempts of the whole queue. A
+/// When the database is unavailable before the handler runs (the
+/// transaction cannot begin, or the inbox entry cannot be written), nothing
+/// of the message was tried: the worker waits the retry delay and tries the
+/// same delivery again, **without spending an attempt** and without
+/// republishing, until the database answers (or shutdown returns the
+/// message to the queue). A database failover therefore never
+/// dead-letters messages; the counter
+/// [`DATABASE_UNAVAILABLE_TOTAL`](metrics::DATABASE_UNAVAILABLE_TOTAL)
+/// shows the outage. A database that fails *inside* the handler or at
+/// commit spends one attempt per worker.
+///
+/// The worker waits out the delay itself, so when everything fails the
+/// consumer slows to one attempt per delay per worker instead of burning
+/// through the attempts of the whole queue. A
 /// retried message goes to the back of the queue: later events of the same
 /// aggregate may be handled before it. Handlers that must see an
 /// aggregate's events in order should check

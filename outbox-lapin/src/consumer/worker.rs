@@ -54,6 +54,15 @@ fn database<E: std::error::Error + Send + Sync + 'static>(
     }
 }
 
+/// Why [`Shared::handle`] did not commit.
+enum Failure {
+    /// The database could not begin the transaction or record the inbox
+    /// entry: nothing of the message was tried, so no attempt is spent.
+    Unavailable(HandlerError),
+    /// The handler (or the commit) failed: an attempt is spent.
+    Failed(HandlerError),
+}
+
 /// `true` once shutdown began (or the consumer was dropped).
 fn stopping(stop: &watch::Receiver<bool>) -> bool {
     *stop.borrow() || stop.has_changed().is_err()
@@ -159,21 +168,43 @@ where
             attempt,
         );
         async {
-            match self.handle(&event).await {
-                Ok(InboxOutcome::FirstTime) => {
-                    self.count(metrics::PROCESSED_TOTAL);
-                    tracing::debug!("handled and committed");
-                    ack(&delivery).await;
+            loop {
+                match self.handle(&event).await {
+                    Ok(InboxOutcome::FirstTime) => {
+                        self.count(metrics::PROCESSED_TOTAL);
+                        tracing::debug!("handled and committed");
+                        ack(&delivery).await;
+                    }
+                    Ok(InboxOutcome::Duplicate) => {
+                        self.count(metrics::DUPLICATES_TOTAL);
+                        tracing::info!(
+                            "already processed: acknowledged without running the handler"
+                        );
+                        ack(&delivery).await;
+                    }
+                    Err(Failure::Unavailable(error)) => {
+                        // A database outage is not the message's fault: wait
+                        // and try the same delivery again, without spending
+                        // an attempt, until the database answers or shutdown.
+                        self.count(metrics::DATABASE_UNAVAILABLE_TOTAL);
+                        tracing::warn!(
+                            %error,
+                            retry_in = ?self.settings.retry_delay,
+                            "inbox database unavailable: retrying without spending an attempt"
+                        );
+                        self.pause(stop).await;
+                        if stopping(stop) {
+                            requeue(&delivery).await;
+                        } else {
+                            continue;
+                        }
+                    }
+                    Err(Failure::Failed(error)) => {
+                        self.failed(&delivery, &routing_key, attempt, &error, &republisher, stop)
+                            .await;
+                    }
                 }
-                Ok(InboxOutcome::Duplicate) => {
-                    self.count(metrics::DUPLICATES_TOTAL);
-                    tracing::info!("already processed: acknowledged without running the handler");
-                    ack(&delivery).await;
-                }
-                Err(error) => {
-                    self.failed(&delivery, &routing_key, attempt, &error, &republisher, stop)
-                        .await;
-                }
+                break;
             }
         }
         .instrument(span)
@@ -181,13 +212,24 @@ where
     }
 
     /// Inbox entry, handler and commit in one transaction.
-    async fn handle(&self, event: &IncomingEvent) -> Result<InboxOutcome, HandlerError> {
+    async fn handle(&self, event: &IncomingEvent) -> Result<InboxOutcome, Failure> {
         let db = &self.db;
-        let mut tx = db.begin().await.map_err(database("begin a transaction"))?;
-        let outcome = db
-            .receive(&mut tx, &self.settings.name, event.id)
+        let mut tx = db
+            .begin()
             .await
-            .map_err(database("record the inbox entry"))?;
+            .map_err(database("begin a transaction"))
+            .map_err(Failure::Unavailable)?;
+        let outcome = match db.receive(&mut tx, &self.settings.name, event.id).await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                if let Err(rollback) = db.rollback(tx).await {
+                    tracing::debug!(error = %rollback, "rollback after a failed inbox insert failed");
+                }
+                return Err(Failure::Unavailable(database("record the inbox entry")(
+                    error,
+                )));
+            }
+        };
         if outcome == InboxOutcome::Duplicate {
             // Nothing was written; an explicit rollback keeps a pooled
             // connection, where dropping the transaction may close it.
@@ -209,7 +251,7 @@ where
                 if let Err(rollback) = db.rollback(tx).await {
                     tracing::debug!(error = %rollback, "rollback after a handler error failed");
                 }
-                return Err(error);
+                return Err(Failure::Failed(error));
             }
             // After a panic the connection may be mid-statement: `tx` is
             // dropped on return, which rolls back (and may close it).
@@ -219,12 +261,15 @@ where
                     .map(|s| (*s).to_owned())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "non-string panic payload".to_owned());
-                return Err(HandlerError::new(format!(
+                return Err(Failure::Failed(HandlerError::new(format!(
                     "the handler panicked: {message}"
-                )));
+                ))));
             }
         }
-        db.commit(tx).await.map_err(database("commit"))?;
+        db.commit(tx)
+            .await
+            .map_err(database("commit"))
+            .map_err(Failure::Failed)?;
         Ok(InboxOutcome::FirstTime)
     }
 
@@ -309,20 +354,7 @@ where
                     "republish not confirmed: the message goes back to the queue"
                 );
                 self.pause(stop).await;
-                let requeue = BasicNackOptions {
-                    requeue: true,
-                    multiple: false,
-                };
-                match delivery.acker.nack(requeue).await {
-                    Ok(true) => {}
-                    Ok(false) => tracing::warn!(
-                        "nack not sent: the channel is closed and the broker requeues the message"
-                    ),
-                    Err(error) => tracing::warn!(
-                        %error,
-                        "nack failed: the channel is closed and the broker requeues the message"
-                    ),
-                }
+                requeue(delivery).await;
             }
         }
     }
@@ -357,6 +389,24 @@ fn inherited_headers(event: &IncomingEvent) -> Headers {
         }
     }
     headers
+}
+
+/// Returns `delivery` to the queue (nack with requeue).
+async fn requeue(delivery: &Delivery) {
+    let requeue = BasicNackOptions {
+        requeue: true,
+        multiple: false,
+    };
+    match delivery.acker.nack(requeue).await {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            "nack not sent: the channel is closed and the broker requeues the message"
+        ),
+        Err(error) => tracing::warn!(
+            %error,
+            "nack failed: the channel is closed and the broker requeues the message"
+        ),
+    }
 }
 
 async fn ack(delivery: &Delivery) {

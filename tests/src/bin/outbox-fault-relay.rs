@@ -1,0 +1,144 @@
+//! The relay of the fault-injection suite, run as a child process by
+//! `outbox_tests::RelayProcess`: the PostgreSQL outbox store and the
+//! RabbitMQ publisher of the library, configured from the environment (see
+//! `outbox_tests::relay_process::env`). With `OUTBOX_FAULT_CRASH_AT` set to
+//! a failpoint name it SIGKILLs itself the n-th time the relay reaches that
+//! point, after printing a line saying so. SIGTERM stops it gracefully.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use outbox::postgres::PgOutboxStore;
+use outbox::rabbitmq::LapinPublisher;
+use outbox::{Relay, RetryPolicy};
+use outbox_tests::relay_process::{CRASH_LINE, READY_LINE, env};
+
+fn var(name: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| format!("{name} is not set"))
+}
+
+/// Writes `line` to stdout at once (the parent reads it line by line).
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// The crash: a real SIGKILL from outside the process, with this thread
+/// stopped at the failpoint until it lands.
+fn crash(failpoint: &str) -> ! {
+    say(&format!("{CRASH_LINE} {failpoint}"));
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &std::process::id().to_string()])
+        .status();
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+fn arm_crash() -> Result<(), String> {
+    let Ok(wanted) = std::env::var(env::CRASH_AT) else {
+        return Ok(());
+    };
+    let failpoint = outbox::failpoints::ALL
+        .into_iter()
+        .find(|f| *f == wanted)
+        .ok_or_else(|| {
+            format!(
+                "{} = {wanted:?} is not a failpoint; one of {:?}",
+                env::CRASH_AT,
+                outbox::failpoints::ALL
+            )
+        })?;
+    let nth: u32 = match std::env::var(env::CRASH_ON_HIT) {
+        Ok(n) => n
+            .parse()
+            .map_err(|e| format!("{} = {n:?}: {e}", env::CRASH_ON_HIT))?,
+        Err(_) => 1,
+    };
+    let hits = AtomicU32::new(0);
+    fail::cfg_callback(failpoint, move || {
+        if hits.fetch_add(1, Ordering::SeqCst) + 1 == nth {
+            crash(failpoint);
+        }
+    })
+}
+
+/// `url` with `application_name` set, so tests can find (and terminate)
+/// this relay's database sessions.
+fn with_application_name(url: &str, name: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}application_name={name}")
+}
+
+async fn run() -> Result<(), String> {
+    arm_crash()?;
+    let database_url = var(env::DATABASE_URL)?;
+    let amqp_url = var(env::AMQP_URL)?;
+    let schema = var(env::SCHEMA)?;
+    let exchange = var(env::EXCHANGE)?;
+    let name = var(env::NAME)?;
+    let url = with_application_name(&database_url, &name);
+    let pool = outbox::postgres::pool(&url, 4).map_err(|e| e.to_string())?;
+    let store = PgOutboxStore::builder(pool)
+        .schema(&schema)
+        .listen(&url)
+        .claim_timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let publisher = LapinPublisher::builder(amqp_url)
+        .exchange(&exchange)
+        .source("/outbox-fault-relay")
+        .connection_name(&name)
+        .confirm_timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let relay = Relay::builder(store, publisher)
+        .batch_size(50)
+        .poll_interval(Duration::from_millis(250))
+        .pause(Duration::from_millis(50), Duration::from_secs(1))
+        .retry(RetryPolicy::default().max_attempts(100))
+        .shutdown_grace(Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let handle = relay.handle();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("SIGTERM handler: {e}"))?;
+    tokio::spawn(async move {
+        terminate.recv().await;
+        handle.shutdown();
+    });
+    say(READY_LINE);
+    relay.run().await;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("outbox-fault-relay: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

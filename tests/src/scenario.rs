@@ -1,0 +1,589 @@
+//! One fault-injection scenario: its own PostgreSQL schema (the outbox, the
+//! inbox and two business tables) and its own exchange and queues, on the
+//! shared servers or on private ones.
+//!
+//! The business table `orders` is the ground truth: producers insert one
+//! row per event in the transaction that records the event, so after any
+//! fault the committed events are exactly its rows, whatever the producers
+//! were told. The `effects` table is what the inbox consumer's handler
+//! writes, one row per handled event (no unique key, so a double effect
+//! shows).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Integer, Text};
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use outbox::rabbitmq::QueueTopology;
+use uuid::Uuid;
+
+use crate::relay_process::RelayProcess;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Where a scenario's servers are.
+#[derive(Debug, Clone)]
+pub struct Servers {
+    /// PostgreSQL URL.
+    pub database_url: String,
+    /// RabbitMQ URL.
+    pub amqp_url: String,
+}
+
+impl Servers {
+    /// The shared local servers ([`crate::servers::database_url`],
+    /// [`crate::servers::amqp_url`]).
+    pub fn shared() -> Servers {
+        Servers {
+            database_url: crate::servers::database_url(),
+            amqp_url: crate::servers::amqp_url(),
+        }
+    }
+}
+
+/// A scenario's names and connections; everything it created is removed on
+/// drop (also when the test fails).
+pub struct Scenario {
+    /// Unique name: prefix of the schema, exchange, queues and of every
+    /// connection name of this scenario.
+    pub name: String,
+    /// The servers.
+    pub servers: Servers,
+    /// PostgreSQL schema of the outbox, inbox, `orders` and `effects`.
+    pub schema: String,
+    /// The topic exchange the relay publishes to.
+    pub exchange: String,
+    /// Queue bound with `#`, read by the verifying [`Tap`](crate::Tap).
+    pub tap_queue: String,
+    /// Queue bound with `#`, read by the inbox consumer.
+    pub inbox_queue: String,
+    pool: Pool<AsyncPgConnection>,
+    faults: Mutex<Vec<(Instant, String)>>,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scenario")
+            .field("name", &self.name)
+            .field(
+                "database_url",
+                &outbox::redact_url(&self.servers.database_url),
+            )
+            .field("amqp_url", &outbox::redact_url(&self.servers.amqp_url))
+            .field("faults", &self.faults())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One committed event, from the `orders` table.
+#[derive(Debug, Clone, QueryableByName)]
+pub struct Committed {
+    /// Event id.
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    pub event_id: Uuid,
+    /// Aggregate id.
+    #[diesel(sql_type = Text)]
+    pub aggregate: String,
+    /// The producer's sequence number within the aggregate.
+    #[diesel(sql_type = Integer)]
+    pub seq: i32,
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(QueryableByName)]
+struct EffectCount {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    event_id: Uuid,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+impl Scenario {
+    /// Creates the schema (outbox migrations plus `orders` and `effects`),
+    /// the exchange and both queues. Panics, saying how to start them, when
+    /// the servers are not reachable.
+    pub async fn new(test: &str, servers: Servers) -> Scenario {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("fault_{test}_{}_{n}", std::process::id());
+        let schema = name.clone();
+        outbox::postgres::migrate_url(&servers.database_url, &schema)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "PostgreSQL at {}: {e}; start it with scripts/dev-services",
+                    outbox::redact_url(&servers.database_url)
+                )
+            });
+        let mut conn = connect_db(&servers.database_url).await;
+        conn.batch_execute(&format!(
+            "CREATE TABLE \"{schema}\".orders (event_id uuid PRIMARY KEY, \
+               aggregate text NOT NULL, seq integer NOT NULL); \
+             CREATE TABLE \"{schema}\".effects (event_id uuid NOT NULL, consumer text NOT NULL);"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("creating the business tables: {e}"));
+        let scenario = Scenario {
+            exchange: format!("{name}.x"),
+            tap_queue: format!("{name}.tap"),
+            inbox_queue: format!("{name}.inbox"),
+            pool: outbox::postgres::pool(&servers.database_url, 4)
+                .unwrap_or_else(|e| panic!("pool: {e}")),
+            name,
+            servers,
+            schema,
+            faults: Mutex::default(),
+            started: Instant::now(),
+        };
+        scenario.declare_topology().await;
+        scenario
+    }
+
+    async fn declare_topology(&self) {
+        let amqp = connect_amqp(&self.servers.amqp_url, &format!("{}.setup", self.name)).await;
+        let channel = amqp
+            .create_channel()
+            .await
+            .unwrap_or_else(|e| panic!("channel: {e}"));
+        channel
+            .exchange_declare(
+                self.exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("exchange: {e}"));
+        channel
+            .queue_declare(
+                self.tap_queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("tap queue: {e}"));
+        channel
+            .queue_bind(
+                self.tap_queue.as_str().into(),
+                self.exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("tap binding: {e}"));
+        self.inbox_topology()
+            .declare(&channel)
+            .await
+            .unwrap_or_else(|e| panic!("inbox topology: {e}"));
+        let _ = amqp.close(200, "setup done".into()).await;
+    }
+
+    /// The inbox consumer's queue: bound to the exchange with `#`, with
+    /// its dead-letter exchange and queue (`<queue>.dlx`, `<queue>.dead`).
+    pub fn inbox_topology(&self) -> QueueTopology {
+        QueueTopology::new(&self.inbox_queue)
+            .exchange(&self.exchange)
+            .bind("#")
+    }
+
+    /// A pool on the scenario's database.
+    pub fn pool(&self) -> Pool<AsyncPgConnection> {
+        self.pool.clone()
+    }
+
+    /// Starts a relay child process named `<scenario>.<name>` (its AMQP
+    /// connection and PostgreSQL `application_name` carry the name), built
+    /// from `binary` (the test's `env!("CARGO_BIN_EXE_outbox-fault-relay")`).
+    /// With `crash_at`, the process SIGKILLs itself the `nth` time it
+    /// reaches that failpoint.
+    pub fn spawn_relay(
+        &self,
+        binary: &str,
+        name: &str,
+        crash_at: Option<(&'static str, u32)>,
+    ) -> RelayProcess {
+        RelayProcess::spawn(binary, self, &format!("{}.{name}", self.name), crash_at)
+    }
+
+    /// Notes a fault injected now (counted and timed in the summary).
+    pub fn fault(&self, what: impl Into<String>) {
+        let what = what.into();
+        tracing::info!(scenario = %self.name, fault = %what, "fault injected");
+        if let Ok(mut faults) = self.faults.lock() {
+            faults.push((Instant::now(), what));
+        }
+    }
+
+    /// How many faults were injected so far.
+    pub fn faults(&self) -> usize {
+        self.faults.lock().map_or(0, |f| f.len())
+    }
+
+    fn last_fault(&self) -> Instant {
+        self.faults
+            .lock()
+            .ok()
+            .and_then(|f| f.last().map(|(at, _)| *at))
+            .unwrap_or(self.started)
+    }
+
+    async fn query<T: QueryableByName<diesel::pg::Pg> + Send + 'static>(
+        &self,
+        sql: String,
+    ) -> Result<Vec<T>, String> {
+        let mut conn = self.pool.get().await.map_err(|e| e.to_string())?;
+        diesel::sql_query(sql)
+            .load::<T>(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn count(&self, sql: String) -> Result<i64, String> {
+        Ok(self
+            .query::<Count>(sql)
+            .await?
+            .iter()
+            .map(|c| c.n)
+            .next()
+            .unwrap_or(0))
+    }
+
+    /// Outbox rows not yet sent (pending, retrying or dead).
+    pub async fn unsent(&self) -> Result<i64, String> {
+        self.count(format!(
+            "SELECT count(*) AS n FROM \"{}\".outbox_events WHERE status <> 'sent'",
+            self.schema
+        ))
+        .await
+    }
+
+    /// Every committed event (the `orders` table), in commit order per
+    /// aggregate.
+    pub async fn committed(&self) -> Result<Vec<Committed>, String> {
+        self.query(format!(
+            "SELECT event_id, aggregate, seq FROM \"{}\".orders ORDER BY aggregate, seq",
+            self.schema
+        ))
+        .await
+    }
+
+    async fn effects(&self) -> Result<HashMap<Uuid, i64>, String> {
+        Ok(self
+            .query::<EffectCount>(format!(
+                "SELECT event_id, count(*) AS n FROM \"{}\".effects GROUP BY event_id",
+                self.schema
+            ))
+            .await?
+            .into_iter()
+            .map(|e| (e.event_id, e.n))
+            .collect())
+    }
+
+    /// Waits (up to `limit`) until the outbox holds no unsent row, the tap
+    /// has received and the inbox consumer has applied every committed
+    /// event; then checks every guarantee and prints the scenario's summary
+    /// line. Panics, with what is missing, when a guarantee does not hold.
+    ///
+    /// The checks: every committed event delivered at least once; nothing
+    /// delivered that was not committed (`rolled_back` are the ids of
+    /// transactions the producers rolled back on purpose); per aggregate,
+    /// first deliveries in commit order; each committed event applied
+    /// exactly once by the inbox consumer and nothing else applied; no
+    /// unsent row left.
+    pub async fn verify(
+        &self,
+        tap: &crate::Tap,
+        produced: &crate::Produced,
+        limit: Duration,
+    ) -> Summary {
+        let deadline = Instant::now() + limit;
+        let (committed, effects) = loop {
+            let state = async {
+                let committed = self.committed().await?;
+                let unsent = self.unsent().await?;
+                let effects = self.effects().await?;
+                Ok::<_, String>((committed, unsent, effects))
+            }
+            .await;
+            let pending = match &state {
+                Ok((committed, unsent, effects)) => {
+                    let received = tap.unique_ids();
+                    let missing = committed
+                        .iter()
+                        .filter(|c| !received.contains(&c.event_id))
+                        .count();
+                    let unapplied = committed
+                        .iter()
+                        .filter(|c| !effects.contains_key(&c.event_id))
+                        .count();
+                    if *unsent == 0 && missing == 0 && unapplied == 0 {
+                        break state.map(|(c, _, e)| (c, e)).unwrap_or_default();
+                    }
+                    format!(
+                        "{} committed, {unsent} unsent in the outbox, {missing} not received, \
+                         {unapplied} not applied by the inbox consumer",
+                        committed.len()
+                    )
+                }
+                Err(e) => format!("database not answering: {e}"),
+            };
+            assert!(
+                Instant::now() < deadline,
+                "{}: not drained {limit:?} after the last fault: {pending}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let drain = self.last_fault().elapsed();
+        // Late duplicates (a publish confirmed after its relay died) would
+        // still be in flight; give them a moment to land.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
+        let deliveries = tap.deliveries();
+        let committed_ids: HashSet<Uuid> = committed.iter().map(|c| c.event_id).collect();
+        let phantom: Vec<&crate::Delivery> = deliveries
+            .iter()
+            .filter(|d| !committed_ids.contains(&d.id))
+            .collect();
+        assert!(
+            phantom.is_empty(),
+            "{}: {} deliveries of events never committed, e.g. {:?}",
+            self.name,
+            phantom.len(),
+            <[_]>::first(&phantom)
+        );
+        let rolled_back_delivered = produced
+            .rolled_back
+            .iter()
+            .filter(|id| tap.unique_ids().contains(id))
+            .count();
+        assert_eq!(
+            rolled_back_delivered, 0,
+            "{}: events of rolled-back transactions were delivered",
+            self.name
+        );
+
+        // Per-aggregate order of first deliveries.
+        let mut seen = HashSet::new();
+        let mut last_seq: HashMap<&str, i32> = HashMap::new();
+        let mut duplicates = 0;
+        let mut redeliveries = 0;
+        for d in &deliveries {
+            if !seen.insert(d.id) {
+                if d.redelivered {
+                    redeliveries += 1;
+                } else {
+                    duplicates += 1;
+                }
+                continue;
+            }
+            if let Some(previous) = last_seq.insert(d.aggregate.as_str(), d.seq) {
+                assert!(
+                    previous < d.seq,
+                    "{}: aggregate {} delivered seq {} after {previous}",
+                    self.name,
+                    d.aggregate,
+                    d.seq
+                );
+            }
+        }
+
+        // Inbox: each committed event applied exactly once, nothing else.
+        let twice: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
+        assert!(
+            twice.is_empty(),
+            "{}: {} events applied more than once by the inbox consumer, e.g. {:?}",
+            self.name,
+            twice.len(),
+            <[_]>::first(&twice)
+        );
+        assert!(
+            effects.keys().all(|id| committed_ids.contains(id)),
+            "{}: the inbox consumer applied an event never committed",
+            self.name
+        );
+
+        let summary = Summary {
+            scenario: self.name.clone(),
+            events: committed.len(),
+            rolled_back: produced.rolled_back.len(),
+            failed_transactions: produced.failed,
+            faults: self.faults(),
+            deliveries: deliveries.len(),
+            duplicates,
+            redeliveries,
+            drain_after_last_fault: drain,
+        };
+        let line = summary.to_string();
+        tracing::info!("{line}");
+        // The summary line is the suite's report: shown with --nocapture
+        // and kept in the captured output of a failing test.
+        #[allow(clippy::print_stdout)]
+        {
+            println!("{line}");
+        }
+        summary
+    }
+}
+
+/// What a scenario measured; printed as one line.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Scenario name.
+    pub scenario: String,
+    /// Committed events.
+    pub events: usize,
+    /// Events of transactions rolled back on purpose (never delivered).
+    pub rolled_back: usize,
+    /// Producer transactions that failed (e.g. the database went away);
+    /// their events count as committed only if the `orders` row is there.
+    pub failed_transactions: usize,
+    /// Faults injected.
+    pub faults: usize,
+    /// Messages the tap received, duplicates included.
+    pub deliveries: usize,
+    /// Events published more than once (a relay died between publish and
+    /// mark).
+    pub duplicates: usize,
+    /// Messages the broker delivered again to the tap (flagged
+    /// `redelivered`: the tap's own connection was lost before its ack).
+    pub redeliveries: usize,
+    /// From the last fault until everything was delivered and applied.
+    pub drain_after_last_fault: Duration,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "FAULT SUMMARY {}: events={} rolled_back={} failed_tx={} faults={} deliveries={} \
+             duplicates={} redeliveries={} drain_after_last_fault={:.2}s",
+            self.scenario,
+            self.events,
+            self.rolled_back,
+            self.failed_transactions,
+            self.faults,
+            self.deliveries,
+            self.duplicates,
+            self.redeliveries,
+            self.drain_after_last_fault.as_secs_f64()
+        )
+    }
+}
+
+/// A direct connection, or a panic saying how to start PostgreSQL.
+pub async fn connect_db(url: &str) -> AsyncPgConnection {
+    AsyncPgConnection::establish(url).await.unwrap_or_else(|e| {
+        panic!(
+            "PostgreSQL not reachable at {}: {e}; start it with scripts/dev-services",
+            outbox::redact_url(url)
+        )
+    })
+}
+
+/// An AMQP connection named `name`, or a panic saying how to start RabbitMQ.
+pub async fn connect_amqp(url: &str, name: &str) -> Connection {
+    Connection::connect(
+        url,
+        ConnectionProperties::default().with_connection_name(name.into()),
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "RabbitMQ not reachable at {}: {e}; start it with scripts/dev-services",
+            outbox::redact_url(url)
+        )
+    })
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        let database_url = self.servers.database_url.clone();
+        let amqp_url = self.servers.amqp_url.clone();
+        let schema = self.schema.clone();
+        let queues = [
+            self.tap_queue.clone(),
+            self.inbox_queue.clone(),
+            format!("{}.dead", self.inbox_queue),
+        ];
+        let exchanges = [self.exchange.clone(), format!("{}.dlx", self.inbox_queue)];
+        // A runtime of its own: drop may run outside one, or while the
+        // test's runtime is shutting down.
+        let cleanup = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                    // Sessions of the scenario (a consumer task still
+                    // running while a failed test unwinds) may take new
+                    // locks between the terminate and the drop: retry.
+                    for _ in 0..5 {
+                        let Ok(mut conn) = AsyncPgConnection::establish(&database_url).await else {
+                            break;
+                        };
+                        let dropped = conn
+                            .batch_execute(&format!(
+                                "SET lock_timeout = '1s'; \
+                                 SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
+                                 JOIN pg_class c ON c.oid = l.relation \
+                                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                                 WHERE n.nspname = '{schema}' AND l.pid <> pg_backend_pid(); \
+                                 DROP SCHEMA IF EXISTS \"{schema}\" CASCADE;"
+                            ))
+                            .await;
+                        if dropped.is_ok() {
+                            break;
+                        }
+                    }
+                    if let Ok(amqp) =
+                        Connection::connect(&amqp_url, ConnectionProperties::default()).await
+                        && let Ok(channel) = amqp.create_channel().await
+                    {
+                        for queue in &queues {
+                            let _ = channel
+                                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                                .await;
+                        }
+                        for exchange in &exchanges {
+                            let _ = channel
+                                .exchange_delete(
+                                    exchange.as_str().into(),
+                                    ExchangeDeleteOptions::default(),
+                                )
+                                .await;
+                        }
+                        let _ = amqp.close(200, "cleanup".into()).await;
+                    }
+                })
+                .await;
+            });
+        });
+        let _ = cleanup.join();
+    }
+}

@@ -1,0 +1,404 @@
+//! The servers a scenario runs against: the shared local PostgreSQL and
+//! RabbitMQ (`DATABASE_URL`, `AMQP_URL`), or a private instance of either,
+//! started for one scenario on its own port so that it can be stopped,
+//! restarted and broken without touching any other test.
+//!
+//! Private instances need the server binaries of `scripts/dev-services`
+//! (Debian's `postgresql` and `rabbitmq-server` packages). Run as root, the
+//! harness starts them as the `postgres` and `rabbitmq` users (`runuser`),
+//! as those servers refuse to run as root or keep their cookie there.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The shared PostgreSQL: `DATABASE_URL`, or the local default.
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// The shared RabbitMQ: `AMQP_URL`, or the local default.
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// A port nobody listens on right now, on loopback.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// `program` as `user` when running as root (servers refuse root), else as
+/// the current user.
+fn as_service_user(user: &str, program: &Path) -> Command {
+    if running_as_root() {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", user, "--"]).arg(program);
+        cmd
+    } else {
+        Command::new(program)
+    }
+}
+
+/// A private directory for a server, owned by `user` when running as root.
+fn server_dir(kind: &str, user: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "outbox-{kind}-{}-{}",
+        std::process::id(),
+        uuid::Uuid::now_v7().simple()
+    ));
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    if running_as_root() {
+        run(Command::new("chown").arg(user).arg(&dir), "chown");
+    }
+    dir
+}
+
+/// Runs `cmd` to completion; panics with its output when it fails.
+fn run(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {cmd:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn wait_for_port(port: u16, limit: Duration, what: &str) {
+    let deadline = Instant::now() + limit;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} does not listen on 127.0.0.1:{port} after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The directory of PostgreSQL's server programs (`initdb`, `pg_ctl`):
+/// `PG_BIN`, else `pg_config --bindir`, else the newest
+/// `/usr/lib/postgresql/*/bin` holding `initdb`.
+fn postgres_bin() -> PathBuf {
+    if let Ok(dir) = std::env::var("PG_BIN") {
+        return PathBuf::from(dir);
+    }
+    let has_initdb = |dir: &Path| dir.join("initdb").is_file();
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if has_initdb(&dir) {
+            return dir;
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("bin"))
+        .filter(|dir| has_initdb(dir))
+        .collect();
+    found.sort_by_key(|dir| {
+        dir.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    found.pop().unwrap_or_else(|| {
+        panic!(
+            "PostgreSQL's initdb not found (set PG_BIN, or install the server with \
+             scripts/dev-services)"
+        )
+    })
+}
+
+/// A throwaway PostgreSQL cluster (`initdb`) on its own port, for
+/// scenarios that restart or stop the database. Removed on drop.
+#[derive(Debug)]
+pub struct PrivatePostgres {
+    dir: PathBuf,
+    bin: PathBuf,
+    port: u16,
+}
+
+impl PrivatePostgres {
+    /// Creates and starts the cluster (a few seconds). Trust auth for user
+    /// `postgres` on 127.0.0.1 only; `fsync` off, since only the server
+    /// process (never the machine) goes down in these tests.
+    pub fn start() -> PrivatePostgres {
+        let bin = postgres_bin();
+        let dir = server_dir("pg", "postgres");
+        let data = dir.join("data");
+        run(
+            as_service_user("postgres", &bin.join("initdb"))
+                .args([
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                    "-D",
+                ])
+                .arg(&data),
+            "initdb",
+        );
+        let pg = PrivatePostgres {
+            dir,
+            bin,
+            port: free_port(),
+        };
+        pg.pg_ctl_start();
+        pg
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn pg_ctl(&self) -> Command {
+        let mut cmd = as_service_user("postgres", &self.bin.join("pg_ctl"));
+        cmd.arg("-D").arg(self.dir.join("data"));
+        cmd
+    }
+
+    fn pg_ctl_start(&self) {
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off -c max_connections=100",
+            self.port,
+            self.dir.display()
+        );
+        run(
+            self.pg_ctl()
+                .args(["-w", "-t", "60", "-l"])
+                .arg(self.dir.join("log"))
+                .args(["-o", &options, "start"]),
+            "pg_ctl start",
+        );
+    }
+
+    /// Stops the server the hard way (`pg_ctl stop -m immediate`: every
+    /// backend dies without a checkpoint, as in a crash) and starts it
+    /// again; it runs crash recovery on start.
+    pub fn crash_restart(&self, down_for: Duration) {
+        run(
+            self.pg_ctl().args(["-w", "-m", "immediate", "stop"]),
+            "pg_ctl stop",
+        );
+        std::thread::sleep(down_for);
+        self.pg_ctl_start();
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = self
+            .pg_ctl()
+            .args(["-w", "-m", "immediate", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const RABBITMQ_LIB: &str = "/usr/lib/rabbitmq/bin";
+
+/// A second RabbitMQ node on its own ports, for scenarios that stop the
+/// broker. Stopped and removed on drop.
+#[derive(Debug)]
+pub struct PrivateRabbit {
+    dir: PathBuf,
+    node: String,
+    port: u16,
+    server: std::process::Child,
+}
+
+impl PrivateRabbit {
+    /// Boots the node (10–20 s on two cores) and waits until it accepts
+    /// AMQP connections. No plugins, guest allowed on loopback.
+    pub fn start() -> PrivateRabbit {
+        let dir = server_dir("rabbit", "rabbitmq");
+        let port = free_port();
+        let dist_port = free_port();
+        let node = format!(
+            "outbox-{}-{}@localhost",
+            std::process::id(),
+            uuid::Uuid::now_v7().simple()
+        );
+        let config = dir.join("rabbitmq.conf");
+        let plugins = dir.join("enabled_plugins");
+        let written = std::fs::write(
+            &config,
+            format!("listeners.tcp.default = 127.0.0.1:{port}\n"),
+        )
+        .and_then(|()| std::fs::write(&plugins, "[].\n"));
+        written.unwrap_or_else(|e| panic!("cannot write {}: {e}", dir.display()));
+        if running_as_root() {
+            run(
+                Command::new("chown").arg("-R").arg("rabbitmq").arg(&dir),
+                "chown",
+            );
+        }
+        let program = Path::new(RABBITMQ_LIB).join("rabbitmq-server");
+        assert!(
+            program.is_file(),
+            "{} not found: install RabbitMQ with scripts/dev-services",
+            program.display()
+        );
+        let log = std::fs::File::create(dir.join("server.log"))
+            .unwrap_or_else(|e| panic!("cannot create the node's log: {e}"));
+        let log_err = log
+            .try_clone()
+            .unwrap_or_else(|e| panic!("cannot clone the log handle: {e}"));
+        let server = Self::env(as_service_user("rabbitmq", &program), &dir)
+            .env("RABBITMQ_NODENAME", &node)
+            .env("RABBITMQ_NODE_PORT", port.to_string())
+            .env("RABBITMQ_DIST_PORT", dist_port.to_string())
+            .env("RABBITMQ_CONFIG_FILE", &config)
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", &plugins)
+            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start rabbitmq-server: {e}"));
+        let rabbit = PrivateRabbit {
+            dir,
+            node,
+            port,
+            server,
+        };
+        wait_for_port(
+            rabbit.port,
+            Duration::from_secs(90),
+            "the private RabbitMQ node",
+        );
+        rabbit.ctl(&["await_startup"]);
+        rabbit
+    }
+
+    /// The environment every RabbitMQ script of this node gets: the
+    /// rabbitmq user's home (its Erlang cookie) and no system env file
+    /// (which would pin the node name of the shared broker).
+    fn env(mut cmd: Command, dir: &Path) -> Command {
+        let home = if running_as_root() {
+            PathBuf::from("/var/lib/rabbitmq")
+        } else {
+            std::env::var_os("HOME").map_or_else(|| dir.to_path_buf(), PathBuf::from)
+        };
+        cmd.current_dir(dir)
+            .env("HOME", home)
+            .env("RABBITMQ_CONF_ENV_FILE", "/dev/null");
+        cmd
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:PORT/%2f`.
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// Runs `rabbitmqctl -n NODE ARGS...` and returns its output.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        let program = Path::new(RABBITMQ_LIB).join("rabbitmqctl");
+        let mut cmd = Self::env(as_service_user("rabbitmq", &program), &self.dir);
+        cmd.args(["-q", "-n", &self.node]).args(args);
+        run(&mut cmd, "rabbitmqctl")
+    }
+
+    /// `rabbitmqctl stop_app`: every connection drops and the port closes;
+    /// durable queues and persistent messages stay on disk.
+    pub fn stop_app(&self) {
+        self.ctl(&["stop_app"]);
+    }
+
+    /// `rabbitmqctl start_app`, then waits until the port accepts again.
+    pub fn start_app(&self) {
+        self.ctl(&["start_app"]);
+        wait_for_port(
+            self.port,
+            Duration::from_secs(60),
+            "the restarted RabbitMQ node",
+        );
+    }
+
+    /// How many client connections have a name starting with `prefix`.
+    pub fn count_connections(&self, prefix: &str) -> usize {
+        close_connections(
+            &self.ctl(&["list_connections", "pid", "client_properties"]),
+            prefix,
+            |_| {},
+        )
+    }
+
+    /// Force-closes every client connection whose name starts with
+    /// `prefix`; returns how many.
+    pub fn close_connections(&self, prefix: &str) -> usize {
+        close_connections(
+            &self.ctl(&["list_connections", "pid", "client_properties"]),
+            prefix,
+            |pid| {
+                self.ctl(&["close_connection", pid, "fault injected by test"]);
+            },
+        )
+    }
+}
+
+/// Force-closes the connections of the shared broker whose client-provided
+/// name starts with `prefix`; returns how many.
+pub fn close_shared_connections(prefix: &str) -> usize {
+    let listing = run(
+        Command::new("rabbitmqctl").args(["-q", "list_connections", "pid", "client_properties"]),
+        "rabbitmqctl list_connections",
+    );
+    close_connections(&listing, prefix, |pid| {
+        run(
+            Command::new("rabbitmqctl").args(["close_connection", pid, "fault injected by test"]),
+            "rabbitmqctl close_connection",
+        );
+    })
+}
+
+fn close_connections(listing: &str, prefix: &str, close: impl Fn(&str)) -> usize {
+    let pattern = format!("{{\"connection_name\",\"{prefix}");
+    listing
+        .lines()
+        .filter(|line| line.contains(&pattern))
+        .filter_map(|line| line.split_whitespace().next())
+        .inspect(|pid| close(pid))
+        .count()
+}
+
+impl Drop for PrivateRabbit {
+    fn drop(&mut self) {
+        let program = Path::new(RABBITMQ_LIB).join("rabbitmqctl");
+        let _ = Self::env(as_service_user("rabbitmq", &program), &self.dir)
+            .args(["-q", "-n", &self.node, "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
