@@ -164,9 +164,8 @@ impl EventEnvelope {
     ///
     /// # Errors
     /// [`Error::Serialize`] if the payload cannot be serialized (e.g. a map
-    /// with non-string keys), [`Error::InvalidEvent`] if the aggregate type,
-    /// aggregate id or event type is empty or contains a NUL character
-    /// (PostgreSQL text cannot hold one).
+    /// with non-string keys), [`Error::InvalidEvent`] if the envelope breaks
+    /// an invariant of [`EventEnvelope::validate`].
     pub fn from_event<E: DomainEvent + ?Sized>(event: &E) -> Result<Self, Error> {
         let event_type = event.event_type();
         let payload = serde_json::to_string(event)
@@ -187,22 +186,55 @@ impl EventEnvelope {
         Ok(envelope)
     }
 
-    /// Checks the invariants every store relies on; see [`EventEnvelope::from_event`].
+    /// The longest aggregate id, in bytes (UTF-8). Stores index it (the
+    /// PostgreSQL outbox's index entries are limited to 2,704 bytes), and
+    /// it travels in two message headers.
+    pub const MAX_AGGREGATE_ID_BYTES: usize = 2048;
+    /// The longest aggregate type, event type, header name and correlation
+    /// id, in bytes: they become AMQP short strings (`type` property, header
+    /// names, `correlation_id` property, routing key), which hold 255.
+    pub const MAX_SHORT_BYTES: usize = 255;
+
+    /// Checks the invariants every store and publisher relies on:
+    /// aggregate type, aggregate id and event type are not empty and hold no
+    /// NUL character (PostgreSQL text cannot hold one); the aggregate id is
+    /// at most [`MAX_AGGREGATE_ID_BYTES`](Self::MAX_AGGREGATE_ID_BYTES); the
+    /// aggregate type, event type, every header name and the correlation id
+    /// at most [`MAX_SHORT_BYTES`](Self::MAX_SHORT_BYTES); header names are
+    /// not empty and no header holds a NUL character.
     ///
     /// # Errors
     /// [`Error::InvalidEvent`] naming the offending field.
     pub fn validate(&self) -> Result<(), Error> {
         let fields = [
-            ("aggregate_type", self.aggregate_type.as_str()),
-            ("aggregate_id", self.aggregate_id.as_str()),
-            ("event_type", self.event_type.as_str()),
+            (
+                "aggregate_type",
+                self.aggregate_type.as_str(),
+                Self::MAX_SHORT_BYTES,
+            ),
+            (
+                "aggregate_id",
+                self.aggregate_id.as_str(),
+                Self::MAX_AGGREGATE_ID_BYTES,
+            ),
+            (
+                "event_type",
+                self.event_type.as_str(),
+                Self::MAX_SHORT_BYTES,
+            ),
         ];
-        for (field, value) in fields {
+        for (field, value, max) in fields {
             if value.is_empty() {
                 return Err(self.invalid(format!("{field} is empty")));
             }
             if value.contains('\0') {
                 return Err(self.invalid(format!("{field} contains a NUL character")));
+            }
+            if value.len() > max {
+                return Err(self.invalid(format!(
+                    "{field} is {} bytes long; at most {max} are allowed",
+                    value.len()
+                )));
             }
         }
         if let Some((key, _)) = self
@@ -212,6 +244,28 @@ impl EventEnvelope {
         {
             return Err(self.invalid(format!(
                 "header {key:?} is empty or contains a NUL character"
+            )));
+        }
+        if let Some((key, _)) = self
+            .headers
+            .iter()
+            .find(|(k, _)| k.len() > Self::MAX_SHORT_BYTES)
+        {
+            return Err(self.invalid(format!(
+                "header name {}… is {} bytes long; at most {} are allowed",
+                key.chars().take(20).collect::<String>(),
+                key.len(),
+                Self::MAX_SHORT_BYTES
+            )));
+        }
+        if let Some(correlation) = self.headers.get(Headers::CORRELATION_ID)
+            && correlation.len() > Self::MAX_SHORT_BYTES
+        {
+            return Err(self.invalid(format!(
+                "header {} is {} bytes long; at most {} are allowed",
+                Headers::CORRELATION_ID,
+                correlation.len(),
+                Self::MAX_SHORT_BYTES
             )));
         }
         Ok(())
@@ -402,6 +456,62 @@ mod tests {
         .unwrap()
         .with_header("bad", "nul\0");
         assert!(env.validate().is_err());
+    }
+
+    #[test]
+    fn lengths_beyond_the_wire_and_index_limits_are_rejected() {
+        let ok = |id: String| {
+            EventEnvelope::from_event(&Placed { id, body: () }).map(|e| e.aggregate_id.len())
+        };
+        let max = EventEnvelope::MAX_AGGREGATE_ID_BYTES;
+        assert_eq!(
+            ok("é".repeat(max / 2)).unwrap(),
+            max,
+            "bytes, not characters"
+        );
+        let err = ok(format!("{}x", "é".repeat(max / 2))).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidEvent { reason, .. }
+                if reason == "aggregate_id is 2049 bytes long; at most 2048 are allowed"),
+            "{err:?}"
+        );
+        let env = || {
+            EventEnvelope::from_event(&Placed {
+                id: "o".into(),
+                body: (),
+            })
+            .unwrap()
+        };
+        let short = EventEnvelope::MAX_SHORT_BYTES;
+        assert!(
+            env()
+                .with_correlation_id("c".repeat(short))
+                .validate()
+                .is_ok()
+        );
+        assert!(
+            env()
+                .with_correlation_id("c".repeat(short + 1))
+                .validate()
+                .is_err()
+        );
+        assert!(env().with_header("h".repeat(short), "v").validate().is_ok());
+        assert!(
+            env()
+                .with_header("h".repeat(short + 1), "v")
+                .validate()
+                .is_err()
+        );
+        // Other header values are AMQP long strings: any length.
+        assert!(
+            env()
+                .with_header("note", "n".repeat(10_000))
+                .validate()
+                .is_ok()
+        );
+        let mut long_type = env();
+        long_type.event_type = "t".repeat(short + 1);
+        assert!(long_type.validate().is_err());
     }
 
     #[test]

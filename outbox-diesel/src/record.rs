@@ -40,7 +40,11 @@ use crate::{Error, Result};
 #[derive(Debug, Clone)]
 pub struct Outbox {
     schema: Schema,
+    /// Many events: one `INSERT … SELECT FROM UNNEST` of arrays.
     insert_sql: String,
+    /// One event (the common case): a plain `INSERT … VALUES`, which
+    /// PostgreSQL plans and runs cheaper than the array path.
+    insert_one_sql: String,
     notify: bool,
 }
 
@@ -71,20 +75,29 @@ impl Outbox {
              schema_version, payload, headers, occurred_at)",
             table = schema.table("outbox_events"),
         );
+        let insert_one = format!(
+            "INSERT INTO {table} (id, aggregate_type, aggregate_id, aggregate_version, \
+             event_type, schema_version, payload, headers, occurred_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7::json, $8::jsonb, $9)",
+            table = schema.table("outbox_events"),
+        );
         // One NOTIFY per statement; PostgreSQL also folds identical
         // notifications of one transaction into one.
-        let insert_sql = if notify {
-            format!(
-                "WITH inserted AS ({insert} RETURNING 1) \
-                 SELECT pg_notify('{channel}', '') FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row",
-                channel = schema.channel().replace('\'', "''"),
-            )
-        } else {
-            insert
+        let with_notify = |insert: String| {
+            if notify {
+                format!(
+                    "WITH inserted AS ({insert} RETURNING 1) \
+                     SELECT pg_notify('{channel}', '') FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row",
+                    channel = schema.channel().replace('\'', "''"),
+                )
+            } else {
+                insert
+            }
         };
         Outbox {
+            insert_sql: with_notify(insert),
+            insert_one_sql: with_notify(insert_one),
             schema,
-            insert_sql,
             notify,
         }
     }
@@ -115,6 +128,20 @@ impl Outbox {
         &self,
         envelopes: &[EventEnvelope],
     ) -> Result<BoxedSqlQuery<'static, Pg, SqlQuery>> {
+        if let [envelope] = envelopes {
+            envelope.validate()?;
+            return Ok(diesel::sql_query(self.insert_one_sql.clone())
+                .into_boxed()
+                .bind::<diesel::sql_types::Uuid, _>(envelope.id)
+                .bind::<Text, _>(envelope.aggregate_type.clone())
+                .bind::<Text, _>(envelope.aggregate_id.clone())
+                .bind::<Nullable<BigInt>, _>(envelope.aggregate_version)
+                .bind::<Text, _>(envelope.event_type.clone())
+                .bind::<Integer, _>(envelope.schema_version)
+                .bind::<Text, _>(envelope.payload.clone())
+                .bind::<Text, _>(headers_json(&envelope.headers))
+                .bind::<Timestamptz, _>(envelope.occurred_at));
+        }
         let n = envelopes.len();
         let mut ids = Vec::with_capacity(n);
         let mut aggregate_types = Vec::with_capacity(n);

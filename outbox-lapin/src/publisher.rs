@@ -8,7 +8,9 @@ use std::time::Duration;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::protocol::AMQPErrorKind;
 use lapin::types::FieldTable;
-use lapin::{Channel, Confirmation, Connection, ErrorKind, ExchangeKind};
+use lapin::{
+    Channel, Confirmation, Connection, ConnectionStatus, ErrorKind, ExchangeKind, PublisherConfirm,
+};
 use outbox_core::{EventEnvelope, PublishOutcome, Publisher, failpoints};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -31,6 +33,9 @@ pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
 /// - One connection and one confirm-mode channel. A batch is published
 ///   pipelined (every message sent before any confirm is awaited), then all
 ///   confirms are awaited within [`confirm_timeout`](LapinPublisherBuilder::confirm_timeout).
+///   Concurrent batches (the relay's [`concurrency`](outbox_core::RelayBuilder::concurrency))
+///   share the channel: each sends under a lock and awaits its confirms
+///   outside it, so one batch's confirm wait overlaps the next one's send.
 /// - `mandatory = true` and `delivery_mode = 2`: an unroutable message comes
 ///   back as a return, which counts as a failure, never as sent.
 /// - Only `basic.ack` without a return is [`PublishOutcome::Acked`]. A return
@@ -77,8 +82,12 @@ struct Inner {
 
 struct Session {
     connection: Connection,
-    channel: Channel,
+    /// Confirm-mode channels not in use by a batch right now.
+    idle: Vec<Channel>,
 }
+
+/// Idle channels kept per connection; more are closed when returned.
+const MAX_IDLE_CHANNELS: usize = 8;
 
 impl fmt::Debug for LapinPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -294,7 +303,7 @@ impl LapinPublisher {
             );
             *session = Some(Session {
                 connection,
-                channel,
+                idle: vec![channel],
             });
         }
         session
@@ -329,13 +338,55 @@ impl LapinPublisher {
         }
     }
 
-    /// Publishes `events` pipelined on `channel` and awaits their confirms.
-    async fn round(
+    /// Why `envelope` cannot be put on the wire, if it cannot: it breaks an
+    /// invariant of [`EventEnvelope::validate`] (an envelope built by hand
+    /// or stored by another writer), or its exchange name or routing key is
+    /// longer than an AMQP short string holds (255 bytes).
+    fn unsendable(&self, envelope: &EventEnvelope) -> Option<String> {
+        if let Err(err) = envelope.validate() {
+            return Some(err.to_string());
+        }
+        let too_long = |what: &str, value: String| {
+            (value.len() > EventEnvelope::MAX_SHORT_BYTES).then(|| {
+                format!(
+                    "{what} is {} bytes long; AMQP allows at most {}",
+                    value.len(),
+                    EventEnvelope::MAX_SHORT_BYTES
+                )
+            })
+        };
+        too_long("the exchange name", self.exchange(envelope))
+            .or_else(|| too_long("the routing key", self.routing_key(envelope)))
+    }
+
+    /// A fresh channel after the broker closed the last one. While the old
+    /// channel is still closing (another batch's message closed it a moment
+    /// ago), lapin refuses to open one: retry for up to a second as long as
+    /// the connection is up.
+    async fn reopen_channel(
         &self,
         connection: &Connection,
+    ) -> std::result::Result<Channel, String> {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            match self.open_channel(connection).await {
+                Ok(channel) => return Ok(channel),
+                Err(err) if connection.status().connected() && Instant::now() < deadline => {
+                    tracing::debug!(error = %err, "channel not reopened yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(err) => return Err(format!("cannot reopen a channel: {err}")),
+            }
+        }
+    }
+
+    /// Sends `events` pipelined on `channel`; returns each publish's
+    /// confirm (or the error of sending it). Awaits no confirm.
+    async fn send(
+        &self,
         channel: &Channel,
         events: &[&EventEnvelope],
-    ) -> Vec<Round> {
+    ) -> Vec<lapin::Result<PublisherConfirm>> {
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
@@ -353,7 +404,16 @@ impl LapinPublisher {
                 .await;
             pending.push(sent);
         }
-        failpoints::hit(failpoints::AFTER_PUBLISH_BEFORE_CONFIRM);
+        pending
+    }
+
+    /// Awaits the confirms of a [`send`](Self::send), all within one
+    /// confirm timeout.
+    async fn confirm(
+        &self,
+        connection: &ConnectionStatus,
+        pending: Vec<lapin::Result<PublisherConfirm>>,
+    ) -> Vec<Round> {
         let deadline = Instant::now() + self.inner.confirm_timeout;
         let mut rounds = Vec::with_capacity(pending.len());
         for sent in pending {
@@ -385,13 +445,68 @@ impl LapinPublisher {
         }
         rounds
     }
+
+    /// Under the session lock: connects if needed, checks for a blocked
+    /// connection, and hands out a confirm-mode channel for one batch's
+    /// exclusive use: an idle one, or a `fresh` one. `Err` is the reason
+    /// every event of the batch counts as connection lost.
+    async fn checkout(
+        &self,
+        fresh: bool,
+    ) -> std::result::Result<(ConnectionStatus, Channel), String> {
+        let mut guard = self.inner.session.lock().await;
+        let session = match self.ensure_session(&mut guard).await {
+            Ok(session) => session,
+            Err(err) => {
+                tracing::warn!(error = %err, "outbox publisher cannot connect");
+                return Err(err.to_string());
+            }
+        };
+        let status = session.connection.status().clone();
+        let blocked = status.blocked();
+        metrics::gauge!(BLOCKED_GAUGE).set(if blocked { 1.0 } else { 0.0 });
+        if blocked {
+            tracing::warn!("RabbitMQ blocked the publisher (resource alarm); pausing");
+            return Err(
+                "RabbitMQ blocked publishing (connection.blocked: a memory or disk alarm)".into(),
+            );
+        }
+        if !fresh {
+            while let Some(channel) = session.idle.pop() {
+                if channel.status().connected() {
+                    return Ok((status, channel));
+                }
+            }
+        }
+        let channel = self.reopen_channel(&session.connection).await?;
+        Ok((status, channel))
+    }
+
+    /// Returns a batch's channel to the idle ones if it is still open.
+    async fn checkin(&self, channel: Channel) {
+        if !channel.status().connected() {
+            return;
+        }
+        let mut guard = self.inner.session.lock().await;
+        if let Some(session) = guard.as_mut()
+            && session.connection.status().connected()
+            && session.idle.len() < MAX_IDLE_CHANNELS
+        {
+            session.idle.push(channel);
+            return;
+        }
+        drop(guard);
+        if let Err(error) = channel.close(200, "not needed".into()).await {
+            tracing::debug!(%error, "closing a spare channel failed");
+        }
+    }
 }
 
 /// Sorts a lapin error into "connection lost" (spends nothing) or "the
 /// broker closed the channel" (a message caused it: narrow it down).
-fn classify(connection: &Connection, err: &lapin::Error) -> Round {
+fn classify(connection: &ConnectionStatus, err: &lapin::Error) -> Round {
     let lost = |reason: String| Round::Done(PublishOutcome::connection_lost(reason));
-    if !connection.status().connected() {
+    if !connection.connected() {
         return lost(format!("connection to RabbitMQ lost: {err}"));
     }
     match err.kind() {
@@ -412,52 +527,46 @@ fn classify(connection: &Connection, err: &lapin::Error) -> Round {
 
 impl Publisher for LapinPublisher {
     async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
-        let mut guard = self.inner.session.lock().await;
-        let session = match self.ensure_session(&mut guard).await {
-            Ok(session) => session,
-            Err(err) => {
-                tracing::warn!(error = %err, "outbox publisher cannot connect");
-                let reason = err.to_string();
-                return events
-                    .iter()
-                    .map(|_| PublishOutcome::connection_lost(reason.clone()))
-                    .collect();
-            }
-        };
-        let blocked = session.connection.status().blocked();
-        metrics::gauge!(BLOCKED_GAUGE).set(if blocked { 1.0 } else { 0.0 });
-        if blocked {
-            tracing::warn!("RabbitMQ blocked the publisher (resource alarm); pausing");
-            return events
-                .iter()
-                .map(|_| {
-                    PublishOutcome::connection_lost(
-                        "RabbitMQ blocked publishing (connection.blocked: a memory or disk alarm)",
-                    )
-                })
-                .collect();
-        }
-
         let mut outcomes: Vec<Option<PublishOutcome>> = vec![None; events.len()];
-        // Groups of indexes still to publish; the first is the whole batch.
-        let mut groups: Vec<Vec<usize>> = vec![(0..events.len()).collect()];
-        while let Some(group) = groups.pop() {
-            if !session.channel.status().connected() {
-                match self.open_channel(&session.connection).await {
-                    Ok(channel) => session.channel = channel,
-                    Err(err) => {
-                        let reason = format!("cannot reopen a channel: {err}");
-                        for i in groups.iter().flatten().chain(&group) {
-                            outcomes[*i] = Some(PublishOutcome::connection_lost(reason.clone()));
-                        }
-                        break;
-                    }
+        // What cannot go on the wire at all is rejected without sending.
+        let sendable: Vec<usize> = (0..events.len())
+            .filter(|&i| match self.unsendable(events[i]) {
+                Some(reason) => {
+                    tracing::warn!(event_id = %events[i].id, %reason, "event cannot be published");
+                    outcomes[i] = Some(PublishOutcome::rejected(reason));
+                    false
                 }
+                None => true,
+            })
+            .collect();
+        // Groups of indexes still to publish; the first is the whole batch.
+        let mut groups: Vec<Vec<usize>> = vec![sendable];
+        let mut first = true;
+        while let Some(group) = groups.pop() {
+            if group.is_empty() {
+                continue;
             }
             let batch: Vec<&EventEnvelope> = group.iter().map(|&i| events[i]).collect();
-            let rounds = self
-                .round(&session.connection, &session.channel, &batch)
-                .await;
+            // Each batch in flight has a channel of its own, so the relay's
+            // concurrent batches overlap (one sends while another awaits
+            // confirms) and a message that makes the broker close a channel
+            // fails only its own batch. Narrowing such a failure down runs
+            // on fresh channels. Batches in flight together never share an
+            // aggregate (claims lock them), so per-aggregate order holds.
+            let narrowing = !std::mem::replace(&mut first, false);
+            let (connection, channel) = match self.checkout(narrowing).await {
+                Ok(checked_out) => checked_out,
+                Err(reason) => {
+                    for i in groups.iter().flatten().chain(&group) {
+                        outcomes[*i] = Some(PublishOutcome::connection_lost(reason.clone()));
+                    }
+                    break;
+                }
+            };
+            let pending = self.send(&channel, &batch).await;
+            failpoints::hit(failpoints::AFTER_PUBLISH_BEFORE_CONFIRM);
+            let rounds = self.confirm(&connection, pending).await;
+            self.checkin(channel).await;
             let mut closed = Vec::new();
             let mut closed_reason = String::new();
             for (&i, round) in group.iter().zip(rounds) {

@@ -323,6 +323,106 @@ async fn a_missing_exchange_fails_only_the_events_routed_to_it() {
     broker.cleanup().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_batches_share_the_channel_and_a_bad_one_fails_only_its_culprit() {
+    let broker = Broker::new("concurrent").await;
+    let missing = format!("{}.does-not-exist", broker.exchange);
+    let publisher = LapinPublisher::builder(amqp_url())
+        .exchange(&broker.exchange)
+        .exchange_for(move |e| (e.aggregate_id == "ghost").then(|| missing.clone()))
+        .connection_name("outbox-test-concurrent-batches")
+        .build()
+        .unwrap();
+    // Eight batches in flight at once, as relay loops do; one holds a
+    // message whose exchange does not exist, which closes the shared
+    // channel under the others.
+    let batches: Vec<Vec<EventEnvelope>> = (0..8)
+        .map(|b| {
+            (0..50)
+                .map(|n| {
+                    let aggregate = if b == 3 && n == 20 { "ghost" } else { "real" };
+                    envelope(aggregate, b * 100 + n)
+                })
+                .collect()
+        })
+        .collect();
+    // Like the relay: what comes back `ConnectionLost` is published again
+    // (no attempt spent). A channel error can take the connection down with
+    // it (lapin may still flush frames of the closed channel, which the
+    // broker answers with a connection error), so this loops a few times.
+    let mut final_outcomes: Vec<Vec<Option<PublishOutcome>>> =
+        batches.iter().map(|b| vec![None; b.len()]).collect();
+    for round in 0.. {
+        assert!(
+            round < 20,
+            "still connection-lost after 20 rounds: {final_outcomes:?}"
+        );
+        let todo: Vec<(usize, Vec<usize>)> = final_outcomes
+            .iter()
+            .enumerate()
+            .map(|(b, o)| {
+                (
+                    b,
+                    (0..o.len()).filter(|&n| o[n].is_none()).collect::<Vec<_>>(),
+                )
+            })
+            .filter(|(_, left)| !left.is_empty())
+            .collect();
+        if todo.is_empty() {
+            break;
+        }
+        let results = futures_util::future::join_all(todo.iter().map(|(b, left)| {
+            let publisher = publisher.clone();
+            let refs: Vec<&EventEnvelope> = left.iter().map(|&n| &batches[*b][n]).collect();
+            async move { publisher.publish(&refs).await }
+        }))
+        .await;
+        for ((b, left), outcomes) in todo.iter().zip(results) {
+            for (&n, outcome) in left.iter().zip(outcomes) {
+                if !matches!(outcome, PublishOutcome::ConnectionLost { .. }) {
+                    final_outcomes[*b][n] = Some(outcome);
+                }
+            }
+        }
+    }
+    let mut acked = std::collections::HashSet::new();
+    for (b, (batch, outcomes)) in batches.iter().zip(&final_outcomes).enumerate() {
+        for (n, (env, outcome)) in batch.iter().zip(outcomes).enumerate() {
+            let outcome = outcome.as_ref().unwrap();
+            if env.aggregate_id == "ghost" {
+                assert!(
+                    matches!(outcome, PublishOutcome::Rejected { reason } if reason.contains("404")),
+                    "the ghost is rejected: {outcome:?}"
+                );
+            } else {
+                assert_eq!(*outcome, PublishOutcome::Acked, "batch {b} event {n}");
+                acked.insert(env.id.to_string());
+            }
+        }
+    }
+    let received: std::collections::HashSet<String> = broker
+        .drain()
+        .await
+        .iter()
+        .map(|m| {
+            m.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(acked.len(), 399);
+    assert!(
+        acked.is_subset(&received),
+        "every acked message arrived ({} of {} missing)",
+        acked.difference(&received).count(),
+        acked.len()
+    );
+    broker.cleanup().await;
+}
+
 /// Closes the broker connections whose client-provided name is `name`.
 fn close_connections_named(name: &str) -> usize {
     let out = Command::new("rabbitmqctl")

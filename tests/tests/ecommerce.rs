@@ -33,8 +33,10 @@ use lapin::options::{
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
-use outbox::rabbitmq::{declare_exchange, wire};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
+use outbox::rabbitmq::{DEAD_REASON_HEADER, declare_exchange, wire};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -126,6 +128,23 @@ where
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// What the service has stored: [`Shop::footprint`].
+#[derive(QueryableByName, Debug, Clone, Copy, PartialEq, Eq)]
+struct Footprint {
+    #[diesel(sql_type = BigInt)]
+    orders: i64,
+    #[diesel(sql_type = BigInt)]
+    order_items: i64,
+    #[diesel(sql_type = BigInt)]
+    outbox_events: i64,
+    #[diesel(sql_type = BigInt)]
+    skus: i64,
+    #[diesel(sql_type = BigInt)]
+    available: i64,
+    #[diesel(sql_type = BigInt)]
+    reserved: i64,
+}
 
 /// One test's private e-commerce deployment.
 struct Shop {
@@ -493,6 +512,13 @@ impl Shop {
     /// Publishes an exact copy of `delivery` (body and properties, so the
     /// same `message_id`) straight into `queue`, through the default exchange.
     async fn inject(&self, delivery: &Delivery, queue: &str) {
+        self.publish_to(queue, &delivery.data, delivery.properties.clone())
+            .await;
+    }
+
+    /// Publishes `body` with `properties` straight into `queue`, through the
+    /// default exchange, and waits for the broker's confirm.
+    async fn publish_to(&self, queue: &str, body: &[u8], properties: BasicProperties) {
         let confirm = self
             .channel
             .basic_publish(
@@ -502,14 +528,116 @@ impl Shop {
                     mandatory: true,
                     ..BasicPublishOptions::default()
                 },
-                &delivery.data,
-                delivery.properties.clone(),
+                body,
+                properties,
             )
             .await
             .unwrap()
             .await
             .unwrap();
-        assert_eq!(confirm, Confirmation::Ack(None), "injected into {queue}");
+        assert_eq!(confirm, Confirmation::Ack(None), "published into {queue}");
+    }
+
+    /// Takes exactly `n` messages from the dead-letter queue of consumer
+    /// queue `name`, waiting up to [`DEADLINE`] for them; checks that no
+    /// more follow.
+    async fn dead_letters(&self, name: &str, n: usize) -> Vec<Delivery> {
+        let queue = format!("{}.dead", self.queue(name));
+        let mut dead = Vec::new();
+        let deadline = Instant::now() + DEADLINE;
+        while dead.len() < n {
+            let got = self
+                .channel
+                .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+                .await
+                .unwrap();
+            match got {
+                Some(message) => dead.push(message.delivery),
+                None => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "{queue}: {} of {n} dead letters within {DEADLINE:?}",
+                        dead.len()
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        assert_eq!(self.ready(&queue).await, 0, "{queue}: no more dead letters");
+        dead
+    }
+
+    /// `true` while the process of `role` runs.
+    fn alive(&mut self, role: &str) -> bool {
+        let child = self.children.get_mut(role).expect("a started role");
+        child.try_wait().unwrap().is_none()
+    }
+
+    /// What the API's requests leave behind: rows and stock.
+    async fn footprint(&self) -> Footprint {
+        let mut conn = outbox::postgres::connect(&self.database_url).await.unwrap();
+        diesel::sql_query(
+            "SELECT (SELECT count(*) FROM orders) AS orders, \
+             (SELECT count(*) FROM order_items) AS order_items, \
+             (SELECT count(*) FROM outbox_events) AS outbox_events, \
+             (SELECT count(*) FROM inventory) AS skus, \
+             (SELECT coalesce(sum(available), 0)::bigint FROM inventory) AS available, \
+             (SELECT coalesce(sum(reserved), 0)::bigint FROM inventory) AS reserved",
+        )
+        .get_result(&mut conn)
+        .await
+        .unwrap()
+    }
+
+    /// `POST path` with `body` sent in chunks (`Transfer-Encoding: chunked`,
+    /// no `Content-Length`), over a plain socket.
+    async fn chunked_post(&self, path: &str, body: &[u8]) -> (StatusCode, Value) {
+        use std::io::{Read, Write};
+        let port = self.port;
+        let mut request = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+             Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\
+             Connection: close\r\n\r\n"
+        )
+        .into_bytes();
+        for chunk in body.chunks(8192) {
+            request.extend(format!("{:x}\r\n", chunk.len()).bytes());
+            request.extend(chunk);
+            request.extend(b"\r\n");
+        }
+        request.extend(b"0\r\n\r\n");
+        let response = tokio::task::spawn_blocking(move || {
+            let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            socket
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            socket
+                .set_write_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            // The server may answer (and stop reading) before the end.
+            let _ = socket.write_all(&request);
+            let mut response = Vec::new();
+            let _ = socket.read_to_end(&mut response);
+            String::from_utf8_lossy(&response).into_owned()
+        })
+        .await
+        .unwrap();
+        let status: u16 = response
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+        let (head, payload) = response
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("no body in {response:?}"));
+        // The answer itself may be chunked: take the JSON object in it.
+        let json = payload
+            .find('{')
+            .zip(payload.rfind('}'))
+            .map_or("", |(start, end)| &payload[start..=end]);
+        let body = serde_json::from_str(json)
+            .unwrap_or_else(|e| panic!("a response that is not JSON ({e}): {head}\n{payload}"));
+        (StatusCode::from_u16(status).unwrap(), body)
     }
 
     /// The counter `name{consumer="..."}` on `/metrics` (0 when absent).
@@ -776,14 +904,30 @@ async fn http_errors_are_json_with_the_contract_status_and_change_nothing() {
     shop.set_stock("mug", 3).await;
     let order = shop.place(customer, &[("mug", 1, 100)]).await;
 
-    let json_error = |status: StatusCode, body: &Value, expected: StatusCode, what: &str| {
+    // Every error is `{"error": "..."}` with the contract's status, and
+    // leaves no trace: no order, no item, no outbox event, no stock change.
+    let mut footprint = shop.footprint().await;
+    assert_eq!(
+        (footprint.orders, footprint.outbox_events),
+        (1, 1),
+        "the order placed"
+    );
+    let expect_error = async |(status, body): (StatusCode, Value),
+                              expected: StatusCode,
+                              what: &str,
+                              footprint: &Footprint| {
         assert_eq!(status, expected, "{what}: {body}");
         assert!(
             body["error"].as_str().is_some_and(|e| !e.is_empty()),
             "{what}: errors are {{\"error\": \"...\"}}, got {body}"
         );
+        assert_eq!(
+            &shop.footprint().await,
+            footprint,
+            "{what}: nothing is stored"
+        );
     };
-    let raw = |method: reqwest::Method, path: &str, content_type: &str, body: String| {
+    let raw = |method: reqwest::Method, path: &str, content_type: &str, body: Vec<u8>| {
         shop.request(
             shop.http
                 .request(method, shop.url(path))
@@ -791,52 +935,110 @@ async fn http_errors_are_json_with_the_contract_status_and_change_nothing() {
                 .body(body),
         )
     };
+    let item = |sku: &str, quantity: i64, price: i64| json!({"sku": sku, "quantity": quantity, "unit_price_cents": price});
+    let valid = json!({"customer_id": customer, "items": [item("mug", 1, 1)]});
 
     // 400: malformed JSON, malformed ids in the path.
+    for (what, body) in [
+        ("truncated JSON", b"{\"customer_id\":".to_vec()),
+        (
+            "a trailing comma",
+            format!(r#"{{"customer_id": "{customer}", "items": [],}}"#).into_bytes(),
+        ),
+        ("single quotes", b"{'customer_id': 1}".to_vec()),
+        ("NaN", br#"{"customer_id": NaN}"#.to_vec()),
+        ("an empty body", Vec::new()),
+        ("two documents", format!("{valid} {valid}").into_bytes()),
+        (
+            "invalid UTF-8",
+            [br#"{"customer_id": ""#.as_slice(), &[0xff, 0xfe], br#""}"#].concat(),
+        ),
+    ] {
+        let (s, b) = raw(reqwest::Method::POST, "/orders", "application/json", body).await;
+        expect_error((s, b), StatusCode::BAD_REQUEST, what, &footprint).await;
+    }
     let (s, b) = raw(
-        reqwest::Method::POST,
-        "/orders",
+        reqwest::Method::PUT,
+        "/inventory/mug",
         "application/json",
-        "{\"customer_id\":".into(),
+        b"{\"available\": 1".to_vec(),
     )
     .await;
-    json_error(s, &b, StatusCode::BAD_REQUEST, "malformed JSON");
+    expect_error(
+        (s, b),
+        StatusCode::BAD_REQUEST,
+        "malformed stock JSON",
+        &footprint,
+    )
+    .await;
     for path in [
         "/orders/not-a-uuid",
         "/customers/123/points",
         "/inventory/bad%20sku",
     ] {
-        let (s, b) = shop.get(path).await;
-        json_error(s, &b, StatusCode::BAD_REQUEST, path);
+        expect_error(
+            shop.get(path).await,
+            StatusCode::BAD_REQUEST,
+            path,
+            &footprint,
+        )
+        .await;
     }
     for action in ["pay", "cancel"] {
-        let (s, b) = shop
+        let response = shop
             .post(&format!("/orders/xyz/{action}"), Value::Null)
             .await;
-        json_error(s, &b, StatusCode::BAD_REQUEST, action);
+        expect_error(response, StatusCode::BAD_REQUEST, action, &footprint).await;
     }
 
-    // 415: not JSON.
-    let body = json!({"customer_id": customer, "items": [{"sku": "mug", "quantity": 1, "unit_price_cents": 1}]});
-    let (s, b) = raw(
-        reqwest::Method::POST,
-        "/orders",
+    // 415: a valid body that does not say it is JSON.
+    for content_type in [
         "text/plain",
-        body.to_string(),
+        "application/x-www-form-urlencoded",
+        "application/xml",
+    ] {
+        let (s, b) = raw(
+            reqwest::Method::POST,
+            "/orders",
+            content_type,
+            valid.to_string().into_bytes(),
+        )
+        .await;
+        expect_error(
+            (s, b),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            content_type,
+            &footprint,
+        )
+        .await;
+    }
+    let response = shop
+        .request(shop.http.post(shop.url("/orders")).body(valid.to_string()))
+        .await;
+    expect_error(
+        response,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "no content type",
+        &footprint,
     )
     .await;
-    json_error(s, &b, StatusCode::UNSUPPORTED_MEDIA_TYPE, "text/plain");
     let (s, b) = raw(
         reqwest::Method::PUT,
         "/inventory/mug",
         "application/x-www-form-urlencoded",
-        "available=1".into(),
+        b"available=1".to_vec(),
     )
     .await;
-    json_error(s, &b, StatusCode::UNSUPPORTED_MEDIA_TYPE, "a form");
+    expect_error(
+        (s, b),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "a form",
+        &footprint,
+    )
+    .await;
 
     // 422: well-formed JSON, invalid data.
-    let item = |sku: &str, quantity: i64, price: i64| json!({"sku": sku, "quantity": quantity, "unit_price_cents": price});
+    let nested = format!("{}{}", "[".repeat(30_000), "]".repeat(30_000));
     for (what, body) in [
         ("no items", json!({"customer_id": customer, "items": []})),
         (
@@ -876,57 +1078,126 @@ async fn http_errors_are_json_with_the_contract_status_and_change_nothing() {
             "a malformed sku",
             json!({"customer_id": customer, "items": [item("a b", 1, 1)]}),
         ),
+        ("a string", json!("an order")),
+        ("null", Value::Null),
+        ("an empty object", json!({})),
     ] {
-        let (s, b) = shop.post("/orders", body).await;
-        json_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, what);
+        expect_error(
+            shop.post("/orders", body).await,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            what,
+            &footprint,
+        )
+        .await;
     }
+    // 30,000 nested arrays (60 kB, under the body limit): refused at the
+    // first element, never parsed deeply; the API keeps serving.
+    let (s, b) = raw(
+        reqwest::Method::POST,
+        "/orders",
+        "application/json",
+        nested.into_bytes(),
+    )
+    .await;
+    expect_error(
+        (s, b),
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "30,000 nested arrays",
+        &footprint,
+    )
+    .await;
     for (what, body) in [
         ("negative stock", json!({"available": -1})),
         ("an unknown field", json!({"available": 1, "reserved": 5})),
         ("a string", json!({"available": "many"})),
     ] {
-        let (s, b) = shop.put("/inventory/mug", body).await;
-        json_error(s, &b, StatusCode::UNPROCESSABLE_ENTITY, what);
+        expect_error(
+            shop.put("/inventory/mug", body).await,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            what,
+            &footprint,
+        )
+        .await;
     }
 
     // 404: unknown ids.
     let unknown = Uuid::now_v7();
-    let (s, b) = shop.get(&format!("/orders/{unknown}")).await;
-    json_error(s, &b, StatusCode::NOT_FOUND, "GET unknown order");
+    expect_error(
+        shop.get(&format!("/orders/{unknown}")).await,
+        StatusCode::NOT_FOUND,
+        "GET unknown order",
+        &footprint,
+    )
+    .await;
     for action in ["pay", "cancel"] {
-        let (s, b) = shop
+        let response = shop
             .post(&format!("/orders/{unknown}/{action}"), Value::Null)
             .await;
-        json_error(s, &b, StatusCode::NOT_FOUND, action);
+        expect_error(response, StatusCode::NOT_FOUND, action, &footprint).await;
     }
-    let (s, b) = shop.get("/inventory/unknown-sku").await;
-    json_error(s, &b, StatusCode::NOT_FOUND, "unknown sku");
+    expect_error(
+        shop.get("/inventory/unknown-sku").await,
+        StatusCode::NOT_FOUND,
+        "unknown sku",
+        &footprint,
+    )
+    .await;
+
+    // 413: bodies over the limit (64 KiB), announced or streamed.
+    let pad = "x".repeat(100_000);
+    let big = json!({"customer_id": customer, "items": [item(&"x".repeat(60), 1, 1)], "pad": pad});
+    expect_error(
+        shop.post("/orders", big.clone()).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "an oversized body",
+        &footprint,
+    )
+    .await;
+    expect_error(
+        shop.put("/inventory/mug", json!({"available": 1, "pad": pad}))
+            .await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "an oversized stock body",
+        &footprint,
+    )
+    .await;
+    expect_error(
+        shop.chunked_post("/orders", big.to_string().as_bytes())
+            .await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "an oversized chunked body (no Content-Length)",
+        &footprint,
+    )
+    .await;
 
     // 409: transitions the status does not allow.
     shop.transition(order, "pay", "paid").await;
-    let (s, b) = shop
+    footprint = shop.footprint().await;
+    let response = shop
         .post(&format!("/orders/{order}/pay"), Value::Null)
         .await;
-    json_error(s, &b, StatusCode::CONFLICT, "paying twice");
+    expect_error(response, StatusCode::CONFLICT, "paying twice", &footprint).await;
     shop.transition(order, "cancel", "cancelled").await;
+    footprint = shop.footprint().await;
     for action in ["pay", "cancel"] {
-        let (s, b) = shop
+        let response = shop
             .post(&format!("/orders/{order}/{action}"), Value::Null)
             .await;
-        json_error(s, &b, StatusCode::CONFLICT, action);
+        expect_error(response, StatusCode::CONFLICT, action, &footprint).await;
     }
-
-    // 413: a body over the limit (64 KiB).
-    let big = json!({"customer_id": customer, "items": [item(&"x".repeat(60), 1, 1)], "pad": "x".repeat(100_000)});
-    let (s, b) = shop.post("/orders", big).await;
-    json_error(s, &b, StatusCode::PAYLOAD_TOO_LARGE, "an oversized body");
 
     // Only the successful requests left a trace: one order, three events
     // (placed, paid, cancelled), the stock as set.
-    assert_eq!(shop.count("SELECT count(*) AS n FROM orders").await, 1);
     assert_eq!(
-        shop.count("SELECT count(*) AS n FROM outbox_events").await,
-        3
+        shop.footprint().await,
+        Footprint {
+            orders: 1,
+            order_items: 1,
+            outbox_events: 3,
+            skus: 1,
+            available: 3,
+            reserved: 0,
+        }
     );
     assert_eq!(shop.stock("mug").await, (3, 0));
 
@@ -1073,4 +1344,233 @@ async fn the_all_role_serves_metrics_from_the_start_and_stops_on_sigterm() {
 
     let status = shop.terminate("all");
     assert!(status.success(), "all exited with {status} on SIGTERM");
+}
+
+/// A stand-in event: [`message`] overwrites its type, version and payload.
+#[derive(serde::Serialize)]
+struct Injected;
+
+impl outbox::DomainEvent for Injected {
+    fn aggregate_type(&self) -> &'static str {
+        "order"
+    }
+    fn event_type(&self) -> &'static str {
+        "order.injected"
+    }
+    fn aggregate_id(&self) -> String {
+        "injected".into()
+    }
+}
+
+/// A message to publish into a queue.
+struct Message {
+    id: Uuid,
+    body: Vec<u8>,
+    properties: BasicProperties,
+}
+
+/// A message in the service's wire format: `event_type` at `schema_version`
+/// for order `order`, with `payload`.
+fn message(event_type: &str, schema_version: i32, order: Uuid, payload: &Value) -> Message {
+    let mut envelope = outbox::EventEnvelope::from_event(&Injected).unwrap();
+    envelope.event_type = event_type.into();
+    envelope.schema_version = schema_version;
+    envelope.aggregate_id = order.to_string();
+    envelope.payload = payload.to_string();
+    Message {
+        id: envelope.id,
+        properties: wire::properties(&envelope, "/ecommerce"),
+        body: envelope.payload.into_bytes(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_messages_in_the_consumer_queues_are_dead_lettered_with_the_reason() {
+    let mut shop = Shop::new("malformed").await;
+    // No relay: every message the consumers see is published by the test.
+    shop.start(&["api", "inventory", "loyalty"]).await;
+    shop.set_stock("mug", 5).await;
+    let customer = Uuid::now_v7();
+    let order = shop.place(customer, &[("mug", 1, 100)]).await;
+    let stranger = Uuid::now_v7();
+
+    // Per queue, the bad messages and the reason each must be dead-lettered
+    // with.
+    let loyalty_paid = json!({"order_id": order, "customer_id": stranger, "total_cents": 5000});
+    let placed = json!({"order_id": order, "customer_id": customer, "total_cents": 100,
+        "items": [{"sku": "mug", "quantity": 1, "unit_price_cents": 100}]});
+    let rejected = json!({"order_id": order, "reason": "injected"});
+    let bad: Vec<(&str, &str, Message, &str)> = vec![
+        (
+            "loyalty",
+            "not JSON",
+            Message {
+                body: b"not json {".to_vec(),
+                ..message("order.paid", 1, order, &loyalty_paid)
+            },
+            "cannot decode the message: body is not JSON",
+        ),
+        (
+            "loyalty",
+            "no headers",
+            {
+                let id = Uuid::now_v7();
+                let properties = BasicProperties::default()
+                    .with_message_id(id.to_string().into())
+                    .with_type("order.paid".into())
+                    .with_content_type("application/json".into());
+                Message {
+                    id,
+                    body: loyalty_paid.to_string().into_bytes(),
+                    properties,
+                }
+            },
+            "cannot decode the message: header `aggregate_type` is missing",
+        ),
+        (
+            "loyalty",
+            "an unknown event type",
+            message("order.shipped", 1, order, &json!({"order_id": order})),
+            "unknown event type order.shipped for consumer loyalty",
+        ),
+        (
+            "loyalty",
+            "a schema version it does not read",
+            message("order.paid", 2, order, &loyalty_paid),
+            "unsupported schema_version 2 of order.paid (supported: 1)",
+        ),
+        (
+            "inventory",
+            "an unknown event type",
+            message("order.refunded", 1, order, &json!({"order_id": order})),
+            "unknown event type order.refunded for consumer inventory",
+        ),
+        (
+            "inventory",
+            "a schema version it does not read",
+            message("order.placed", 2, order, &placed),
+            "unsupported schema_version 2 of order.placed (supported: 1)",
+        ),
+        (
+            "orders",
+            "an unknown event type",
+            message("inventory.restocked", 1, order, &json!({"sku": "mug"})),
+            "unknown event type inventory.restocked for consumer orders",
+        ),
+        (
+            "orders",
+            "a schema version it does not read",
+            message("inventory.rejected", 3, order, &rejected),
+            "unsupported schema_version 3 of inventory.rejected (supported: 1)",
+        ),
+    ];
+    for (queue, _, message, _) in &bad {
+        shop.publish_to(
+            &shop.queue(queue),
+            &message.body,
+            message.properties.clone(),
+        )
+        .await;
+    }
+    // Then a valid event, behind the bad ones in the loyalty queue.
+    let paid_order = Uuid::now_v7();
+    let valid = message(
+        "order.paid",
+        1,
+        paid_order,
+        &json!({"order_id": paid_order, "customer_id": customer, "total_cents": 1250}),
+    );
+    shop.publish_to(
+        &shop.queue("loyalty"),
+        &valid.body,
+        valid.properties.clone(),
+    )
+    .await;
+    eventually("the valid event after them is handled", 12, || {
+        shop.points(customer)
+    })
+    .await;
+
+    // Each bad message is in its queue's dead-letter queue, unchanged, with
+    // the reason.
+    for queue in ["loyalty", "inventory", "orders"] {
+        let expected: Vec<_> = bad.iter().filter(|(q, ..)| *q == queue).collect();
+        let dead: HashMap<String, Delivery> = shop
+            .dead_letters(queue, expected.len())
+            .await
+            .into_iter()
+            .map(|letter| {
+                let id = letter.properties.message_id().as_ref().unwrap().to_string();
+                (id, letter)
+            })
+            .collect();
+        for (_, what, message, reason) in expected {
+            let letter = dead
+                .get(&message.id.to_string())
+                .unwrap_or_else(|| panic!("{queue}: {what} was not dead-lettered"));
+            assert_eq!(
+                letter.data, message.body,
+                "{queue}: {what}: the body is kept"
+            );
+            let headers = letter.properties.headers().as_ref().unwrap();
+            let got = wire::header_str(headers, DEAD_REASON_HEADER)
+                .unwrap_or_else(|| panic!("{queue}: {what}: no {DEAD_REASON_HEADER}"));
+            assert!(
+                got.starts_with(reason),
+                "{queue}: {what}: the reason is {got:?}, expected {reason:?}"
+            );
+        }
+        assert_eq!(shop.ready(&shop.queue(queue)).await, 0, "{queue} drained");
+    }
+
+    // None of them was taken as processed: not in the inbox, no effect.
+    let ids: Vec<String> = bad
+        .iter()
+        .map(|(_, _, message, _)| format!("'{}'", message.id))
+        .collect();
+    assert_eq!(
+        shop.count(&format!(
+            "SELECT count(*) AS n FROM inbox_events WHERE event_id IN ({})",
+            ids.join(", ")
+        ))
+        .await,
+        0,
+        "no bad message in the inbox"
+    );
+    assert_eq!(
+        shop.count(&format!(
+            "SELECT count(*) AS n FROM inbox_events WHERE consumer = 'loyalty' AND event_id = '{}'",
+            valid.id
+        ))
+        .await,
+        1,
+        "the valid event is in the inbox"
+    );
+    assert_eq!(shop.inbox_rows("inventory").await, 0);
+    assert_eq!(shop.inbox_rows("orders").await, 0);
+    assert_eq!(
+        shop.points(stranger).await,
+        0,
+        "no points for order.paid v2"
+    );
+    assert_eq!(
+        shop.stock("mug").await,
+        (5, 0),
+        "nothing reserved for order.placed v2"
+    );
+    assert_eq!(
+        shop.status(order).await,
+        "placed",
+        "not rejected by inventory.rejected v3"
+    );
+    assert_eq!(
+        shop.count("SELECT count(*) AS n FROM reservations").await,
+        0,
+        "the inventory recorded nothing"
+    );
+
+    // Every consumer process is still running.
+    for role in ["api", "inventory", "loyalty"] {
+        assert!(shop.alive(role), "the {role} process exited");
+    }
 }

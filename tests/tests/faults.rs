@@ -10,7 +10,7 @@
 //! ([`PrivateRabbit`], [`PrivatePostgres`]); the others use the shared
 //! servers with their own schema, exchange and queues, so the suite runs in
 //! parallel with every other test.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
 

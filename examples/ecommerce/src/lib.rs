@@ -225,7 +225,7 @@ pub async fn run(role: Role, config: Config, shutdown: Shutdown) -> Result<(), E
             run_consumer(
                 config.clone(),
                 pool.clone(),
-                "orders",
+                consumers::orders::Orders::NAME,
                 topology::orders_queue(&config),
                 consumers::orders::Orders,
                 shutdown.clone(),
@@ -238,7 +238,7 @@ pub async fn run(role: Role, config: Config, shutdown: Shutdown) -> Result<(), E
             run_consumer(
                 config.clone(),
                 pool.clone(),
-                "inventory",
+                consumers::inventory::Inventory::NAME,
                 topology::inventory_queue(&config),
                 consumers::inventory::Inventory::default(),
                 shutdown.clone(),
@@ -251,7 +251,7 @@ pub async fn run(role: Role, config: Config, shutdown: Shutdown) -> Result<(), E
             run_consumer(
                 config.clone(),
                 pool.clone(),
-                "loyalty",
+                consumers::loyalty::Loyalty::NAME,
                 topology::loyalty_queue(&config),
                 consumers::loyalty::Loyalty,
                 shutdown.clone(),

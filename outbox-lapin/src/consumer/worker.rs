@@ -8,7 +8,7 @@ use futures_util::FutureExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::AMQPValue;
-use outbox_core::{Headers, InboxDatabase, InboxOutcome, context};
+use outbox_core::{EventEnvelope, Headers, InboxDatabase, InboxOutcome, context};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
@@ -385,6 +385,15 @@ fn inherited_headers(event: &IncomingEvent) -> Headers {
         Headers::TRACESTATE,
     ] {
         if let Some(value) = event.headers.get(key) {
+            if key == Headers::CORRELATION_ID && value.len() > EventEnvelope::MAX_SHORT_BYTES {
+                // Events recorded with it would be refused: carry none.
+                tracing::warn!(
+                    bytes = value.len(),
+                    "incoming correlation id longer than {} bytes: not carried over",
+                    EventEnvelope::MAX_SHORT_BYTES
+                );
+                continue;
+            }
             headers.insert(key, value);
         }
     }

@@ -7,7 +7,7 @@ use diesel_async::AsyncPgConnection;
 use outbox::postgres::{Outbox, PgTransaction};
 use outbox::rabbitmq::{EventHandler, HandlerError, IncomingEvent};
 
-use super::payload;
+use super::{payload, unknown_event_type};
 use crate::db;
 use crate::domain::inventory::{self, ReservationStatus};
 use crate::domain::{
@@ -21,6 +21,9 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// The consumer's name in the inbox (and in its errors).
+    pub const NAME: &'static str = "inventory";
+
     /// Records its events in `outbox`.
     pub fn new(outbox: Outbox) -> Self {
         Inventory { outbox }
@@ -131,12 +134,15 @@ impl EventHandler<PgTransaction> for Inventory {
         event: &IncomingEvent,
     ) -> Result<(), HandlerError> {
         match event.event_type.as_str() {
-            OrderPlaced::EVENT_TYPE => self.reserve(tx, payload(event)?).await,
-            OrderCancelled::EVENT_TYPE => self.release(tx, payload(event)?).await,
-            other => {
-                tracing::debug!(event_type = other, "inventory ignores this event");
-                Ok(())
+            OrderPlaced::EVENT_TYPE => {
+                self.reserve(tx, payload(event, OrderPlaced::SCHEMA_VERSION)?)
+                    .await
             }
+            OrderCancelled::EVENT_TYPE => {
+                self.release(tx, payload(event, OrderCancelled::SCHEMA_VERSION)?)
+                    .await
+            }
+            _ => Err(unknown_event_type(Self::NAME, event)),
         }
     }
 }

@@ -5,7 +5,7 @@ use diesel_async::AsyncPgConnection;
 use outbox::postgres::PgTransaction;
 use outbox::rabbitmq::{EventHandler, HandlerError, IncomingEvent};
 
-use super::payload;
+use super::{payload, unknown_event_type};
 use crate::db;
 use crate::domain::loyalty::{Award, AwardStatus, points_for};
 use crate::domain::{OrderCancelled, OrderPaid};
@@ -15,6 +15,9 @@ use crate::domain::{OrderCancelled, OrderPaid};
 pub struct Loyalty;
 
 impl Loyalty {
+    /// The consumer's name in the inbox (and in its errors).
+    pub const NAME: &'static str = "loyalty";
+
     /// `order.paid`: awards the order's points, once.
     async fn award(conn: &mut AsyncPgConnection, paid: OrderPaid) -> Result<(), HandlerError> {
         let order_id = paid.order_id;
@@ -77,12 +80,13 @@ impl EventHandler<PgTransaction> for Loyalty {
         event: &IncomingEvent,
     ) -> Result<(), HandlerError> {
         match event.event_type.as_str() {
-            OrderPaid::EVENT_TYPE => Self::award(tx, payload(event)?).await,
-            OrderCancelled::EVENT_TYPE => Self::revoke(tx, payload(event)?).await,
-            other => {
-                tracing::debug!(event_type = other, "loyalty ignores this event");
-                Ok(())
+            OrderPaid::EVENT_TYPE => {
+                Self::award(tx, payload(event, OrderPaid::SCHEMA_VERSION)?).await
             }
+            OrderCancelled::EVENT_TYPE => {
+                Self::revoke(tx, payload(event, OrderCancelled::SCHEMA_VERSION)?).await
+            }
+            _ => Err(unknown_event_type(Self::NAME, event)),
         }
     }
 }

@@ -5,7 +5,7 @@ use diesel_async::AsyncPgConnection;
 use outbox::postgres::PgTransaction;
 use outbox::rabbitmq::{EventHandler, HandlerError, IncomingEvent};
 
-use super::payload;
+use super::{payload, schema_version, unknown_event_type};
 use crate::db;
 use crate::domain::{InventoryRejected, InventoryReserved};
 
@@ -14,6 +14,9 @@ use crate::domain::{InventoryRejected, InventoryReserved};
 pub struct Orders;
 
 impl Orders {
+    /// The consumer's name in the inbox (and in its errors).
+    pub const NAME: &'static str = "orders";
+
     /// `inventory.rejected`: `placed` → `rejected`; any other status stays.
     async fn reject(
         conn: &mut AsyncPgConnection,
@@ -42,12 +45,14 @@ impl EventHandler<PgTransaction> for Orders {
         event: &IncomingEvent,
     ) -> Result<(), HandlerError> {
         match event.event_type.as_str() {
-            InventoryRejected::EVENT_TYPE => Self::reject(tx, payload(event)?).await,
-            InventoryReserved::EVENT_TYPE => Ok(()),
-            other => {
-                tracing::debug!(event_type = other, "orders ignores this event");
-                Ok(())
+            InventoryRejected::EVENT_TYPE => {
+                Self::reject(tx, payload(event, InventoryRejected::SCHEMA_VERSION)?).await
             }
+            // Nothing to do, but only for a version this consumer knows.
+            InventoryReserved::EVENT_TYPE => {
+                schema_version(event, InventoryReserved::SCHEMA_VERSION)
+            }
+            _ => Err(unknown_event_type(Self::NAME, event)),
         }
     }
 }
