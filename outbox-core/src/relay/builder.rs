@@ -11,7 +11,7 @@ use crate::{Error, OutboxStore, Publisher, Relay, RelayHandle, RetryPolicy};
 /// |---|---|---|
 /// | [`batch_size`](Self::batch_size) | 100 | events claimed and published per batch |
 /// | [`concurrency`](Self::concurrency) | 2 | batches in flight at once (one publishing while another claims or marks) |
-/// | [`poll_interval`](Self::poll_interval) | 1 s | fallback polling when no wakeup arrives |
+/// | [`poll_interval`](Self::poll_interval) | 1 s | fallback polling when no wakeup arrives: each loop polls once per interval, the loops spread evenly over it |
 /// | [`stats_interval`](Self::stats_interval) | 10 s | how often backlog/dead gauges are refreshed |
 /// | [`shutdown_grace`](Self::shutdown_grace) | 30 s | how long shutdown waits for the batch in flight |
 /// | [`retry`](Self::retry) | [`RetryPolicy::default`] | backoff and attempt limit for failed publishes |

@@ -49,8 +49,11 @@ use waves::Waves;
 /// exclude each other), so per-aggregate order holds as with several relays.
 ///
 /// It wakes up on [`RelayHandle::notify`], on store wakeups
-/// ([`OutboxStore::wakeups`], e.g. PostgreSQL `NOTIFY`) and every
-/// `poll_interval`. It stops on [`RelayHandle::shutdown`] after finishing (or,
+/// ([`OutboxStore::wakeups`], e.g. PostgreSQL `NOTIFY`) and by polling:
+/// each loop polls at a fixed rate of once per `poll_interval`, and the
+/// loops' polls are spread evenly over the interval, so without any wakeup
+/// an event waits at most `poll_interval` / `concurrency` to be claimed. It
+/// stops on [`RelayHandle::shutdown`] after finishing (or,
 /// past the grace period, releasing) the batch in flight.
 ///
 /// ```
@@ -137,8 +140,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             "outbox relay started"
         );
         let pause = Pause::new(self.pause_min, self.pause_max);
-        let loops =
-            futures_util::future::join_all((0..self.concurrency).map(|_| self.main_loop(&pause)));
+        let started = tokio::time::Instant::now();
+        let loops = futures_util::future::join_all(
+            (0..self.concurrency).map(|i| self.main_loop(&pause, self.poll_grid(started, i))),
+        );
         tokio::select! {
             biased;
             _ = loops => {}
@@ -148,14 +153,27 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         info!("outbox relay stopped");
     }
 
-    async fn main_loop(&self, pause: &Pause) {
+    /// The polls of loop `i`: every `poll_interval`, shifted by `i` /
+    /// `concurrency` of it, so that the loops' polls are spread evenly (an
+    /// event committed without a wakeup waits at most `poll_interval` /
+    /// `concurrency` for one) and keep a fixed rate however long claims take.
+    fn poll_grid(&self, started: tokio::time::Instant, i: usize) -> PollGrid {
+        let loops = u32::try_from(self.concurrency.max(1)).unwrap_or(u32::MAX);
+        let i = u32::try_from(i).unwrap_or(0);
+        PollGrid {
+            origin: started + self.poll_interval / loops * i,
+            interval: self.poll_interval,
+        }
+    }
+
+    async fn main_loop(&self, pause: &Pause, polls: PollGrid) {
         let mut wait = false;
         let mut store_backoff = Backoff::new(self.pause_min, self.pause_max);
         while !self.handle.is_shutdown() {
             if wait {
                 tokio::select! {
                     () = self.handle.notified() => {}
-                    () = tokio::time::sleep(self.poll_interval) => {}
+                    () = tokio::time::sleep_until(polls.next_after(tokio::time::Instant::now())) => {}
                     () = self.handle.shutdown_requested() => break,
                 }
             }
@@ -437,5 +455,52 @@ impl Backoff {
 
     fn reset(&mut self) {
         self.current = self.min;
+    }
+}
+
+/// Fixed-rate poll times of one relay loop: `origin + k × interval`.
+#[derive(Debug, Clone, Copy)]
+struct PollGrid {
+    origin: tokio::time::Instant,
+    interval: Duration,
+}
+
+impl PollGrid {
+    /// The first poll time strictly after `now`.
+    fn next_after(self, now: tokio::time::Instant) -> tokio::time::Instant {
+        if now < self.origin {
+            return self.origin;
+        }
+        let interval = self.interval.as_nanos().max(1);
+        let elapsed = (now - self.origin).as_nanos();
+        let k = elapsed / interval + 1;
+        let offset = u64::try_from(k.saturating_mul(interval)).unwrap_or(u64::MAX);
+        self.origin + Duration::from_nanos(offset)
+    }
+}
+
+#[cfg(test)]
+mod poll_grid_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn polls_keep_a_fixed_rate_and_loops_are_spread_evenly() {
+        let origin = tokio::time::Instant::now();
+        let grid = PollGrid {
+            origin,
+            interval: Duration::from_millis(1000),
+        };
+        let at = |ms: u64| origin + Duration::from_millis(ms);
+        assert_eq!(grid.next_after(at(0)), at(1000));
+        assert_eq!(grid.next_after(at(999)), at(1000));
+        assert_eq!(grid.next_after(at(1000)), at(2000), "strictly after");
+        // A claim that took 300 ms does not push the next poll back.
+        assert_eq!(grid.next_after(at(1300)), at(2000));
+        let second = PollGrid {
+            origin: at(500),
+            ..grid
+        };
+        assert_eq!(second.next_after(at(0)), at(500));
+        assert_eq!(second.next_after(at(1000)), at(1500));
     }
 }
