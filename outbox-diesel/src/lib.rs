@@ -187,14 +187,29 @@ pub async fn connect(url: &str) -> Result<AsyncPgConnection> {
         })
 }
 
+/// How long [`pool`]'s `get` waits for a free connection before it fails.
+pub const POOL_WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long [`pool`] waits for a new connection to open before it fails.
+pub const POOL_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A deadpool pool of diesel-async connections to `url`, at most `max_size`.
 /// Connections are opened lazily, on first use.
+///
+/// Getting a connection never waits forever: at most [`POOL_WAIT_TIMEOUT`]
+/// for a free one (an exhausted pool, e.g. a leak or too small a size), and
+/// at most [`POOL_CONNECT_TIMEOUT`] for a new one to open (a database that
+/// does not answer). Both then fail with deadpool's timeout error, which the
+/// relay and the inbox consumer treat as the database being unavailable.
+/// Build your own `Pool` for other limits.
 ///
 /// # Errors
 /// [`Error::Config`] if the pool cannot be built.
 pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncPgConnection>> {
     Pool::builder(AsyncDieselConnectionManager::<AsyncPgConnection>::new(url))
         .max_size(max_size)
+        .runtime(deadpool::Runtime::Tokio1)
+        .wait_timeout(Some(POOL_WAIT_TIMEOUT))
+        .create_timeout(Some(POOL_CONNECT_TIMEOUT))
         .build()
         .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))
 }

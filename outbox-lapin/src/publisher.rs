@@ -48,6 +48,13 @@ pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
 ///   resource alarm) is [`PublishOutcome::ConnectionLost`] for every message
 ///   not yet confirmed: the relay pauses, spends no attempts, and the next
 ///   batch reconnects.
+/// - Known behaviour of the client library: when the broker closes a
+///   channel while later messages of the batch are still queued for it,
+///   lapin may send them after acknowledging the close, and RabbitMQ then
+///   closes the whole connection (`CHANNEL_ERROR - expected 'channel.open'`).
+///   Everything in flight is then `ConnectionLost` (no attempts spent) and
+///   published again after the pause; narrowing down resumes and still ends
+///   with only the culprit rejected (the publisher tests repeat this case).
 ///
 /// The wire format is documented in [`wire`].
 ///

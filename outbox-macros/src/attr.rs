@@ -270,8 +270,12 @@ fn string_value(cx: &mut Ctxt, key: Key, expr: &Expr) -> Option<LitStr> {
     }
 }
 
+/// The longest `aggregate` or `event_type`, in bytes: an AMQP short string
+/// (`outbox_core::EventEnvelope::MAX_SHORT_BYTES`).
+const MAX_NAME_BYTES: usize = 255;
+
 /// An `aggregate` or `event_type` value: a non-empty string of ASCII letters,
-/// digits, `_`, `.` and `-`.
+/// digits, `_`, `.` and `-`, at most 255 bytes.
 fn name_value(cx: &mut Ctxt, key: Key, expr: &Expr) -> Option<Name> {
     let lit = string_value(cx, key, expr)?;
     let value = lit.value();
@@ -281,6 +285,19 @@ fn name_value(cx: &mut Ctxt, key: Key, expr: &Expr) -> Option<Name> {
             format!(
                 "`{}` must not be empty: give a name, e.g. `{}`",
                 key.name(),
+                key.example()
+            ),
+        );
+        return None;
+    }
+    if value.len() > MAX_NAME_BYTES {
+        cx.error_spanned_by(
+            &lit,
+            format!(
+                "`{}` is {} bytes long: at most {MAX_NAME_BYTES} are allowed (it travels as an AMQP \
+                 short string), e.g. `{}`",
+                key.name(),
+                value.len(),
                 key.example()
             ),
         );

@@ -47,9 +47,9 @@
 //! | `#[aggregate_version]` | field | none | [`aggregate_version`] is `Some(field.clone().into())`. At most one per struct or variant. The type must implement `Clone + Into<i64>`: `i8` to `i64`, `u8` to `u32`. `u64`, `usize` and `i128` do not convert losslessly and are rejected by the compiler; store an `i64`. Without the attribute it is `None`. |
 //!
 //! Keys may be spread over several `#[domain_event(...)]` attributes, but each
-//! key may be given only once. `aggregate` and `event_type` must be non-empty
-//! and use only ASCII letters, digits, `_`, `.` and `-` (so they are safe as
-//! AMQP routing keys and metric labels).
+//! key may be given only once. `aggregate` and `event_type` must be non-empty,
+//! at most 255 bytes (AMQP short strings) and use only ASCII letters, digits,
+//! `_`, `.` and `-` (so they are safe as AMQP routing keys and metric labels).
 //!
 //! # Default event type
 //!
