@@ -347,7 +347,7 @@ impl PrivateRabbit {
         close_connections(
             &self.ctl(&["list_connections", "pid", "client_properties"]),
             prefix,
-            |_| {},
+            |_| true,
         )
     }
 
@@ -358,7 +358,12 @@ impl PrivateRabbit {
             &self.ctl(&["list_connections", "pid", "client_properties"]),
             prefix,
             |pid| {
-                self.ctl(&["close_connection", pid, "fault injected by test"]);
+                let program = Path::new(RABBITMQ_LIB).join("rabbitmqctl");
+                Self::env(as_service_user("rabbitmq", &program), &self.dir)
+                    .args(["-q", "-n", &self.node])
+                    .args(["close_connection", pid, "fault injected by test"])
+                    .output()
+                    .is_ok_and(|out| out.status.success())
             },
         )
     }
@@ -372,20 +377,23 @@ pub fn close_shared_connections(prefix: &str) -> usize {
         "rabbitmqctl list_connections",
     );
     close_connections(&listing, prefix, |pid| {
-        run(
-            Command::new("rabbitmqctl").args(["close_connection", pid, "fault injected by test"]),
-            "rabbitmqctl close_connection",
-        );
+        Command::new("rabbitmqctl")
+            .args(["close_connection", pid, "fault injected by test"])
+            .output()
+            .is_ok_and(|out| out.status.success())
     })
 }
 
-fn close_connections(listing: &str, prefix: &str, close: impl Fn(&str)) -> usize {
+/// Runs `close` on the pid of every connection of `listing` whose name
+/// starts with `prefix`; counts those it closed (a connection may be gone
+/// between the listing and the close).
+fn close_connections(listing: &str, prefix: &str, close: impl Fn(&str) -> bool) -> usize {
     let pattern = format!("{{\"connection_name\",\"{prefix}");
     listing
         .lines()
         .filter(|line| line.contains(&pattern))
         .filter_map(|line| line.split_whitespace().next())
-        .inspect(|pid| close(pid))
+        .filter(|pid| close(pid))
         .count()
 }
 

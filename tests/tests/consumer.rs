@@ -10,6 +10,7 @@
 //! fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use outbox_tests::servers::{amqp_url, database_url};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,15 +38,6 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 

@@ -14,6 +14,7 @@
 //! the local servers of `scripts/dev-services`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+use outbox_tests::servers::{amqp_url, database_url};
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::fs::OpenOptions;
@@ -46,15 +47,6 @@ use uuid::Uuid;
 const DEADLINE: Duration = Duration::from_secs(10);
 /// How long a process may take to answer `/healthz` after it was started.
 const STARTUP: Duration = Duration::from_secs(30);
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
 
 /// `url` naming database `name` instead of its own.
 fn with_database(url: &str, name: &str) -> String {

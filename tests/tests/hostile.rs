@@ -15,6 +15,7 @@
 //! `AMQP_URL` (defaults: the local servers of `scripts/dev-services`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use outbox_tests::servers::{amqp_url, database_url};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -41,15 +42,6 @@ use uuid::Uuid;
 
 /// How long an eventual effect (delivery, a mark) may take.
 const WAIT: Duration = Duration::from_secs(60);
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 

@@ -3,8 +3,8 @@
 //! an exchange/queue pair.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use outbox_tests::servers::{amqp_url, database_url};
 use std::collections::{HashMap, HashSet};
-use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,15 +23,6 @@ use outbox::rabbitmq::LapinPublisher;
 use outbox::{DomainEvent, Relay, RelayHandle, RetryPolicy};
 use serde::Serialize;
 use uuid::Uuid;
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -416,26 +407,6 @@ async fn a_missing_exchange_costs_attempts_only_for_its_events() {
     env.cleanup().await;
 }
 
-/// Closes the broker connections whose client-provided name is `name`.
-fn close_connections_named(name: &str) -> usize {
-    let out = Command::new("rabbitmqctl")
-        .args(["-q", "list_connections", "pid", "client_properties"])
-        .output()
-        .expect("rabbitmqctl runs");
-    let listing = String::from_utf8_lossy(&out.stdout);
-    listing
-        .lines()
-        .filter(|line| line.contains(&format!("\"{name}\"")))
-        .filter_map(|line| line.split_whitespace().next())
-        .filter(|pid| {
-            Command::new("rabbitmqctl")
-                .args(["close_connection", pid, "fault injected by test"])
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forced_connection_closes_lose_nothing_and_mark_nothing_unconfirmed() {
     let env = Arc::new(Env::new("conn_close").await);
@@ -466,9 +437,11 @@ async fn forced_connection_closes_lose_nothing_and_mark_nothing_unconfirmed() {
     while faults < 3 && started.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let name = relay_name.clone();
-        faults += tokio::task::spawn_blocking(move || close_connections_named(&name))
-            .await
-            .unwrap();
+        faults += tokio::task::spawn_blocking(move || {
+            outbox_tests::servers::close_shared_connections(&name)
+        })
+        .await
+        .unwrap();
     }
     faulting.store(false, Ordering::Relaxed);
     let ids = producer.await.unwrap();
