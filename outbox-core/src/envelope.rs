@@ -194,48 +194,40 @@ impl EventEnvelope {
     /// id, in bytes: they become AMQP short strings (`type` property, header
     /// names, `correlation_id` property, routing key), which hold 255.
     pub const MAX_SHORT_BYTES: usize = 255;
+    /// The most header bytes (names and values together). AMQP carries all
+    /// message properties in one frame (128 KiB by default in RabbitMQ); a
+    /// larger one makes the broker close the whole connection.
+    pub const MAX_HEADERS_BYTES: usize = 64 * 1024;
 
     /// Checks the invariants every store and publisher relies on:
     /// aggregate type, aggregate id and event type are not empty and hold no
     /// NUL character (PostgreSQL text cannot hold one); the aggregate id is
-    /// at most [`MAX_AGGREGATE_ID_BYTES`](Self::MAX_AGGREGATE_ID_BYTES); the
-    /// aggregate type, event type, every header name and the correlation id
-    /// at most [`MAX_SHORT_BYTES`](Self::MAX_SHORT_BYTES); header names are
-    /// not empty and no header holds a NUL character.
+    /// at most [`MAX_AGGREGATE_ID_BYTES`](Self::MAX_AGGREGATE_ID_BYTES);
+    /// header names are not empty and no header holds a NUL character; and
+    /// everything [`validate_wire`](Self::validate_wire) checks.
     ///
     /// # Errors
     /// [`Error::InvalidEvent`] naming the offending field.
     pub fn validate(&self) -> Result<(), Error> {
         let fields = [
-            (
-                "aggregate_type",
-                self.aggregate_type.as_str(),
-                Self::MAX_SHORT_BYTES,
-            ),
-            (
-                "aggregate_id",
-                self.aggregate_id.as_str(),
-                Self::MAX_AGGREGATE_ID_BYTES,
-            ),
-            (
-                "event_type",
-                self.event_type.as_str(),
-                Self::MAX_SHORT_BYTES,
-            ),
+            ("aggregate_type", self.aggregate_type.as_str()),
+            ("aggregate_id", self.aggregate_id.as_str()),
+            ("event_type", self.event_type.as_str()),
         ];
-        for (field, value, max) in fields {
+        for (field, value) in fields {
             if value.is_empty() {
                 return Err(self.invalid(format!("{field} is empty")));
             }
             if value.contains('\0') {
                 return Err(self.invalid(format!("{field} contains a NUL character")));
             }
-            if value.len() > max {
-                return Err(self.invalid(format!(
-                    "{field} is {} bytes long; at most {max} are allowed",
-                    value.len()
-                )));
-            }
+        }
+        if self.aggregate_id.len() > Self::MAX_AGGREGATE_ID_BYTES {
+            return Err(self.invalid(format!(
+                "aggregate_id is {} bytes long; at most {} are allowed",
+                self.aggregate_id.len(),
+                Self::MAX_AGGREGATE_ID_BYTES
+            )));
         }
         if let Some((key, _)) = self
             .headers
@@ -244,6 +236,37 @@ impl EventEnvelope {
         {
             return Err(self.invalid(format!(
                 "header {key:?} is empty or contains a NUL character"
+            )));
+        }
+        self.validate_wire()
+    }
+
+    /// The part of [`validate`](Self::validate) that AMQP imposes: the
+    /// aggregate type, event type, header names and correlation id fit an
+    /// AMQP short string ([`MAX_SHORT_BYTES`](Self::MAX_SHORT_BYTES)) and
+    /// the headers fit [`MAX_HEADERS_BYTES`](Self::MAX_HEADERS_BYTES).
+    /// Publishers check it before sending an event, whoever stored it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEvent`] naming the offending field.
+    pub fn validate_wire(&self) -> Result<(), Error> {
+        for (field, value) in [
+            ("aggregate_type", self.aggregate_type.as_str()),
+            ("event_type", self.event_type.as_str()),
+        ] {
+            if value.len() > Self::MAX_SHORT_BYTES {
+                return Err(self.invalid(format!(
+                    "{field} is {} bytes long; at most {} are allowed",
+                    value.len(),
+                    Self::MAX_SHORT_BYTES
+                )));
+            }
+        }
+        let header_bytes: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if header_bytes > Self::MAX_HEADERS_BYTES {
+            return Err(self.invalid(format!(
+                "the headers are {header_bytes} bytes long; at most {} are allowed",
+                Self::MAX_HEADERS_BYTES
             )));
         }
         if let Some((key, _)) = self
@@ -502,13 +525,21 @@ mod tests {
                 .validate()
                 .is_err()
         );
-        // Other header values are AMQP long strings: any length.
+        // Other header values are AMQP long strings, within the frame.
         assert!(
             env()
                 .with_header("note", "n".repeat(10_000))
                 .validate()
                 .is_ok()
         );
+        let big = env().with_header("note", "n".repeat(EventEnvelope::MAX_HEADERS_BYTES));
+        assert!(big.validate().is_err());
+        assert!(big.validate_wire().is_err(), "a publisher refuses it too");
+        // The aggregate id limit is the store's, not the wire's.
+        let mut long_id = env();
+        long_id.aggregate_id = "i".repeat(EventEnvelope::MAX_AGGREGATE_ID_BYTES + 1);
+        assert!(long_id.validate().is_err());
+        assert!(long_id.validate_wire().is_ok());
         let mut long_type = env();
         long_type.event_type = "t".repeat(short + 1);
         assert!(long_type.validate().is_err());

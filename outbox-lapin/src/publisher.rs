@@ -1,6 +1,7 @@
 //! [`LapinPublisher`]: the relay's [`Publisher`] on RabbitMQ, with publisher
 //! confirms.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,14 +31,21 @@ pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
 
 /// Publishes outbox events to a RabbitMQ exchange with publisher confirms.
 ///
-/// - One connection and one confirm-mode channel. A batch is published
-///   pipelined (every message sent before any confirm is awaited), then all
-///   confirms are awaited within [`confirm_timeout`](LapinPublisherBuilder::confirm_timeout).
-///   Concurrent batches (the relay's [`concurrency`](outbox_core::RelayBuilder::concurrency))
-///   share the channel: each sends under a lock and awaits its confirms
-///   outside it, so one batch's confirm wait overlaps the next one's send.
+/// - One connection; each batch in flight has a confirm-mode channel of its
+///   own (kept idle between batches when every message of the last one was
+///   answered). A batch is published pipelined (every message sent before
+///   any confirm is awaited), then all confirms are awaited within
+///   [`confirm_timeout`](LapinPublisherBuilder::confirm_timeout). Concurrent
+///   batches (the relay's [`concurrency`](outbox_core::RelayBuilder::concurrency))
+///   overlap: one awaits its confirms while the next sends.
 /// - `mandatory = true` and `delivery_mode = 2`: an unroutable message comes
-///   back as a return, which counts as a failure, never as sent.
+///   back as a return, which counts as a failure, never as sent. Returns are
+///   matched to their messages by `message_id` once every confirm of the
+///   batch is in (lapin attaches a return to whichever confirm completes
+///   next, which may be another message's).
+/// - An event that cannot go on the wire (it breaks
+///   [`EventEnvelope::validate_wire`], or its exchange name or routing key
+///   is over 255 bytes) is [`PublishOutcome::Rejected`] without being sent.
 /// - Only `basic.ack` without a return is [`PublishOutcome::Acked`]. A return
 ///   (`312 NO_ROUTE`), a `basic.nack`, a missing confirm and a channel closed
 ///   by the broker because of a message (404 no such exchange, 406, a message
@@ -52,9 +60,11 @@ pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
 ///   channel while later messages of the batch are still queued for it,
 ///   lapin may send them after acknowledging the close, and RabbitMQ then
 ///   closes the whole connection (`CHANNEL_ERROR - expected 'channel.open'`).
-///   Everything in flight is then `ConnectionLost` (no attempts spent) and
-///   published again after the pause; narrowing down resumes and still ends
-///   with only the culprit rejected (the publisher tests repeat this case).
+///   Everything in flight on the connection is then `ConnectionLost` (no
+///   attempts spent) and published again after the pause, from the whole
+///   batch; the race does not hit every time, so narrowing down eventually
+///   completes with only the culprit rejected (the publisher tests repeat
+///   this case).
 ///
 /// The wire format is documented in [`wire`].
 ///
@@ -89,6 +99,9 @@ struct Inner {
 
 struct Session {
     connection: Connection,
+    /// Counts connections: a channel goes back to the idle ones only if it
+    /// belongs to the current one.
+    generation: u64,
     /// Confirm-mode channels not in use by a batch right now.
     idle: Vec<Channel>,
 }
@@ -283,6 +296,7 @@ impl LapinPublisher {
             .as_ref()
             .is_some_and(|s| s.connection.status().connected());
         if !usable {
+            let previous = session.as_ref().map_or(0, |s| s.generation);
             *session = None;
             let connection = connect(&self.inner.url, &self.inner.connection_name).await?;
             let channel = self.open_channel(&connection).await?;
@@ -308,8 +322,10 @@ impl LapinPublisher {
                 exchange = %self.inner.exchange,
                 "outbox publisher connected"
             );
+            let generation = previous + 1;
             *session = Some(Session {
                 connection,
+                generation,
                 idle: vec![channel],
             });
         }
@@ -345,12 +361,12 @@ impl LapinPublisher {
         }
     }
 
-    /// Why `envelope` cannot be put on the wire, if it cannot: it breaks an
-    /// invariant of [`EventEnvelope::validate`] (an envelope built by hand
-    /// or stored by another writer), or its exchange name or routing key is
-    /// longer than an AMQP short string holds (255 bytes).
+    /// Why `envelope` cannot be put on the wire, if it cannot: it breaks
+    /// [`EventEnvelope::validate_wire`] (an envelope stored by another
+    /// writer, or before the limits were enforced), or its exchange name or
+    /// routing key is longer than an AMQP short string holds (255 bytes).
     fn unsendable(&self, envelope: &EventEnvelope) -> Option<String> {
-        if let Err(err) = envelope.validate() {
+        if let Err(err) = envelope.validate_wire() {
             return Some(err.to_string());
         }
         let too_long = |what: &str, value: String| {
@@ -414,53 +430,93 @@ impl LapinPublisher {
         pending
     }
 
-    /// Awaits the confirms of a [`send`](Self::send), all within one
-    /// confirm timeout.
+    /// Awaits the confirms of a [`send`](Self::send) of `events`, all within
+    /// one confirm timeout. Returns each event's round, and whether the
+    /// channel is clean (every message answered, none timed out or closed
+    /// the channel) and may serve another batch.
+    ///
+    /// Unroutable messages are matched by their returned `message_id`, not
+    /// by the confirm a return came with: lapin hands a `basic.return` to
+    /// whichever confirm completes next, which with a broker's multiple-ack
+    /// may be an earlier message's. Every return precedes its own message's
+    /// ack, so once all confirms are in, all returns are known.
     async fn confirm(
         &self,
         connection: &ConnectionStatus,
+        events: &[&EventEnvelope],
         pending: Vec<lapin::Result<PublisherConfirm>>,
-    ) -> Vec<Round> {
+    ) -> (Vec<Round>, bool) {
         let deadline = Instant::now() + self.inner.confirm_timeout;
         let mut rounds = Vec::with_capacity(pending.len());
+        let mut returned: HashMap<String, String> = HashMap::new();
+        let mut clean = true;
+        let mut note_return = |message: Option<lapin::message::BasicReturnMessage>| {
+            if let Some(message) = message
+                && let Some(id) = message.properties.message_id()
+            {
+                returned.insert(
+                    id.to_string(),
+                    format!(
+                        "returned by the broker as unroutable: {} {} (no queue is bound for \
+                         this routing key on exchange `{}`)",
+                        message.reply_code, message.reply_text, message.exchange
+                    ),
+                );
+            }
+        };
         for sent in pending {
             let outcome = match sent {
-                Err(err) => classify(connection, &err),
+                Err(err) => {
+                    clean = false;
+                    classify(connection, &err)
+                }
                 Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
-                    Err(_) => Round::Done(PublishOutcome::rejected(format!(
-                        "no publisher confirm within {:?}",
-                        self.inner.confirm_timeout
-                    ))),
-                    Ok(Err(err)) => classify(connection, &err),
-                    Ok(Ok(Confirmation::Ack(None))) => Round::Done(PublishOutcome::Acked),
-                    Ok(Ok(Confirmation::Ack(Some(returned)))) => {
+                    Err(_) => {
+                        clean = false;
                         Round::Done(PublishOutcome::rejected(format!(
-                            "returned by the broker as unroutable: {} {} (no queue is bound \
-                             for this routing key on exchange `{}`)",
-                            returned.reply_code, returned.reply_text, self.inner.exchange
+                            "no publisher confirm within {:?}",
+                            self.inner.confirm_timeout
                         )))
                     }
-                    Ok(Ok(Confirmation::Nack(_))) => Round::Done(PublishOutcome::rejected(
-                        "negatively acknowledged (basic.nack) by the broker",
-                    )),
-                    Ok(Ok(Confirmation::NotRequested)) => Round::Done(PublishOutcome::rejected(
-                        "the channel is not in confirm mode",
-                    )),
+                    Ok(Err(err)) => {
+                        clean = false;
+                        classify(connection, &err)
+                    }
+                    Ok(Ok(Confirmation::Ack(message))) => {
+                        note_return(message);
+                        Round::Done(PublishOutcome::Acked)
+                    }
+                    Ok(Ok(Confirmation::Nack(message))) => {
+                        note_return(message);
+                        Round::Done(PublishOutcome::rejected(
+                            "negatively acknowledged (basic.nack) by the broker",
+                        ))
+                    }
+                    Ok(Ok(Confirmation::NotRequested)) => {
+                        clean = false;
+                        Round::Done(PublishOutcome::rejected(
+                            "the channel is not in confirm mode",
+                        ))
+                    }
                 },
             };
             rounds.push(outcome);
         }
-        rounds
+        for (round, event) in rounds.iter_mut().zip(events) {
+            if let Some(reason) = returned.get(&event.id.to_string())
+                && matches!(round, Round::Done(_))
+            {
+                *round = Round::Done(PublishOutcome::rejected(reason.clone()));
+            }
+        }
+        (rounds, clean)
     }
 
     /// Under the session lock: connects if needed, checks for a blocked
     /// connection, and hands out a confirm-mode channel for one batch's
     /// exclusive use: an idle one, or a `fresh` one. `Err` is the reason
     /// every event of the batch counts as connection lost.
-    async fn checkout(
-        &self,
-        fresh: bool,
-    ) -> std::result::Result<(ConnectionStatus, Channel), String> {
+    async fn checkout(&self, fresh: bool) -> std::result::Result<Checkout, String> {
         let mut guard = self.inner.session.lock().await;
         let session = match self.ensure_session(&mut guard).await {
             Ok(session) => session,
@@ -469,8 +525,9 @@ impl LapinPublisher {
                 return Err(err.to_string());
             }
         };
-        let status = session.connection.status().clone();
-        let blocked = status.blocked();
+        let connection = session.connection.status().clone();
+        let generation = session.generation;
+        let blocked = connection.blocked();
         metrics::gauge!(BLOCKED_GAUGE).set(if blocked { 1.0 } else { 0.0 });
         if blocked {
             tracing::warn!("RabbitMQ blocked the publisher (resource alarm); pausing");
@@ -481,32 +538,58 @@ impl LapinPublisher {
         if !fresh {
             while let Some(channel) = session.idle.pop() {
                 if channel.status().connected() {
-                    return Ok((status, channel));
+                    return Ok(Checkout {
+                        connection,
+                        channel,
+                        generation,
+                        fresh: false,
+                    });
                 }
             }
         }
         let channel = self.reopen_channel(&session.connection).await?;
-        Ok((status, channel))
+        Ok(Checkout {
+            connection,
+            channel,
+            generation,
+            fresh: true,
+        })
     }
 
-    /// Returns a batch's channel to the idle ones if it is still open.
-    async fn checkin(&self, channel: Channel) {
+    /// Returns a batch's channel to the idle ones if it is `clean` (every
+    /// message answered), still open and of the current connection;
+    /// otherwise closes it.
+    async fn checkin(&self, checkout: Checkout, clean: bool) {
+        let channel = checkout.channel;
         if !channel.status().connected() {
             return;
         }
-        let mut guard = self.inner.session.lock().await;
-        if let Some(session) = guard.as_mut()
-            && session.connection.status().connected()
-            && session.idle.len() < MAX_IDLE_CHANNELS
-        {
-            session.idle.push(channel);
-            return;
+        if clean {
+            let mut guard = self.inner.session.lock().await;
+            if let Some(session) = guard.as_mut()
+                && session.generation == checkout.generation
+                && session.connection.status().connected()
+                && session.idle.len() < MAX_IDLE_CHANNELS
+            {
+                session.idle.push(channel);
+                return;
+            }
         }
-        drop(guard);
         if let Err(error) = channel.close(200, "not needed".into()).await {
             tracing::debug!(%error, "closing a spare channel failed");
         }
     }
+}
+
+/// A channel handed to one batch.
+struct Checkout {
+    connection: ConnectionStatus,
+    channel: Channel,
+    /// The [`Session::generation`] it belongs to.
+    generation: u64,
+    /// Opened for this batch (not reused): a channel error on it can only
+    /// come from this batch's messages.
+    fresh: bool,
 }
 
 /// Sorts a lapin error into "connection lost" (spends nothing) or "the
@@ -561,8 +644,8 @@ impl Publisher for LapinPublisher {
             // on fresh channels. Batches in flight together never share an
             // aggregate (claims lock them), so per-aggregate order holds.
             let narrowing = !std::mem::replace(&mut first, false);
-            let (connection, channel) = match self.checkout(narrowing).await {
-                Ok(checked_out) => checked_out,
+            let checkout = match self.checkout(narrowing).await {
+                Ok(checkout) => checkout,
                 Err(reason) => {
                     for i in groups.iter().flatten().chain(&group) {
                         outcomes[*i] = Some(PublishOutcome::connection_lost(reason.clone()));
@@ -570,10 +653,11 @@ impl Publisher for LapinPublisher {
                     break;
                 }
             };
-            let pending = self.send(&channel, &batch).await;
+            let pending = self.send(&checkout.channel, &batch).await;
             failpoints::hit(failpoints::AFTER_PUBLISH_BEFORE_CONFIRM);
-            let rounds = self.confirm(&connection, pending).await;
-            self.checkin(channel).await;
+            let (rounds, clean) = self.confirm(&checkout.connection, &batch, pending).await;
+            let fresh = checkout.fresh;
+            self.checkin(checkout, clean).await;
             let mut closed = Vec::new();
             let mut closed_reason = String::new();
             for (&i, round) in group.iter().zip(rounds) {
@@ -588,8 +672,10 @@ impl Publisher for LapinPublisher {
             match closed.len() {
                 0 => {}
                 1 => {
-                    // Alone on a fresh channel and still closing it: the culprit.
-                    if group.len() == 1 {
+                    // Alone on a fresh channel and still closing it: the
+                    // culprit. (On a reused channel, try it once more on a
+                    // fresh one.)
+                    if group.len() == 1 && fresh {
                         outcomes[closed[0]] = Some(PublishOutcome::rejected(closed_reason));
                     } else {
                         groups.push(closed);

@@ -319,7 +319,7 @@ impl Scenario {
         limit: Duration,
     ) -> Summary {
         let deadline = Instant::now() + limit;
-        let (committed, effects) = loop {
+        let committed = loop {
             let state = async {
                 let committed = self.committed().await?;
                 let unsent = self.unsent().await?;
@@ -339,7 +339,7 @@ impl Scenario {
                         .filter(|c| !effects.contains_key(&c.event_id))
                         .count();
                     if *unsent == 0 && missing == 0 && unapplied == 0 {
-                        break state.map(|(c, _, e)| (c, e)).unwrap_or_default();
+                        break state.map(|(c, _, _)| c).unwrap_or_default();
                     }
                     format!(
                         "{} committed, {unsent} unsent in the outbox, {missing} not received, \
@@ -351,15 +351,31 @@ impl Scenario {
             };
             assert!(
                 Instant::now() < deadline,
-                "{}: not drained {limit:?} after the last fault: {pending}",
-                self.name
+                "{}: not drained within {limit:?} of verifying ({:.1} s after the last fault): \
+                 {pending}",
+                self.name,
+                self.last_fault().elapsed().as_secs_f64()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
         let drain = self.last_fault().elapsed();
         // Late duplicates (a publish confirmed after its relay died) would
-        // still be in flight; give them a moment to land.
+        // still be in flight; give them a moment to land, then read the
+        // effects and the outbox again: the final checks see late ones.
         tokio::time::sleep(Duration::from_millis(500)).await;
+        let effects = self
+            .effects()
+            .await
+            .unwrap_or_else(|e| panic!("{}: reading the effects: {e}", self.name));
+        let unsent = self
+            .unsent()
+            .await
+            .unwrap_or_else(|e| panic!("{}: reading the outbox: {e}", self.name));
+        assert_eq!(
+            unsent, 0,
+            "{}: unsent rows appeared after draining",
+            self.name
+        );
 
         let deliveries = tap.deliveries();
         let committed_ids: HashSet<Uuid> = committed.iter().map(|c| c.event_id).collect();

@@ -161,7 +161,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         let loops = u32::try_from(self.concurrency.max(1)).unwrap_or(u32::MAX);
         let i = u32::try_from(i).unwrap_or(0);
         PollGrid {
-            origin: started + self.poll_interval / loops * i,
+            origin: started
+                .checked_add(self.poll_interval / loops * i)
+                .unwrap_or_else(|| started + FAR_FUTURE),
             interval: self.poll_interval,
         }
     }
@@ -458,6 +460,9 @@ impl Backoff {
     }
 }
 
+/// Stands in for "never" in poll times (a year).
+const FAR_FUTURE: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Fixed-rate poll times of one relay loop: `origin + k × interval`.
 #[derive(Debug, Clone, Copy)]
 struct PollGrid {
@@ -475,7 +480,10 @@ impl PollGrid {
         let elapsed = (now - self.origin).as_nanos();
         let k = elapsed / interval + 1;
         let offset = u64::try_from(k.saturating_mul(interval)).unwrap_or(u64::MAX);
-        self.origin + Duration::from_nanos(offset)
+        // A huge interval (polling off in effect) must not overflow.
+        self.origin
+            .checked_add(Duration::from_nanos(offset))
+            .unwrap_or_else(|| now + FAR_FUTURE)
     }
 }
 
@@ -502,5 +510,11 @@ mod poll_grid_tests {
         };
         assert_eq!(second.next_after(at(0)), at(500));
         assert_eq!(second.next_after(at(1000)), at(1500));
+        // Polling effectively off: no overflow.
+        let never = PollGrid {
+            origin,
+            interval: Duration::MAX,
+        };
+        assert!(never.next_after(at(1)) > at(1000 * 3600 * 24 * 300));
     }
 }

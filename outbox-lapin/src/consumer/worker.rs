@@ -193,7 +193,12 @@ where
                             "inbox database unavailable: retrying without spending an attempt"
                         );
                         self.pause(stop).await;
-                        if stopping(stop) {
+                        if !delivery.acker.usable() {
+                            // Its channel is gone (connection lost, or the
+                            // broker's consumer timeout): the broker has
+                            // requeued it and redelivers it.
+                            tracing::debug!("delivery's channel closed during the outage");
+                        } else if stopping(stop) {
                             requeue(&delivery).await;
                         } else {
                             continue;
