@@ -16,6 +16,19 @@ pub enum Error {
         #[source]
         source: lapin::Error,
     },
+    /// The broker accepted the TCP connection but did not complete the AMQP
+    /// handshake in time (a broker still booting or overloaded, or a
+    /// network that drops packets).
+    #[error(
+        "RabbitMQ at {url} did not complete the connection within {after:?}; is it starting, \
+         overloaded, or behind a network that drops packets?"
+    )]
+    ConnectTimeout {
+        /// The URL, with any password redacted.
+        url: String,
+        /// How long it waited.
+        after: std::time::Duration,
+    },
     /// An AMQP operation failed.
     #[error("RabbitMQ operation `{operation}` failed: {source}")]
     Amqp {
@@ -46,10 +59,20 @@ pub(crate) use outbox_core::redact_url;
 /// `rabbitmqctl list_connections client_properties`).
 pub(crate) async fn connect(url: &str, name: &str) -> Result<lapin::Connection> {
     let properties = lapin::ConnectionProperties::default().with_connection_name(name.into());
-    lapin::Connection::connect(url, properties)
-        .await
-        .map_err(|source| Error::Connect {
+    match tokio::time::timeout(CONNECT_TIMEOUT, lapin::Connection::connect(url, properties)).await {
+        Ok(connected) => connected.map_err(|source| Error::Connect {
             url: redact_url(url),
             source,
-        })
+        }),
+        Err(_) => Err(Error::ConnectTimeout {
+            url: redact_url(url),
+            after: CONNECT_TIMEOUT,
+        }),
+    }
 }
+
+/// How long opening a connection may take before it fails with
+/// [`Error::ConnectTimeout`] (and is retried like any lost connection):
+/// without a bound, a broker that accepts TCP but never answers would hold
+/// the publisher (and the relay behind it) or a consumer forever.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -67,7 +67,7 @@ pub use consumer::{
     InboxConsumer, InboxConsumerBuilder, LAST_ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER,
     ORIGINAL_ROUTING_KEY_HEADER, handler_fn, metrics as consumer_metrics,
 };
-pub use error::{Error, Result};
+pub use error::{CONNECT_TIMEOUT, Error, Result};
 pub use publisher::{
     BLOCKED_GAUGE, ExchangeFn, LapinPublisher, LapinPublisherBuilder, RoutingKeyFn,
 };

@@ -1102,3 +1102,44 @@ async fn an_unavailable_database_spends_no_attempts_and_shutdown_requeues() {
     assert_eq!(broker.ready(broker.queue()).await, 0, "acked");
     assert_eq!(broker.ready(broker.dead_letter_queue()).await, 0);
 }
+
+#[tokio::test]
+async fn a_queue_missing_while_reconnecting_is_waited_for_not_fatal() {
+    let broker = Broker::new("queue_gone").await;
+    let calls = Calls::default();
+    let consumer = InboxConsumer::builder(
+        amqp_url(),
+        broker.queue(),
+        broker.consumer_name(),
+        InMemoryInbox::new(),
+        recording(&calls, |_, _| Ok(())),
+    )
+    .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(200))
+    .build()
+    .unwrap();
+    let running = Running::start(consumer);
+    let before = placed("o-1", 1);
+    broker.publish(&before).await;
+    calls.wait_for("the first event", |c| c.len() == 1).await;
+
+    // The queue disappears under the running consumer (as while a broker
+    // restarts and has not recovered it yet): it keeps trying.
+    broker
+        .channel
+        .queue_delete(broker.queue().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !running.task.is_finished(),
+        "run must not stop on a 404 once it has consumed"
+    );
+    // The queue comes back: consuming resumes.
+    broker.topology.declare(&broker.channel).await.unwrap();
+    let after = placed("o-1", 2);
+    broker.publish(&after).await;
+    calls
+        .wait_for("the event after the queue came back", |c| c.len() == 2)
+        .await;
+    running.stop().await;
+}

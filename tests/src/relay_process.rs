@@ -42,6 +42,9 @@ pub struct RelayProcess {
     /// `<scenario>.<name>`.
     pub name: String,
     child: Child,
+    /// Held open: the relay stops when it closes, so a relay never outlives
+    /// a test process that was killed before it could kill the relay.
+    _lifeline: Option<tokio::process::ChildStdin>,
     lines: mpsc::UnboundedReceiver<String>,
 }
 
@@ -59,7 +62,7 @@ impl RelayProcess {
             .env(env::EXCHANGE, &scenario.exchange)
             .env(env::NAME, name)
             .env_remove(env::CRASH_AT)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
@@ -83,6 +86,7 @@ impl RelayProcess {
         }
         RelayProcess {
             name: name.to_owned(),
+            _lifeline: child.stdin.take(),
             child,
             lines,
         }

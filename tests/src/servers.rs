@@ -51,8 +51,27 @@ fn as_service_user(user: &str, program: &Path) -> Command {
     }
 }
 
+/// A server's private directory, removed on drop (also when starting the
+/// server fails half-way).
+#[derive(Debug)]
+struct ServerDir(PathBuf);
+
+impl std::ops::Deref for ServerDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ServerDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A private directory for a server, owned by `user` when running as root.
-fn server_dir(kind: &str, user: &str) -> PathBuf {
+fn server_dir(kind: &str, user: &str) -> ServerDir {
     let dir = std::env::temp_dir().join(format!(
         "outbox-{kind}-{}-{}",
         std::process::id(),
@@ -60,8 +79,9 @@ fn server_dir(kind: &str, user: &str) -> PathBuf {
     ));
     std::fs::create_dir_all(&dir)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    let dir = ServerDir(dir);
     if running_as_root() {
-        run(Command::new("chown").arg(user).arg(&dir), "chown");
+        run(Command::new("chown").arg(user).arg(&*dir), "chown");
     }
     dir
 }
@@ -133,7 +153,7 @@ fn postgres_bin() -> PathBuf {
 /// scenarios that restart or stop the database. Removed on drop.
 #[derive(Debug)]
 pub struct PrivatePostgres {
-    dir: PathBuf,
+    dir: ServerDir,
     bin: PathBuf,
     port: u16,
 }
@@ -217,7 +237,6 @@ impl Drop for PrivatePostgres {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -227,7 +246,7 @@ const RABBITMQ_LIB: &str = "/usr/lib/rabbitmq/bin";
 /// broker. Stopped and removed on drop.
 #[derive(Debug)]
 pub struct PrivateRabbit {
-    dir: PathBuf,
+    dir: ServerDir,
     node: String,
     port: u16,
     server: std::process::Child,
@@ -255,7 +274,7 @@ impl PrivateRabbit {
         written.unwrap_or_else(|e| panic!("cannot write {}: {e}", dir.display()));
         if running_as_root() {
             run(
-                Command::new("chown").arg("-R").arg("rabbitmq").arg(&dir),
+                Command::new("chown").arg("-R").arg("rabbitmq").arg(&*dir),
                 "chown",
             );
         }
@@ -342,13 +361,17 @@ impl PrivateRabbit {
         );
     }
 
-    /// How many client connections have a name starting with `prefix`.
-    pub fn count_connections(&self, prefix: &str) -> usize {
-        close_connections(
-            &self.ctl(&["list_connections", "pid", "client_properties"]),
-            prefix,
-            |_| true,
-        )
+    /// The names of the client connections starting with `prefix`.
+    pub fn connections(&self, prefix: &str) -> Vec<String> {
+        let pattern = format!("{{\"connection_name\",\"{prefix}");
+        self.ctl(&["list_connections", "client_properties"])
+            .lines()
+            .filter_map(|line| {
+                let start = line.find(&pattern)? + pattern.len() - prefix.len();
+                let rest = &line[start..];
+                Some(rest[..rest.find('"')?].to_owned())
+            })
+            .collect()
     }
 
     /// Force-closes every client connection whose name starts with
@@ -407,6 +430,10 @@ impl Drop for PrivateRabbit {
             .status();
         let _ = self.server.kill();
         let _ = self.server.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // Run as root, `server` is the `runuser` wrapper: make sure the
+        // node itself is gone even if `rabbitmqctl stop` failed.
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f", &self.node])
+            .status();
     }
 }

@@ -281,12 +281,12 @@ impl Drop for Tap {
 
 /// Consumes until the connection or the consumer ends.
 async fn consume(url: &str, queue: &str, name: &str, sink: &Mutex<Vec<Delivery>>) {
-    let Ok(conn) = Connection::connect(
+    // Bounded: a broker that is starting may accept TCP and not answer.
+    let connecting = Connection::connect(
         url,
         ConnectionProperties::default().with_connection_name(name.into()),
-    )
-    .await
-    else {
+    );
+    let Ok(Ok(conn)) = tokio::time::timeout(Duration::from_secs(5), connecting).await else {
         return;
     };
     let Ok(channel) = conn.create_channel().await else {

@@ -196,23 +196,29 @@ async fn the_broker_stopped_and_started_while_producers_commit_loses_nothing() {
     }
     // Once the relay, the tap and the consumer are back, close all three.
     let prefix = scenario.name.clone();
+    let wanted = ["relay", "tap", "inbox"].map(|role| format!("{prefix}.{role}"));
     let deadline = Instant::now() + Duration::from_secs(60);
-    let closed = loop {
+    loop {
         let rabbit = std::sync::Arc::clone(&rabbit);
         let prefix = prefix.clone();
-        let closed = tokio::task::spawn_blocking(move || {
-            if rabbit.count_connections(&prefix) >= 3 {
-                rabbit.close_connections(&prefix)
-            } else {
-                0
-            }
-        })
-        .await
-        .unwrap();
-        if closed > 0 || Instant::now() > deadline {
-            break closed;
+        let names = tokio::task::spawn_blocking(move || rabbit.connections(&prefix))
+            .await
+            .unwrap();
+        if wanted.iter().all(|w| names.contains(w)) {
+            break;
         }
+        assert!(
+            Instant::now() < deadline,
+            "60 s after the broker came back, connected are only {names:?} of {wanted:?}"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let closed = {
+        let rabbit = std::sync::Arc::clone(&rabbit);
+        let prefix = prefix.clone();
+        tokio::task::spawn_blocking(move || rabbit.close_connections(&prefix))
+            .await
+            .unwrap()
     };
     assert!(
         closed >= 3,

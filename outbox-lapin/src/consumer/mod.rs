@@ -178,10 +178,12 @@ pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
 /// # Connection loss
 /// The consumer logs the loss, reconnects with a backoff (100 ms doubling to
 /// 10 s by default) and resumes. Unacked deliveries are redelivered by the
-/// broker and deduplicated by the inbox. A queue or dead-letter exchange
-/// that does not exist (`404`), or a refused declaration (`403`, `406`),
-/// stops [`run`](Self::run) with the error instead: those do not heal by
-/// waiting.
+/// broker and deduplicated by the inbox. At start, a queue or dead-letter
+/// exchange that does not exist (`404`), or a refused declaration (`403`,
+/// `406`), stops [`run`](Self::run) with the error instead: a configuration
+/// mistake does not heal by waiting. Once the consumer has run, the same
+/// errors while reconnecting are logged and retried with the backoff: a
+/// restarting broker answers `404` for queues it has not recovered yet.
 ///
 /// # Shutdown
 /// When the `shutdown` future passed to [`run`](Self::run) completes, the
@@ -328,6 +330,10 @@ where
         let mut shutdown = pin!(shutdown);
         let mut backoff = settings.reconnect_min;
         let mut kept_open = None;
+        // Fatal errors stop `run` only before the first session: once the
+        // consumer has run, a 404 or 403 while reconnecting is most likely
+        // the broker restarting (queues recovering), so it keeps trying.
+        let mut has_run = false;
         let result = loop {
             let opened = tokio::select! {
                 biased;
@@ -336,6 +342,7 @@ where
             };
             let reason = match opened {
                 Ok(session) => {
+                    has_run = true;
                     backoff = settings.reconnect_min;
                     tracing::info!(consumer = %settings.name, queue = %settings.queue, "consuming");
                     match consume(&settings, session, &queues, &mut shutdown).await {
@@ -353,9 +360,17 @@ where
                         }
                     }
                 }
-                Err(error) if is_fatal(&error) => {
+                Err(error) if is_fatal(&error) && !has_run => {
                     tracing::error!(consumer = %settings.name, %error, "inbox consumer stops");
                     break Err(error);
+                }
+                Err(error) if is_fatal(&error) => {
+                    tracing::error!(
+                        consumer = %settings.name,
+                        %error,
+                        "inbox consumer cannot resume (the broker may be restarting); retrying"
+                    );
+                    error.to_string()
                 }
                 Err(error) => error.to_string(),
             };

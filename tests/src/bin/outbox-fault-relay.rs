@@ -3,7 +3,8 @@
 //! RabbitMQ publisher of the library, configured from the environment (see
 //! `outbox_tests::relay_process::env`). With `OUTBOX_FAULT_CRASH_AT` set to
 //! a failpoint name it SIGKILLs itself the n-th time the relay reaches that
-//! point, after printing a line saying so. SIGTERM stops it gracefully.
+//! point, after printing a line saying so. SIGTERM, or the end of its stdin
+//! (the parent test process is gone), stops it gracefully.
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -106,8 +107,17 @@ async fn run() -> Result<(), String> {
     let handle = relay.handle();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("SIGTERM handler: {e}"))?;
+    let on_term = handle.clone();
     tokio::spawn(async move {
         terminate.recv().await;
+        on_term.shutdown();
+    });
+    // The parent holds our stdin open; when it goes away (even SIGKILLed),
+    // stdin ends and the relay stops instead of living on as an orphan.
+    std::thread::spawn(move || {
+        use std::io::Read as _;
+        let mut buf = [0u8; 64];
+        while matches!(std::io::stdin().read(&mut buf), Ok(n) if n > 0) {}
         handle.shutdown();
     });
     say(READY_LINE);
