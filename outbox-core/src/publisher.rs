@@ -18,6 +18,14 @@ pub enum PublishOutcome {
         /// A reason a person can act on, stored as the event's `last_error`.
         reason: String,
     },
+    /// The message can never be published as it is (it breaks a limit of
+    /// the wire format, e.g. an over-long header name stored by another
+    /// writer), so it was not sent. Spends an attempt and ends the event
+    /// `Dead` at once, without the retry schedule; replay it once fixed.
+    Unpublishable {
+        /// What is wrong with it, stored as the event's `last_error`.
+        reason: String,
+    },
     /// The connection was lost before the message was confirmed; nothing is
     /// known about it. Spends no attempt: the relay pauses and tries again.
     ConnectionLost {
@@ -30,6 +38,13 @@ impl PublishOutcome {
     /// A [`PublishOutcome::Rejected`] with `reason`.
     pub fn rejected(reason: impl Into<String>) -> Self {
         PublishOutcome::Rejected {
+            reason: reason.into(),
+        }
+    }
+
+    /// A [`PublishOutcome::Unpublishable`] with `reason`.
+    pub fn unpublishable(reason: impl Into<String>) -> Self {
+        PublishOutcome::Unpublishable {
             reason: reason.into(),
         }
     }

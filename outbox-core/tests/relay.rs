@@ -211,6 +211,44 @@ async fn rejections_spend_attempts_and_end_dead_blocking_only_their_aggregate() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_unpublishable_event_ends_dead_at_once_blocking_only_its_aggregate() {
+    let store = InMemoryStore::new();
+    let poison = record(&store, "bad", 0);
+    let held_back = record(&store, "bad", 1);
+    let fine: Vec<Uuid> = (0..3).map(|n| record(&store, "good", n)).collect();
+    let publisher = RecordingPublisher::with_behaviour(move |event| {
+        if event.id == poison {
+            PublishOutcome::unpublishable("header name over 255 bytes")
+        } else {
+            PublishOutcome::Acked
+        }
+    });
+    let (relay, _) = new_relay(&store, &publisher, instant_retries(5));
+    run_until(relay, &store, |s| {
+        s.get(poison).unwrap().status == EventStatus::Dead
+            && fine
+                .iter()
+                .all(|id| s.get(*id).unwrap().status == EventStatus::Sent)
+    })
+    .await;
+    let dead = store.get(poison).unwrap();
+    assert_eq!(dead.attempts, 1, "no retry schedule for a hopeless event");
+    assert_eq!(
+        dead.last_error.as_deref(),
+        Some("header name over 255 bytes")
+    );
+    assert_eq!(
+        publisher
+            .attempts()
+            .iter()
+            .filter(|a| a.id == poison)
+            .count(),
+        1
+    );
+    assert_eq!(store.get(held_back).unwrap().status, EventStatus::Pending);
+}
+
+#[tokio::test(start_paused = true)]
 async fn replay_publishes_in_original_order_and_skip_unblocks() {
     let store = InMemoryStore::new();
     let a0 = record(&store, "a", 0);

@@ -45,7 +45,8 @@ pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
 ///   next, which may be another message's).
 /// - An event that cannot go on the wire (it breaks
 ///   [`EventEnvelope::validate_wire`], or its exchange name or routing key
-///   is over 255 bytes) is [`PublishOutcome::Rejected`] without being sent.
+///   is over 255 bytes) is [`PublishOutcome::Unpublishable`] without being
+///   sent: the relay marks it `Dead` at once.
 /// - Only `basic.ack` without a return is [`PublishOutcome::Acked`]. A return
 ///   (`312 NO_ROUTE`), a `basic.nack`, a missing confirm and a channel closed
 ///   by the broker because of a message (404 no such exchange, 406, a message
@@ -623,7 +624,7 @@ impl Publisher for LapinPublisher {
             .filter(|&i| match self.unsendable(events[i]) {
                 Some(reason) => {
                     tracing::warn!(event_id = %events[i].id, %reason, "event cannot be published");
-                    outcomes[i] = Some(PublishOutcome::rejected(reason));
+                    outcomes[i] = Some(PublishOutcome::unpublishable(reason));
                     false
                 }
                 None => true,

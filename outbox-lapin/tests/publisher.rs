@@ -339,6 +339,49 @@ async fn unroutable_messages_amid_pipelined_batches_are_rejected_exactly() {
     broker.cleanup().await;
 }
 
+#[tokio::test]
+async fn an_event_over_the_wire_limits_is_unpublishable_and_never_sent() {
+    let broker = Broker::new("unpublishable").await;
+    let publisher = broker.publisher("outbox-test-unpublishable");
+    // Stored by another writer: the record-time checks never saw it.
+    let mut long_name = envelope("o-1", 1);
+    long_name.headers.insert("h".repeat(256), "v");
+    let mut huge_headers = envelope("o-2", 1);
+    huge_headers.headers.insert("note", "n".repeat(200 * 1024));
+    let fine = envelope("o-3", 1);
+    let outcomes = publisher.publish(&[&long_name, &huge_headers, &fine]).await;
+    for outcome in &outcomes[..2] {
+        assert!(
+            matches!(outcome, PublishOutcome::Unpublishable { reason } if reason.contains("bytes long")),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(
+        outcomes[2],
+        PublishOutcome::Acked,
+        "its batch neighbour is sent"
+    );
+    let received: Vec<String> = broker
+        .drain()
+        .await
+        .iter()
+        .map(|m| {
+            m.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        received,
+        [fine.id.to_string()],
+        "only the sendable one arrived"
+    );
+    broker.cleanup().await;
+}
+
 /// Publishes `events` and, like the relay, publishes again those that come
 /// back `ConnectionLost` (no attempt spent): a channel error can take the
 /// connection down with it (see the `LapinPublisher` docs), so this loops

@@ -38,6 +38,8 @@ use waves::Waves;
 /// - only [`PublishOutcome::Acked`] marks an event sent;
 /// - [`PublishOutcome::Rejected`] spends an attempt, holds back the rest of
 ///   that aggregate in the batch, and ends in `Dead` at the limit;
+/// - [`PublishOutcome::Unpublishable`] does the same but ends in `Dead` at
+///   once (it cannot succeed by retrying);
 /// - [`PublishOutcome::ConnectionLost`] spends nothing: the rest of the batch
 ///   is released and the relay pauses with exponential backoff before claiming
 ///   again.
@@ -285,35 +287,43 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                             "publisher returned no outcome for this event",
                         )
                     });
-                    match outcome {
-                        PublishOutcome::Acked => sent.push(record.id()),
-                        PublishOutcome::Rejected { reason } => {
-                            let attempts = record.attempts.saturating_add(1);
-                            let next = self.retry.next_step(attempts, Utc::now());
-                            warn!(
-                                event_id = %record.id(),
-                                event_type = %record.envelope.event_type,
-                                attempts,
-                                next = ?next,
-                                %reason,
-                                "outbox relay: publish failed",
-                            );
-                            if next == NextStep::Dead {
-                                report.dead += 1;
-                            }
-                            failures.push(FailedAttempt {
-                                id: record.id(),
-                                attempts,
-                                error: reason,
-                                next,
-                            });
-                            waves.block(i);
+                    let (reason, hopeless) = match outcome {
+                        PublishOutcome::Acked => {
+                            sent.push(record.id());
+                            continue;
                         }
                         PublishOutcome::ConnectionLost { reason } => {
                             report.connection_lost.get_or_insert(reason);
                             waves.block_all();
-                        } // `PublishOutcome` is non-exhaustive for other crates only.
+                            continue;
+                        }
+                        PublishOutcome::Rejected { reason } => (reason, false),
+                        PublishOutcome::Unpublishable { reason } => (reason, true),
+                    }; // `PublishOutcome` is non-exhaustive for other crates only.
+                    let attempts = record.attempts.saturating_add(1);
+                    let next = if hopeless {
+                        NextStep::Dead
+                    } else {
+                        self.retry.next_step(attempts, Utc::now())
+                    };
+                    warn!(
+                        event_id = %record.id(),
+                        event_type = %record.envelope.event_type,
+                        attempts,
+                        next = ?next,
+                        %reason,
+                        "outbox relay: publish failed",
+                    );
+                    if next == NextStep::Dead {
+                        report.dead += 1;
                     }
+                    failures.push(FailedAttempt {
+                        id: record.id(),
+                        attempts,
+                        error: reason,
+                        next,
+                    });
+                    waves.block(i);
                 }
                 if report.connection_lost.is_some() {
                     break;
