@@ -61,6 +61,18 @@ impl Rng {
     }
 }
 
+/// Logs of the library parts running in the test process (inbox consumer,
+/// producers) go to the test's captured output: shown when it fails.
+fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 /// Starts a relay and waits until it runs.
 async fn relay(scenario: &Scenario, name: &str) -> RelayProcess {
     let mut relay = scenario.spawn_relay(RELAY, name, None);
@@ -161,6 +173,7 @@ async fn three_relays_with_random_kills_keep_per_aggregate_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_broker_stopped_and_started_while_producers_commit_loses_nothing() {
+    logs();
     let rabbit = tokio::task::spawn_blocking(PrivateRabbit::start)
         .await
         .unwrap();

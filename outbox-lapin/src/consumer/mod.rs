@@ -338,7 +338,14 @@ where
             let opened = tokio::select! {
                 biased;
                 () = &mut shutdown => break Ok(()),
-                opened = open_session(&settings) => opened,
+                // Bounded as a whole: a broker that is starting may accept
+                // the connection and leave a declaration unanswered.
+                opened = tokio::time::timeout(SESSION_TIMEOUT, open_session(&settings)) => {
+                    opened.unwrap_or_else(|_| Err(Error::ConnectTimeout {
+                        url: redact_url(&settings.url),
+                        after: SESSION_TIMEOUT,
+                    }))
+                }
             };
             let reason = match opened {
                 Ok(session) => {
@@ -408,6 +415,10 @@ where
         result
     }
 }
+
+/// How long connecting, declaring and subscribing may take together before
+/// the consumer gives up on that try and reconnects.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Connects, declares, checks the dead-letter exchange and subscribes.
 async fn open_session(settings: &Settings) -> Result<Session> {

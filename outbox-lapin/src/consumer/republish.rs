@@ -61,20 +61,32 @@ impl Republisher {
         let target = format!("exchange `{exchange}` with routing key `{routing_key}`");
         let exchange = short_string("exchange name", exchange).map_err(|e| e.to_string())?;
         let routing_key = short_string("routing key", routing_key).map_err(|e| e.to_string())?;
-        let channel = self.channel().await.map_err(|e| e.to_string())?;
-        let confirm = channel
-            .basic_publish(
-                exchange,
-                routing_key,
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                properties,
-            )
+        // Opening the channel and sending are bounded too: on a connection
+        // that is going away they could otherwise wait forever.
+        let sending = async {
+            let channel = self.channel().await.map_err(|e| e.to_string())?;
+            channel
+                .basic_publish(
+                    exchange,
+                    routing_key,
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    body,
+                    properties,
+                )
+                .await
+                .map_err(|e| format!("publishing to {target} failed: {e}"))
+        };
+        let confirm = tokio::time::timeout(self.confirm_timeout, sending)
             .await
-            .map_err(|e| format!("publishing to {target} failed: {e}"))?;
+            .map_err(|_| {
+                format!(
+                    "publishing to {target} did not complete within {:?}",
+                    self.confirm_timeout
+                )
+            })??;
         match tokio::time::timeout(self.confirm_timeout, confirm).await {
             Err(_) => Err(format!(
                 "no confirm for the publish to {target} within {:?}",

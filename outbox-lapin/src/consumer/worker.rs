@@ -411,7 +411,12 @@ async fn requeue(delivery: &Delivery) {
         requeue: true,
         multiple: false,
     };
-    match delivery.acker.nack(requeue).await {
+    let Ok(nacked) = tokio::time::timeout(SETTLE_TIMEOUT, delivery.acker.nack(requeue)).await
+    else {
+        tracing::warn!("nack did not complete: the broker requeues the message with its channel");
+        return;
+    };
+    match nacked {
         Ok(true) => {}
         Ok(false) => tracing::warn!(
             "nack not sent: the channel is closed and the broker requeues the message"
@@ -423,8 +428,24 @@ async fn requeue(delivery: &Delivery) {
     }
 }
 
+/// How long an ack or nack may take. On a connection that is going away it
+/// may never complete; the broker then redelivers the message (to be
+/// recognised by the inbox), so the worker moves on instead of waiting.
+const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn ack(delivery: &Delivery) {
-    match delivery.acker.ack(BasicAckOptions::default()).await {
+    let Ok(acked) = tokio::time::timeout(
+        SETTLE_TIMEOUT,
+        delivery.acker.ack(BasicAckOptions::default()),
+    )
+    .await
+    else {
+        tracing::warn!(
+            "ack did not complete: the broker redelivers the message and the inbox recognises it"
+        );
+        return;
+    };
+    match acked {
         Ok(true) => {}
         Ok(false) => tracing::warn!(
             "ack not sent (the channel is closed): the broker redelivers the message and the \
