@@ -362,25 +362,28 @@ impl LapinPublisher {
         }
     }
 
-    /// Why `envelope` cannot be put on the wire, if it cannot: it breaks
+    /// Where `envelope` goes (its exchange and routing key, computed once
+    /// per publish), or why it cannot be put on the wire: it breaks
     /// [`EventEnvelope::validate_wire`] (an envelope stored by another
     /// writer, or before the limits were enforced), or its exchange name or
     /// routing key is longer than an AMQP short string holds (255 bytes).
-    fn unsendable(&self, envelope: &EventEnvelope) -> Option<String> {
-        if let Err(err) = envelope.validate_wire() {
-            return Some(err.to_string());
-        }
-        let too_long = |what: &str, value: String| {
-            (value.len() > EventEnvelope::MAX_SHORT_BYTES).then(|| {
-                format!(
+    fn target(&self, envelope: &EventEnvelope) -> std::result::Result<(String, String), String> {
+        envelope.validate_wire().map_err(|err| err.to_string())?;
+        let fits = |what: &str, value: String| {
+            if value.len() > EventEnvelope::MAX_SHORT_BYTES {
+                Err(format!(
                     "{what} is {} bytes long; AMQP allows at most {}",
                     value.len(),
                     EventEnvelope::MAX_SHORT_BYTES
-                )
-            })
+                ))
+            } else {
+                Ok(value)
+            }
         };
-        too_long("the exchange name", self.exchange(envelope))
-            .or_else(|| too_long("the routing key", self.routing_key(envelope)))
+        Ok((
+            fits("the exchange name", self.exchange(envelope))?,
+            fits("the routing key", self.routing_key(envelope))?,
+        ))
     }
 
     /// A fresh channel after the broker closed the last one. While the old
@@ -410,17 +413,18 @@ impl LapinPublisher {
         &self,
         channel: &Channel,
         events: &[&EventEnvelope],
+        targets: &[&(String, String)],
     ) -> Vec<lapin::Result<PublisherConfirm>> {
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
         let mut pending = Vec::with_capacity(events.len());
-        for envelope in events {
+        for (envelope, (exchange, routing_key)) in events.iter().zip(targets) {
             let sent = channel
                 .basic_publish(
-                    self.exchange(envelope).into(),
-                    self.routing_key(envelope).into(),
+                    exchange.as_str().into(),
+                    routing_key.as_str().into(),
                     options,
                     envelope.payload.as_bytes(),
                     wire::properties(envelope, &self.inner.source),
@@ -620,16 +624,21 @@ impl Publisher for LapinPublisher {
     async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
         let mut outcomes: Vec<Option<PublishOutcome>> = vec![None; events.len()];
         // What cannot go on the wire at all is rejected without sending.
-        let sendable: Vec<usize> = (0..events.len())
-            .filter(|&i| match self.unsendable(events[i]) {
-                Some(reason) => {
-                    tracing::warn!(event_id = %events[i].id, %reason, "event cannot be published");
-                    outcomes[i] = Some(PublishOutcome::unpublishable(reason));
-                    false
+        let mut targets: Vec<(String, String)> = Vec::with_capacity(events.len());
+        let mut sendable: Vec<usize> = Vec::with_capacity(events.len());
+        for (i, envelope) in events.iter().enumerate() {
+            match self.target(envelope) {
+                Ok(target) => {
+                    targets.push(target);
+                    sendable.push(i);
                 }
-                None => true,
-            })
-            .collect();
+                Err(reason) => {
+                    tracing::warn!(event_id = %envelope.id, %reason, "event cannot be published");
+                    outcomes[i] = Some(PublishOutcome::unpublishable(reason));
+                    targets.push(Default::default());
+                }
+            }
+        }
         // Groups of indexes still to publish; the first is the whole batch.
         let mut groups: Vec<Vec<usize>> = vec![sendable];
         let mut first = true;
@@ -654,7 +663,9 @@ impl Publisher for LapinPublisher {
                     break;
                 }
             };
-            let pending = self.send(&checkout.channel, &batch).await;
+            let batch_targets: Vec<&(String, String)> =
+                group.iter().map(|&i| &targets[i]).collect();
+            let pending = self.send(&checkout.channel, &batch, &batch_targets).await;
             failpoints::hit(failpoints::AFTER_PUBLISH_BEFORE_CONFIRM);
             let (rounds, clean) = self.confirm(&checkout.connection, &batch, pending).await;
             let fresh = checkout.fresh;

@@ -96,6 +96,23 @@ impl Broker {
             .unwrap()
     }
 
+    /// Takes every message currently in the queue; returns their ids, in
+    /// arrival order.
+    async fn received_ids(&self) -> Vec<String> {
+        self.drain()
+            .await
+            .iter()
+            .map(|m| {
+                m.delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    }
+
     /// Takes every message currently in the queue.
     async fn drain(&self) -> Vec<lapin::message::BasicGetMessage> {
         let mut messages = Vec::new();
@@ -226,19 +243,7 @@ async fn a_pipelined_batch_is_confirmed_in_full_and_arrives_in_order() {
     let refs: Vec<&EventEnvelope> = envs.iter().collect();
     let outcomes = publisher.publish(&refs).await;
     assert!(outcomes.iter().all(|o| *o == PublishOutcome::Acked));
-    let received: Vec<String> = broker
-        .drain()
-        .await
-        .iter()
-        .map(|m| {
-            m.delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let received = broker.received_ids().await;
     let sent: Vec<String> = envs.iter().map(|e| e.id.to_string()).collect();
     assert_eq!(received, sent);
     broker.cleanup().await;
@@ -318,19 +323,8 @@ async fn unroutable_messages_amid_pipelined_batches_are_rejected_exactly() {
             }
         }
     }
-    let received: std::collections::HashSet<String> = broker
-        .drain()
-        .await
-        .iter()
-        .map(|m| {
-            m.delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let received: std::collections::HashSet<String> =
+        broker.received_ids().await.into_iter().collect();
     assert_eq!(received, acked, "exactly the acked messages arrived");
     let _ = broker
         .channel
@@ -361,19 +355,7 @@ async fn an_event_over_the_wire_limits_is_unpublishable_and_never_sent() {
         PublishOutcome::Acked,
         "its batch neighbour is sent"
     );
-    let received: Vec<String> = broker
-        .drain()
-        .await
-        .iter()
-        .map(|m| {
-            m.delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let received = broker.received_ids().await;
     assert_eq!(
         received,
         [fine.id.to_string()],
@@ -438,19 +420,8 @@ async fn a_missing_exchange_fails_only_the_events_routed_to_it() {
             assert_eq!(*outcome, PublishOutcome::Acked, "event {n}");
         }
     }
-    let received: std::collections::HashSet<String> = broker
-        .drain()
-        .await
-        .iter()
-        .map(|m| {
-            m.delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let received: std::collections::HashSet<String> =
+        broker.received_ids().await.into_iter().collect();
     for (n, env) in envs.iter().enumerate() {
         assert_eq!(received.contains(&env.id.to_string()), n != 4, "event {n}");
     }
@@ -484,48 +455,18 @@ async fn concurrent_batches_overlap_and_a_bad_one_fails_only_its_culprit() {
         })
         .collect();
     // Like the relay: what comes back `ConnectionLost` is published again
-    // (no attempt spent). A channel error can take the connection down with
-    // it (lapin may still flush frames of the closed channel, which the
-    // broker answers with a connection error), so this loops a few times.
-    let mut final_outcomes: Vec<Vec<Option<PublishOutcome>>> =
-        batches.iter().map(|b| vec![None; b.len()]).collect();
-    for round in 0.. {
-        assert!(
-            round < 20,
-            "still connection-lost after 20 rounds: {final_outcomes:?}"
-        );
-        let todo: Vec<(usize, Vec<usize>)> = final_outcomes
-            .iter()
-            .enumerate()
-            .map(|(b, o)| {
-                (
-                    b,
-                    (0..o.len()).filter(|&n| o[n].is_none()).collect::<Vec<_>>(),
-                )
-            })
-            .filter(|(_, left)| !left.is_empty())
-            .collect();
-        if todo.is_empty() {
-            break;
+    // (no attempt spent), see `publish_until_settled`.
+    let final_outcomes = futures_util::future::join_all(batches.iter().map(|batch| {
+        let publisher = publisher.clone();
+        async move {
+            let refs: Vec<&EventEnvelope> = batch.iter().collect();
+            publish_until_settled(&publisher, &refs).await
         }
-        let results = futures_util::future::join_all(todo.iter().map(|(b, left)| {
-            let publisher = publisher.clone();
-            let refs: Vec<&EventEnvelope> = left.iter().map(|&n| &batches[*b][n]).collect();
-            async move { publisher.publish(&refs).await }
-        }))
-        .await;
-        for ((b, left), outcomes) in todo.iter().zip(results) {
-            for (&n, outcome) in left.iter().zip(outcomes) {
-                if !matches!(outcome, PublishOutcome::ConnectionLost { .. }) {
-                    final_outcomes[*b][n] = Some(outcome);
-                }
-            }
-        }
-    }
+    }))
+    .await;
     let mut acked = std::collections::HashSet::new();
     for (b, (batch, outcomes)) in batches.iter().zip(&final_outcomes).enumerate() {
         for (n, (env, outcome)) in batch.iter().zip(outcomes).enumerate() {
-            let outcome = outcome.as_ref().unwrap();
             if env.aggregate_id == "ghost" {
                 assert!(
                     matches!(outcome, PublishOutcome::Rejected { reason } if reason.contains("404")),
@@ -537,19 +478,8 @@ async fn concurrent_batches_overlap_and_a_bad_one_fails_only_its_culprit() {
             }
         }
     }
-    let received: std::collections::HashSet<String> = broker
-        .drain()
-        .await
-        .iter()
-        .map(|m| {
-            m.delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let received: std::collections::HashSet<String> =
+        broker.received_ids().await.into_iter().collect();
     assert_eq!(acked.len(), 399);
     assert!(
         acked.is_subset(&received),

@@ -390,10 +390,11 @@ impl Scenario {
             phantom.len(),
             <[_]>::first(&phantom)
         );
+        let delivered = tap.unique_ids();
         let rolled_back_delivered = produced
             .rolled_back
             .iter()
-            .filter(|id| tap.unique_ids().contains(id))
+            .filter(|id| delivered.contains(id))
             .count();
         assert_eq!(
             rolled_back_delivered, 0,
@@ -511,12 +512,10 @@ impl std::fmt::Display for Summary {
 
 /// A direct connection, or a panic saying how to start PostgreSQL.
 pub async fn connect_db(url: &str) -> AsyncPgConnection {
-    AsyncPgConnection::establish(url).await.unwrap_or_else(|e| {
-        panic!(
-            "PostgreSQL not reachable at {}: {e}; start it with scripts/dev-services",
-            outbox::redact_url(url)
-        )
-    })
+    // The library's error names the (redacted) URL and how to start it.
+    outbox::postgres::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// An AMQP connection named `name`, or a panic saying how to start RabbitMQ.
