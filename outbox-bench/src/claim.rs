@@ -6,7 +6,7 @@ use outbox::postgres::PgOutboxStore;
 use crate::setup::{BoxError, Env, interleaved, median_ms};
 
 /// The cost of one claim of 100, from `EXPLAIN (ANALYZE, BUFFERS)` of its
-/// statements over `runs` runs.
+/// statement over `runs` runs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ClaimCost {
     /// Fastest server-side execution time (ms): the least disturbed run.
@@ -26,7 +26,7 @@ pub(crate) async fn claim_cost(env: &Env, runs: usize) -> Result<ClaimCost, BoxE
     let mut times = Vec::with_capacity(runs);
     let mut buffers = Vec::with_capacity(runs);
     for _ in 0..runs {
-        let plans = store.explain_claim(100).await?;
+        let plans = [store.explain_claim(100).await?];
         let total: f64 = plans
             .iter()
             .filter_map(|plan| plan[0]["Execution Time"].as_f64())

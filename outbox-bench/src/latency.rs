@@ -1,16 +1,24 @@
-//! W3: commit-to-publish latency at a steady rate, by wakeup mode, against
+//! W3: commit-to-receipt latency at a steady rate, by wakeup mode, against
 //! the naive floor (commit, then publish inline with a confirm).
+//!
+//! Each transaction writes one row: the outbox event (relay modes) or a
+//! `bench_orders` row (the floor, which has no outbox). The clock starts
+//! just before `COMMIT` (after the row is written) and stops when the
+//! consumer, in this process, receives the message; stamps are kept in
+//! memory by message id. The floor and the in-process relay run interleaved,
+//! one second each in turn, so both see the same machine.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use diesel_async::AsyncConnection;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use outbox::postgres::{Outbox, PgOutboxStore};
 use outbox::rabbitmq::{LapinPublisher, wire};
 use outbox::{EventEnvelope, Relay, RelayHandle};
 use uuid::Uuid;
 
-use crate::setup::{BoxError, Env, OrderPlaced, now_ns, percentile};
+use crate::setup::{BoxError, Env, OrderPlaced, Prepared, now_ns, percentile};
 
 /// How the relay learns about new events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +50,15 @@ pub(crate) struct Latency {
     pub(crate) max: f64,
 }
 
+/// What one tick's transaction does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Mode {
+    /// Record the event in the outbox; the relay publishes it.
+    Outbox,
+    /// Insert the order row, commit, publish inline and await the confirm.
+    Floor,
+}
+
 fn event() -> OrderPlaced {
     OrderPlaced {
         order_id: Uuid::now_v7().to_string(),
@@ -51,91 +68,167 @@ fn event() -> OrderPlaced {
     }
 }
 
-/// Records (and, for the floor, publishes) one event per tick for
-/// `duration`; the stamp is taken inside the transaction, just before the
-/// INSERT and COMMIT.
-async fn produce(
-    env: &Env,
-    outbox: &Outbox,
-    rate: u32,
-    duration: Duration,
-    relay: Option<&RelayHandle>,
-    inline: Option<&lapin::Channel>,
-) -> Result<usize, BoxError> {
-    let mut conn = env.conn().await?;
-    let mut ticker = tokio::time::interval(Duration::from_secs(1) / rate);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let started = tokio::time::Instant::now();
-    let mut produced = 0;
-    while started.elapsed() < duration {
-        ticker.tick().await;
-        let envelope = conn
-            .transaction::<_, BoxError, _>(async |conn| {
-                let mut e = event();
-                e.stamp_ns = now_ns();
-                let envelope = EventEnvelope::from_event(&e)?;
-                outbox
-                    .record_envelopes(conn, std::slice::from_ref(&envelope))
-                    .await?;
-                Ok(envelope)
-            })
-            .await?;
-        if let Some(handle) = relay {
-            handle.notify();
-        }
-        if let Some(channel) = inline {
-            channel
-                .basic_publish(
-                    env.exchange.as_str().into(),
-                    envelope.event_type.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    envelope.payload.as_bytes(),
-                    wire::properties(&envelope, "/bench"),
-                )
-                .await?
-                .await?;
-        }
-        produced += 1;
-    }
-    Ok(produced)
+/// What a producer needs to write and publish.
+struct Producer<'a> {
+    env: &'a Env,
+    outbox: Outbox,
+    orders_sql: String,
+    relay: Option<&'a RelayHandle>,
+    inline: Option<lapin::Channel>,
 }
 
+impl Producer<'_> {
+    /// One transaction of `mode`; returns its event id and the stamp taken
+    /// just before `COMMIT`.
+    async fn tick(
+        &self,
+        conn: &mut AsyncPgConnection,
+        mode: Mode,
+    ) -> Result<(Uuid, i64), BoxError> {
+        let mut e = event();
+        e.stamp_ns = now_ns();
+        let envelope = EventEnvelope::from_event(&e)?;
+        let stamp = conn
+            .transaction::<_, BoxError, _>(async |conn| {
+                match mode {
+                    Mode::Outbox => {
+                        self.outbox
+                            .record_envelopes(conn, std::slice::from_ref(&envelope))
+                            .await?;
+                    }
+                    Mode::Floor => {
+                        Prepared(
+                            diesel::sql_query(&self.orders_sql)
+                                .bind::<diesel::sql_types::Uuid, _>(Uuid::parse_str(&e.order_id)?)
+                                .bind::<diesel::sql_types::Uuid, _>(e.customer_id)
+                                .bind::<diesel::sql_types::BigInt, _>(e.total_cents),
+                        )
+                        .execute(conn)
+                        .await?;
+                    }
+                }
+                Ok(now_ns())
+            })
+            .await?;
+        match mode {
+            Mode::Outbox => {
+                if let Some(handle) = self.relay {
+                    handle.notify();
+                }
+            }
+            Mode::Floor => {
+                let channel = self.inline.as_ref().ok_or("the floor needs a channel")?;
+                channel
+                    .basic_publish(
+                        self.env.exchange.as_str().into(),
+                        envelope.event_type.as_str().into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..Default::default()
+                        },
+                        envelope.payload.as_bytes(),
+                        wire::properties(&envelope, "/bench"),
+                    )
+                    .await?
+                    .await?;
+            }
+        }
+        Ok((envelope.id, stamp))
+    }
+
+    /// One transaction per tick at `rate` for `duration`, of the mode
+    /// `mode_at(time since start)` gives.
+    async fn run(
+        &self,
+        rate: u32,
+        duration: Duration,
+        mode_at: impl Fn(Duration) -> Mode,
+    ) -> Result<HashMap<Uuid, (i64, Mode)>, BoxError> {
+        let mut conn = self.env.conn().await?;
+        let mut ticker = tokio::time::interval(Duration::from_secs(1) / rate);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let started = tokio::time::Instant::now();
+        let mut stamps = HashMap::new();
+        while started.elapsed() < duration {
+            ticker.tick().await;
+            let mode = mode_at(started.elapsed());
+            let (id, stamp) = self.tick(&mut conn, mode).await?;
+            stamps.insert(id, (stamp, mode));
+        }
+        Ok(stamps)
+    }
+
+    async fn new<'a>(
+        env: &'a Env,
+        notify: bool,
+        relay: Option<&'a RelayHandle>,
+        floor: bool,
+    ) -> Result<Producer<'a>, BoxError> {
+        let inline = if floor {
+            let channel = env.amqp.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            Some(channel)
+        } else {
+            None
+        };
+        Ok(Producer {
+            env,
+            outbox: Outbox::new(&env.schema)?.notify(notify),
+            orders_sql: format!(
+                "INSERT INTO {} (id, customer_id, total_cents) VALUES ($1, $2, $3)",
+                env.table("bench_orders")
+            ),
+            relay,
+            inline,
+        })
+    }
+}
+
+/// Receives until every stamped message is in (or 10 s pass); the latencies
+/// of each mode.
 async fn measure(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Uuid, i64, Vec<u8>)>,
-    produced: usize,
-) -> Result<Latency, BoxError> {
-    let mut latencies = Vec::with_capacity(produced);
+    stamps: &HashMap<Uuid, (i64, Mode)>,
+) -> HashMap<Mode, Latency> {
+    let mut latencies: HashMap<Mode, Vec<f64>> = HashMap::new();
+    let mut received = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while latencies.len() < produced {
+    while received < stamps.len() {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some((_, received, body))) => {
-                let event: serde_json::Value = serde_json::from_slice(&body)?;
-                let stamp = event["stamp_ns"].as_i64().unwrap_or(0);
-                latencies.push((received - stamp) as f64 / 1e6);
+            Ok(Some((id, at, _))) => {
+                if let Some((stamp, mode)) = stamps.get(&id) {
+                    received += 1;
+                    latencies
+                        .entry(*mode)
+                        .or_default()
+                        .push((at - stamp) as f64 / 1e6);
+                }
             }
             _ => break,
         }
     }
-    latencies.sort_by(f64::total_cmp);
-    Ok(Latency {
-        n: latencies.len(),
-        p50: percentile(&latencies, 50.0),
-        p99: percentile(&latencies, 99.0),
-        max: latencies.last().copied().unwrap_or(f64::NAN),
-    })
+    latencies
+        .into_iter()
+        .map(|(mode, mut l)| {
+            l.sort_by(f64::total_cmp);
+            let latency = Latency {
+                n: l.len(),
+                p50: percentile(&l, 50.0),
+                p99: percentile(&l, 99.0),
+                max: l.last().copied().unwrap_or(f64::NAN),
+            };
+            (mode, latency)
+        })
+        .collect()
 }
 
-/// The relay's latency with `wakeup`.
-pub(crate) async fn relay(
+/// Starts a relay on the bench outbox with `wakeup`.
+async fn start_relay(
     env: &Env,
     wakeup: Wakeup,
-    rate: u32,
-    duration: Duration,
-) -> Result<Latency, BoxError> {
-    env.reset().await?;
+) -> Result<(RelayHandle, tokio::task::JoinHandle<()>), BoxError> {
     let mut store = PgOutboxStore::builder(env.pool.clone()).schema(&env.schema);
     if wakeup == Wakeup::Notify {
         store = store.listen(crate::setup::database_url());
@@ -149,27 +242,60 @@ pub(crate) async fn relay(
     let relay = Relay::builder(store.build()?, publisher).build()?;
     let handle = relay.handle();
     let task = tokio::spawn(relay.run());
-    let mut rx = env.consume().await?;
-    tokio::time::sleep(Duration::from_millis(300)).await; // LISTEN connected
-    let outbox = Outbox::new(&env.schema)?.notify(wakeup == Wakeup::Notify);
-    let in_process = (wakeup == Wakeup::InProcess).then_some(&handle);
-    let produced = produce(env, &outbox, rate, duration, in_process, None).await?;
-    let latency = measure(&mut rx, produced).await?;
-    handle.shutdown();
-    task.await?;
-    Ok(latency)
+    Ok((handle, task))
 }
 
-/// The floor: commit, then publish inline and await the confirm (the naive
-/// path the outbox replaces; it can only add to this).
-pub(crate) async fn floor(env: &Env, rate: u32, duration: Duration) -> Result<Latency, BoxError> {
+fn of(latency: &HashMap<Mode, Latency>, mode: Mode) -> Result<Latency, BoxError> {
+    latency
+        .get(&mode)
+        .copied()
+        .ok_or_else(|| format!("W3: no message of mode {mode:?} was received").into())
+}
+
+/// The relay's latency with `wakeup` alone (each tick records an event).
+pub(crate) async fn relay(
+    env: &Env,
+    wakeup: Wakeup,
+    rate: u32,
+    duration: Duration,
+) -> Result<Latency, BoxError> {
     env.reset().await?;
-    let channel = env.amqp.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
+    let (handle, task) = start_relay(env, wakeup).await?;
     let mut rx = env.consume().await?;
-    let outbox = Outbox::new(&env.schema)?.notify(false);
-    let produced = produce(env, &outbox, rate, duration, None, Some(&channel)).await?;
-    measure(&mut rx, produced).await
+    tokio::time::sleep(Duration::from_millis(300)).await; // LISTEN connected
+    let in_process = (wakeup == Wakeup::InProcess).then_some(&handle);
+    let producer = Producer::new(env, wakeup == Wakeup::Notify, in_process, false).await?;
+    let stamps = producer.run(rate, duration, |_| Mode::Outbox).await?;
+    let latency = measure(&mut rx, &stamps).await;
+    handle.shutdown();
+    task.await?;
+    of(&latency, Mode::Outbox)
+}
+
+/// The floor (commit, then publish inline and await the confirm: the naive
+/// path the outbox replaces) and the relay with in-process wakeups,
+/// alternating every second for `2 × duration` in all: (floor, relay).
+pub(crate) async fn floor_and_in_process(
+    env: &Env,
+    rate: u32,
+    duration: Duration,
+) -> Result<(Latency, Latency), BoxError> {
+    env.reset().await?;
+    let (handle, task) = start_relay(env, Wakeup::InProcess).await?;
+    let mut rx = env.consume().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let producer = Producer::new(env, false, Some(&handle), true).await?;
+    let stamps = producer
+        .run(rate, duration * 2, |elapsed| {
+            if elapsed.as_secs() % 2 == 0 {
+                Mode::Floor
+            } else {
+                Mode::Outbox
+            }
+        })
+        .await?;
+    let latency = measure(&mut rx, &stamps).await;
+    handle.shutdown();
+    task.await?;
+    Ok((of(&latency, Mode::Floor)?, of(&latency, Mode::Outbox)?))
 }

@@ -16,9 +16,10 @@
 //! - **W2 drain**: a committed backlog (2,000 aggregates × 10 events,
 //!   interleaved; and a hot 20 × 1,000) drained by the relay to a durable
 //!   queue, against raw lapin publish-with-confirms of the same messages.
-//! - **W3 latency**: 100 events/s; receive time − a stamp taken in the
-//!   transaction just before the INSERT and COMMIT; per wakeup mode, against
-//!   the naive floor (commit, then publish inline with a confirm).
+//! - **W3 latency**: 100 events/s; receive time − a stamp taken just
+//!   before COMMIT; per wakeup mode, against the naive floor (commit, then
+//!   publish inline with a confirm), which runs interleaved with the
+//!   in-process relay, second by second.
 //! - **W4 claim scale**: a claim of 100 with 0 and with 1,000,000 sent rows
 //!   kept: shared buffers touched (the work, independent of machine noise)
 //!   and server time (fastest and median of 30; at about 1 ms the median
@@ -37,6 +38,10 @@ use outbox::DeliveryOrder;
 use serde_json::json;
 
 use setup::{BoxError, Env};
+
+/// W1 runs its variants in turns of this many slices each (see
+/// `record::run_interleaved`).
+const W1_SLICES: u32 = 10;
 
 struct Params {
     w1_secs: u64,
@@ -102,20 +107,29 @@ async fn workloads(
 
     let mut w1 = serde_json::Map::new();
     if run("w1") {
-        println!("W1 record: transactions/s ({} s per cell)", p.w1_secs);
+        println!(
+            "W1 record: transactions/s ({} s per cell, interleaved in {W1_SLICES} slices)",
+            p.w1_secs
+        );
         println!("  {:<42} {:>10} {:>10}", "", "1 writer", "8 writers");
         let duration = Duration::from_secs(p.w1_secs);
-        let mut rows = Vec::new();
-        for variant in [
+        let variants = [
             record::Variant::OrderOnly,
             record::Variant::HandSql,
             record::Variant::Library,
             record::Variant::LibraryNotify,
-        ] {
-            let one = record::run(env, variant, 1, duration).await?;
-            let eight = record::run(env, variant, 8, duration).await?;
-            println!("  {:<42} {:>10.0} {:>10.0}", variant.name(), one, eight);
-            rows.push((variant, one, eight));
+        ];
+        let one = record::run_interleaved(env, &variants, 1, duration, W1_SLICES).await?;
+        let eight = record::run_interleaved(env, &variants, 8, duration, W1_SLICES).await?;
+        let mut rows = Vec::new();
+        for (i, variant) in variants.into_iter().enumerate() {
+            println!(
+                "  {:<42} {:>10.0} {:>10.0}",
+                variant.name(),
+                one[i],
+                eight[i]
+            );
+            rows.push((variant, one[i], eight[i]));
         }
         let get = |v: record::Variant| {
             rows.iter()
@@ -258,7 +272,8 @@ async fn workloads(
     let mut w3 = serde_json::Map::new();
     if run("w3") {
         println!(
-            "\nW3 latency: {} events/s for {} s, milliseconds from just before COMMIT to receipt",
+            "\nW3 latency: {} events/s for {} s each, milliseconds from just before COMMIT to receipt \
+             (floor and in-process interleaved second by second)",
             p.w3_rate, p.w3_secs
         );
         println!(
@@ -266,7 +281,7 @@ async fn workloads(
             "", "n", "p50", "p99", "max", "p99/floor"
         );
         let duration = Duration::from_secs(p.w3_secs);
-        let floor = latency::floor(env, p.w3_rate, duration).await?;
+        let (floor, in_process) = latency::floor_and_in_process(env, p.w3_rate, duration).await?;
         let lat_line = |name: &str, l: &latency::Latency| {
             println!(
                 "  {:<42} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>10.2}",
@@ -283,12 +298,15 @@ async fn workloads(
             "floor".into(),
             json!({"p50": floor.p50, "p99": floor.p99, "max": floor.max}),
         );
-        for wakeup in [
-            latency::Wakeup::InProcess,
-            latency::Wakeup::Notify,
-            latency::Wakeup::Polling,
+        for (wakeup, measured) in [
+            (latency::Wakeup::InProcess, Some(in_process)),
+            (latency::Wakeup::Notify, None),
+            (latency::Wakeup::Polling, None),
         ] {
-            let l = latency::relay(env, wakeup, p.w3_rate, duration).await?;
+            let l = match measured {
+                Some(l) => l,
+                None => latency::relay(env, wakeup, p.w3_rate, duration).await?,
+            };
             lat_line(wakeup.name(), &l);
             w3.insert(
                 format!("{wakeup:?}"),

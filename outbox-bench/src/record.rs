@@ -10,7 +10,7 @@ use outbox::DomainEvent;
 use outbox::postgres::Outbox;
 use uuid::Uuid;
 
-use crate::setup::{BoxError, Env, OrderPlaced};
+use crate::setup::{BoxError, Env, OrderPlaced, Prepared};
 
 /// What each transaction does besides inserting the order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,27 +50,31 @@ async fn one_transaction(
         stamp_ns: 0,
     };
     conn.transaction::<_, BoxError, _>(async |conn| {
-        diesel::sql_query(env_orders)
-            .bind::<diesel::sql_types::Uuid, _>(Uuid::parse_str(&order.order_id)?)
-            .bind::<diesel::sql_types::Uuid, _>(order.customer_id)
-            .bind::<BigInt, _>(order.total_cents)
-            .execute(conn)
-            .await?;
+        Prepared(
+            diesel::sql_query(env_orders)
+                .bind::<diesel::sql_types::Uuid, _>(Uuid::parse_str(&order.order_id)?)
+                .bind::<diesel::sql_types::Uuid, _>(order.customer_id)
+                .bind::<BigInt, _>(order.total_cents),
+        )
+        .execute(conn)
+        .await?;
         match variant {
             Variant::OrderOnly => {}
             Variant::HandSql => {
-                diesel::sql_query(hand_sql)
-                    .bind::<diesel::sql_types::Uuid, _>(Uuid::now_v7())
-                    .bind::<Text, _>(order.aggregate_type())
-                    .bind::<Text, _>(order.aggregate_id())
-                    .bind::<Nullable<BigInt>, _>(None::<i64>)
-                    .bind::<Text, _>(order.event_type())
-                    .bind::<Integer, _>(1)
-                    .bind::<Text, _>(serde_json::to_string(&order)?)
-                    .bind::<Text, _>("{}")
-                    .bind::<Timestamptz, _>(chrono::Utc::now())
-                    .execute(conn)
-                    .await?;
+                Prepared(
+                    diesel::sql_query(hand_sql)
+                        .bind::<diesel::sql_types::Uuid, _>(Uuid::now_v7())
+                        .bind::<Text, _>(order.aggregate_type())
+                        .bind::<Text, _>(order.aggregate_id())
+                        .bind::<Nullable<BigInt>, _>(None::<i64>)
+                        .bind::<Text, _>(order.event_type())
+                        .bind::<Integer, _>(1)
+                        .bind::<Text, _>(serde_json::to_string(&order)?)
+                        .bind::<Text, _>("{}")
+                        .bind::<Timestamptz, _>(chrono::Utc::now()),
+                )
+                .execute(conn)
+                .await?;
             }
             Variant::Library | Variant::LibraryNotify => {
                 outbox.record(conn, &order).await?;
@@ -81,13 +85,19 @@ async fn one_transaction(
     .await
 }
 
-/// Transactions per second of `variant` with `writers` concurrent connections.
-pub(crate) async fn run(
+/// Transactions per second of each of `variants`, each with `writers`
+/// concurrent connections of its own, measured interleaved: `slices` rounds
+/// in which every variant runs alone for `duration / slices`. Drift in what
+/// else the machine does (frequent on these shared machines) then hits every
+/// variant alike instead of whichever ran during it, so the ratios compare
+/// like with like.
+pub(crate) async fn run_interleaved(
     env: &Env,
-    variant: Variant,
+    variants: &[Variant],
     writers: usize,
     duration: Duration,
-) -> Result<f64, BoxError> {
+    slices: u32,
+) -> Result<Vec<f64>, BoxError> {
     let orders_sql = format!(
         "INSERT INTO {} (id, customer_id, total_cents) VALUES ($1, $2, $3)",
         env.table("bench_orders")
@@ -98,35 +108,64 @@ pub(crate) async fn run(
          VALUES ($1, $2, $3, $4, $5, $6, $7::json, $8::jsonb, $9)",
         env.table("outbox_events")
     );
-    let outbox = Outbox::new(&env.schema)?.notify(variant == Variant::LibraryNotify);
+    // Which variant's writers may start a transaction (`usize::MAX`: none).
+    let (active_tx, active_rx) = tokio::sync::watch::channel(usize::MAX);
     let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
+    let done: Arc<Vec<AtomicU64>> = Arc::new(variants.iter().map(|_| AtomicU64::new(0)).collect());
     let mut tasks = Vec::new();
-    for _ in 0..writers {
-        let mut conn = env.conn().await?;
-        let (orders_sql, hand_sql, outbox) = (orders_sql.clone(), hand_sql.clone(), outbox.clone());
-        let (stop, done) = (Arc::clone(&stop), Arc::clone(&done));
-        tasks.push(tokio::spawn(async move {
-            while !AtomicBool::load(&stop, Ordering::Relaxed) {
-                one_transaction(&mut conn, &orders_sql, &hand_sql, &outbox, variant).await?;
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<(), BoxError>(())
-        }));
+    for (index, &variant) in variants.iter().enumerate() {
+        let outbox = Outbox::new(&env.schema)?.notify(variant == Variant::LibraryNotify);
+        for _ in 0..writers {
+            let mut conn = env.conn().await?;
+            let (orders_sql, hand_sql, outbox) =
+                (orders_sql.clone(), hand_sql.clone(), outbox.clone());
+            let (stop, done, mut active) =
+                (Arc::clone(&stop), Arc::clone(&done), active_rx.clone());
+            tasks.push(tokio::spawn(async move {
+                while !AtomicBool::load(&stop, Ordering::Relaxed) {
+                    if *active.borrow_and_update() != index {
+                        if active.changed().await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    one_transaction(&mut conn, &orders_sql, &hand_sql, &outbox, variant).await?;
+                    done[index].fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<(), BoxError>(())
+            }));
+        }
     }
-    // Warm up, then count.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let start_count = AtomicU64::load(&done, Ordering::Relaxed);
-    let started = Instant::now();
-    tokio::time::sleep(duration).await;
-    let count = AtomicU64::load(&done, Ordering::Relaxed) - start_count;
-    let elapsed = started.elapsed();
+    let slice = duration / slices.max(1);
+    let mut counted = vec![0u64; variants.len()];
+    let mut elapsed = vec![Duration::ZERO; variants.len()];
+    // A first round unmeasured: connections prepare their statements.
+    for round in 0..=slices {
+        for index in 0..variants.len() {
+            let _ = active_tx.send(index);
+            // Let the previous variant's last transactions finish.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let before = AtomicU64::load(&done[index], Ordering::Relaxed);
+            let started = Instant::now();
+            tokio::time::sleep(if round == 0 { slice / 3 } else { slice }).await;
+            if round > 0 {
+                counted[index] += AtomicU64::load(&done[index], Ordering::Relaxed) - before;
+                elapsed[index] += started.elapsed();
+            }
+        }
+    }
     stop.store(true, Ordering::Relaxed);
+    let _ = active_tx.send(usize::MAX);
+    drop(active_tx);
     for task in tasks {
         task.await??;
     }
     env.reset().await?;
-    Ok(count as f64 / elapsed.as_secs_f64())
+    Ok(counted
+        .iter()
+        .zip(&elapsed)
+        .map(|(&n, t)| n as f64 / t.as_secs_f64())
+        .collect())
 }
 
 /// Rows per second recording 100 events per transaction with `record_all`.

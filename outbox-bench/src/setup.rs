@@ -270,3 +270,30 @@ where
 pub(crate) fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
+
+/// Raw SQL kept prepared on its connection, as Diesel's DSL queries and the
+/// library's own statements are (`diesel::sql_query` is re-prepared on every
+/// run: an extra round trip). The W1 ceilings use it, so they are what a
+/// careful hand-written version costs.
+#[derive(Debug, Clone)]
+pub(crate) struct Prepared<Q>(pub(crate) Q);
+
+impl<Q: diesel::query_builder::QueryFragment<diesel::pg::Pg>>
+    diesel::query_builder::QueryFragment<diesel::pg::Pg> for Prepared<Q>
+{
+    fn walk_ast<'b>(
+        &'b self,
+        pass: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>,
+    ) -> diesel::QueryResult<()> {
+        self.0.walk_ast(pass)
+    }
+
+    fn is_safe_to_cache_prepared(&self, _backend: &diesel::pg::Pg) -> diesel::QueryResult<bool> {
+        Ok(true)
+    }
+}
+
+impl<Q> diesel::query_builder::QueryId for Prepared<Q> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}

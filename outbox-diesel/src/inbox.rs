@@ -7,6 +7,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_core::{InboxDatabase, InboxOutcome, InboxStore};
 use uuid::Uuid;
 
+use crate::prepared::PreparedExt;
 use crate::record::in_transaction;
 use crate::schema::Schema;
 use crate::{Error, PgTransaction, Result};
@@ -44,6 +45,7 @@ use crate::{Error, PgTransaction, Result};
 pub struct PgInbox {
     insert_sql: String,
     purge_sql: String,
+    prepare: bool,
 }
 
 impl Default for PgInbox {
@@ -71,7 +73,18 @@ impl PgInbox {
                 "DELETE FROM {t} WHERE ctid IN ( \
                    SELECT ctid FROM {t} WHERE received_at < $1 ORDER BY received_at LIMIT $2)"
             ),
+            prepare: true,
         }
+    }
+
+    /// Whether the inbox `INSERT` stays prepared on each connection
+    /// (default on: one round trip per message instead of two). Turn it off
+    /// behind PgBouncer in transaction pooling mode older than 1.21 (or
+    /// without `max_prepared_statements`).
+    #[must_use]
+    pub fn prepared_statements(mut self, on: bool) -> Self {
+        self.prepare = on;
+        self
     }
 
     /// Deletes up to `limit` entries received before `before`; returns how
@@ -108,6 +121,7 @@ impl InboxStore for PgInbox {
         let inserted = diesel::sql_query(&self.insert_sql)
             .bind::<Text, _>(consumer)
             .bind::<diesel::sql_types::Uuid, _>(event_id)
+            .prepared(self.prepare)
             .execute(conn)
             .await?;
         Ok(if inserted == 1 {

@@ -7,6 +7,7 @@ use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text, Timestamptz};
 use outbox_core::{DomainEvent, EventEnvelope, Headers};
 use uuid::Uuid;
 
+use crate::prepared::Prepared;
 use crate::schema::Schema;
 use crate::{Error, Result};
 
@@ -46,6 +47,7 @@ pub struct Outbox {
     /// PostgreSQL plans and runs cheaper than the array path.
     insert_one_sql: String,
     notify: bool,
+    prepare: bool,
 }
 
 impl Default for Outbox {
@@ -99,6 +101,7 @@ impl Outbox {
             insert_one_sql: with_notify(insert_one),
             schema,
             notify,
+            prepare: true,
         }
     }
 
@@ -110,7 +113,21 @@ impl Outbox {
     /// ([`RelayHandle::notify`](outbox_core::RelayHandle::notify)) and polling.
     #[must_use]
     pub fn notify(self, on: bool) -> Self {
-        Outbox::with_schema(self.schema, on)
+        Outbox {
+            prepare: self.prepare,
+            ..Outbox::with_schema(self.schema, on)
+        }
+    }
+
+    /// Whether the recording `INSERT` stays prepared on each connection
+    /// (default on: one round trip per `record` instead of two). Turn it off
+    /// behind PgBouncer in transaction pooling mode older than 1.21 (or
+    /// without `max_prepared_statements`), which cannot keep prepared
+    /// statements; Diesel's own query builder needs the same.
+    #[must_use]
+    pub fn prepared_statements(mut self, on: bool) -> Self {
+        self.prepare = on;
+        self
     }
 
     /// The schema of this outbox.
@@ -127,20 +144,23 @@ impl Outbox {
     pub(crate) fn insert_query(
         &self,
         envelopes: &[EventEnvelope],
-    ) -> Result<BoxedSqlQuery<'static, Pg, SqlQuery>> {
+    ) -> Result<Prepared<BoxedSqlQuery<'static, Pg, SqlQuery>>> {
         if let [envelope] = envelopes {
             envelope.validate()?;
-            return Ok(diesel::sql_query(self.insert_one_sql.clone())
-                .into_boxed()
-                .bind::<diesel::sql_types::Uuid, _>(envelope.id)
-                .bind::<Text, _>(envelope.aggregate_type.clone())
-                .bind::<Text, _>(envelope.aggregate_id.clone())
-                .bind::<Nullable<BigInt>, _>(envelope.aggregate_version)
-                .bind::<Text, _>(envelope.event_type.clone())
-                .bind::<Integer, _>(envelope.schema_version)
-                .bind::<Text, _>(envelope.payload.clone())
-                .bind::<Text, _>(headers_json(&envelope.headers))
-                .bind::<Timestamptz, _>(envelope.occurred_at));
+            return Ok(Prepared::new(
+                diesel::sql_query(self.insert_one_sql.clone())
+                    .into_boxed()
+                    .bind::<diesel::sql_types::Uuid, _>(envelope.id)
+                    .bind::<Text, _>(envelope.aggregate_type.clone())
+                    .bind::<Text, _>(envelope.aggregate_id.clone())
+                    .bind::<Nullable<BigInt>, _>(envelope.aggregate_version)
+                    .bind::<Text, _>(envelope.event_type.clone())
+                    .bind::<Integer, _>(envelope.schema_version)
+                    .bind::<Text, _>(envelope.payload.clone())
+                    .bind::<Text, _>(headers_json(&envelope.headers))
+                    .bind::<Timestamptz, _>(envelope.occurred_at),
+                self.prepare,
+            ));
         }
         let n = envelopes.len();
         let mut ids = Vec::with_capacity(n);
@@ -164,17 +184,20 @@ impl Outbox {
             headers.push(headers_json(&envelope.headers));
             occurred.push(envelope.occurred_at);
         }
-        Ok(diesel::sql_query(self.insert_sql.clone())
-            .into_boxed()
-            .bind::<Array<diesel::sql_types::Uuid>, _>(ids)
-            .bind::<Array<Text>, _>(aggregate_types)
-            .bind::<Array<Text>, _>(aggregate_ids)
-            .bind::<Array<Nullable<BigInt>>, _>(aggregate_versions)
-            .bind::<Array<Text>, _>(event_types)
-            .bind::<Array<Integer>, _>(schema_versions)
-            .bind::<Array<Text>, _>(payloads)
-            .bind::<Array<Text>, _>(headers)
-            .bind::<Array<Timestamptz>, _>(occurred))
+        Ok(Prepared::new(
+            diesel::sql_query(self.insert_sql.clone())
+                .into_boxed()
+                .bind::<Array<diesel::sql_types::Uuid>, _>(ids)
+                .bind::<Array<Text>, _>(aggregate_types)
+                .bind::<Array<Text>, _>(aggregate_ids)
+                .bind::<Array<Nullable<BigInt>>, _>(aggregate_versions)
+                .bind::<Array<Text>, _>(event_types)
+                .bind::<Array<Integer>, _>(schema_versions)
+                .bind::<Array<Text>, _>(payloads)
+                .bind::<Array<Text>, _>(headers)
+                .bind::<Array<Timestamptz>, _>(occurred),
+            self.prepare,
+        ))
     }
 }
 

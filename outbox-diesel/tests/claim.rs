@@ -354,6 +354,45 @@ async fn dead_event_blocks_only_its_aggregate_until_replayed_or_skipped() {
 }
 
 #[tokio::test]
+async fn an_event_waiting_for_a_retry_holds_back_the_later_events_of_its_aggregate() {
+    // Left by unordered delivery (switched to ordered since): a1 failed and
+    // waits for a retry while a0, before it, was never attempted.
+    let db = TestDb::new("claim_mid_block").await;
+    let ids = record(
+        &db,
+        &[
+            ("a".into(), 0),
+            ("a".into(), 1),
+            ("b".into(), 0),
+            ("a".into(), 2),
+        ],
+    )
+    .await;
+    let (a0, a1, b0, a2) = (ids[0], ids[1], ids[2], ids[3]);
+    db.execute(&format!(
+        "UPDATE {{schema}}.outbox_events SET status = 'retry', attempts = 1, \
+         next_attempt_at = now() + interval '1 hour' WHERE id = '{a1}'"
+    ));
+    let store = db.store();
+    let mut claim = store.claim(100).await.unwrap().unwrap();
+    assert_eq!(
+        ids_of(&claim),
+        [a0, b0],
+        "a2 must wait for a1, which waits for its retry"
+    );
+    claim.mark_sent(&[a0, b0]).await.unwrap();
+    claim.finish().await.unwrap();
+    assert!(store.claim(100).await.unwrap().is_none());
+
+    // Once a1 is due, it and a2 go, in order.
+    db.execute(&format!(
+        "UPDATE {{schema}}.outbox_events SET next_attempt_at = now() WHERE id = '{a1}'"
+    ));
+    let claim = store.claim(100).await.unwrap().unwrap();
+    assert_eq!(ids_of(&claim), [a1, a2]);
+}
+
+#[tokio::test]
 async fn a_due_retry_is_claimed_again_with_its_attempts() {
     let db = TestDb::new("claim_retry_due").await;
     let ids = record(&db, &[("a".into(), 0), ("a".into(), 1)]).await;
@@ -486,4 +525,118 @@ async fn keep_sent_false_deletes_confirmed_events_only() {
         1,
         "the dead one is kept"
     );
+}
+
+#[tokio::test]
+async fn recording_claiming_and_marking_work_without_prepared_statements() {
+    // What a deployment behind an old PgBouncer in transaction mode runs:
+    // every statement unnamed, prepared anew each time.
+    let db = TestDb::new("claim_unprepared").await;
+    let outbox = db.outbox.clone().prepared_statements(false);
+    let mut conn = db.conn().await;
+    // (diesel-async prepares a statement of its own when connecting.)
+    let baseline = prepared_statements(&mut conn).await;
+    let ids = conn
+        .transaction::<_, Error, _>(async |conn| {
+            let one = outbox.record(conn, &moved("a", 0)).await?;
+            let more = outbox
+                .record_all(conn, &[moved("a", 1), moved("b", 0)])
+                .await?;
+            Ok([vec![one], more].concat())
+        })
+        .await
+        .unwrap();
+    // Nothing stays prepared on the connection; by default the INSERT does.
+    assert_eq!(prepared_statements(&mut conn).await, baseline);
+    conn.transaction::<_, Error, _>(async |conn| db.outbox.record(conn, &moved("c", 0)).await)
+        .await
+        .unwrap();
+    assert_eq!(prepared_statements(&mut conn).await, baseline + 1);
+    db.execute("DELETE FROM {schema}.outbox_events WHERE aggregate_id = 'c'");
+    for order in [DeliveryOrder::PerAggregate, DeliveryOrder::Unordered] {
+        let store = PgOutboxStore::builder(db.pool.clone())
+            .schema(&db.schema)
+            .prepared_statements(false)
+            .build()
+            .unwrap();
+        store.set_delivery_order(order).await.unwrap();
+        let claim = store.claim(10).await.unwrap().unwrap();
+        assert_eq!(ids_of(&claim), ids, "{order:?}");
+        claim.finish().await.unwrap();
+    }
+    let store = PgOutboxStore::builder(db.pool.clone())
+        .schema(&db.schema)
+        .prepared_statements(false)
+        .build()
+        .unwrap();
+    let mut claim = store.claim(10).await.unwrap().unwrap();
+    claim.mark_sent(&ids).await.unwrap();
+    claim.finish().await.unwrap();
+    assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 3);
+    assert_eq!(store.stats().await.unwrap().backlog, 0);
+    let mut pooled = db.pool.get().await.unwrap();
+    assert_eq!(prepared_statements(&mut pooled).await, baseline);
+}
+
+/// How many statements are prepared on `conn`'s session.
+async fn prepared_statements(conn: &mut diesel_async::AsyncPgConnection) -> i64 {
+    use diesel_async::RunQueryDsl;
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    diesel::sql_query("SELECT count(*) AS n FROM pg_prepared_statements")
+        .get_result::<Count>(conn)
+        .await
+        .unwrap()
+        .n
+}
+
+/// Publishes like `inner`, taking 400 ms (asynchronously) for `slow`.
+struct SlowFor {
+    inner: RecordingPublisher,
+    slow: Uuid,
+}
+
+impl outbox_core::Publisher for SlowFor {
+    async fn publish(&self, events: &[&outbox_core::EventEnvelope]) -> Vec<PublishOutcome> {
+        if events.iter().any(|e| e.id == self.slow) {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        self.inner.publish(events).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_queued_behind_a_batch_in_flight_goes_as_soon_as_that_batch_ends() {
+    // a0 is being published (slowly) when a1 commits; the loop woken for
+    // a1 finds a0 held and a1 behind it, so it can take nothing. When a0's
+    // batch ends, a1 must go at once, not at the next poll (an hour here).
+    let db = TestDb::new("claim_follow").await;
+    let a0 = record(&db, &[("a".into(), 0)]).await[0];
+    let publisher = RecordingPublisher::new();
+    let slow = SlowFor {
+        inner: publisher.clone(),
+        slow: a0,
+    };
+    let relay = Relay::builder(db.store(), slow)
+        .concurrency(2)
+        .poll_interval(Duration::from_secs(3600))
+        .stats_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    // The relay's first claims on start take a0 (one loop) and nothing
+    // (the other, which then waits).
+    let task = tokio::spawn(relay.run());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let a1 = record(&db, &[("a".into(), 1)]).await[0];
+    handle.notify();
+    tokio::time::timeout(Duration::from_secs(5), publisher.wait_for(2))
+        .await
+        .expect("a1 was published once a0's batch ended");
+    assert_eq!(publisher.published_ids(), [a0, a1]);
+    handle.shutdown();
+    task.await.unwrap();
 }

@@ -150,6 +150,8 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             retry: self.retry,
             pause_min: self.pause_min,
             pause_max: self.pause_max,
+            busy: std::sync::atomic::AtomicUsize::new(0),
+            batch_done: tokio::sync::Notify::new(),
         })
     }
 }

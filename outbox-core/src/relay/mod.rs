@@ -7,6 +7,8 @@ mod handle;
 pub mod metrics;
 mod waves;
 
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -100,6 +102,10 @@ pub struct Relay<S, P> {
     retry: RetryPolicy,
     pause_min: Duration,
     pause_max: Duration,
+    /// Loops inside a claim or a batch.
+    busy: std::sync::atomic::AtomicUsize,
+    /// Notified (all waiters) whenever a batch ends, releasing its rows.
+    batch_done: tokio::sync::Notify,
 }
 
 /// What one batch did.
@@ -173,14 +179,27 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     async fn main_loop(&self, pause: &Pause, polls: PollGrid) {
         let mut wait = false;
         let mut store_backoff = Backoff::new(self.pause_min, self.pause_max);
+        // Set when another loop held rows while this one claimed: its claim
+        // may have skipped them and the events queued behind them (per
+        // aggregate), which nothing else announces. Completes when any
+        // batch ends after that claim started.
+        let mut follow: Option<Pin<Box<tokio::sync::futures::Notified<'_>>>> = None;
         while !self.handle.is_shutdown() {
             if wait {
+                let batch_ended = async {
+                    match follow.as_mut() {
+                        Some(done) => done.await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     () = self.handle.notified() => {}
+                    () = batch_ended => {}
                     () = tokio::time::sleep_until(polls.next_after(tokio::time::Instant::now())) => {}
                     () = self.handle.shutdown_requested() => break,
                 }
             }
+            follow = None;
             // A lost connection pauses every loop of the relay.
             if let Some(until) = pause.until() {
                 tokio::select! {
@@ -191,13 +210,23 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 continue;
             }
             failpoints::hit(failpoints::BEFORE_CLAIM);
-            let claim = match self.store.claim(self.batch_size).await {
+            // Armed before the claim, so a batch that ends while it runs
+            // still counts.
+            let batch_ended = Box::pin(self.batch_done.notified());
+            let others_before = self.busy.fetch_add(1, Ordering::SeqCst) > 0;
+            let claimed = self.store.claim(self.batch_size).await;
+            if others_before || self.busy.load(Ordering::SeqCst) > 1 {
+                follow = Some(batch_ended);
+            }
+            let claim = match claimed {
                 Ok(Some(claim)) => claim,
                 Ok(None) => {
+                    self.busy.fetch_sub(1, Ordering::SeqCst);
                     wait = true;
                     continue;
                 }
                 Err(err) => {
+                    self.busy.fetch_sub(1, Ordering::SeqCst);
                     ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
                     let delay = store_backoff.next_delay();
                     error!(error = %err, retry_in = ?delay, "outbox relay: claim failed");
@@ -213,7 +242,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 sent = tracing::field::Empty,
                 failed = tracing::field::Empty,
             );
-            match self.process_with_grace(claim).instrument(span).await {
+            let processed = self.process_with_grace(claim).instrument(span).await;
+            self.busy.fetch_sub(1, Ordering::SeqCst);
+            self.batch_done.notify_waiters();
+            match processed {
                 Some(Ok(report)) => {
                     store_backoff.reset();
                     if let Some(reason) = report.connection_lost {

@@ -1,63 +1,39 @@
-//! Choosing what an ordered claim takes, from a window of candidate rows.
+//! What an ordered claim keeps of the window it read and locked.
 //!
-//! The claim reads the first `window` due, unsent rows in `seq` order
-//! (without locking), with a flag per row saying whether an earlier event of
-//! its aggregate is `Dead` or waits for a retry. [`plan`] picks, per
-//! aggregate, the run of rows starting at its first row in the window, unless
-//! that row is blocked. The claim then locks the plan with
-//! `FOR UPDATE SKIP LOCKED` and [`keep_locked_prefixes`] keeps, per
-//! aggregate, only the rows up to the first one it could not lock (held by
-//! another relay, or changed since the window was read), so an aggregate's
-//! events are never taken with a gap.
+//! The claim's one statement reads the first `window` due, unsent rows in
+//! `seq` order, each with a flag saying whether an earlier event of its
+//! aggregate is `Dead` or waits for a retry; locks the first `limit`
+//! unblocked ones that no other relay holds (`FOR UPDATE SKIP LOCKED`); and
+//! returns the whole window with the locked rows. [`keep_runs`] keeps, per
+//! aggregate, the locked rows before its first row that is blocked or was
+//! not locked (held by another relay, changed since the window was read, or
+//! beyond the limit), so an aggregate's events are never taken with a gap
+//! and never past an event that holds it back.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
-/// A candidate row of the window.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Candidate {
-    pub(crate) seq: i64,
-    pub(crate) aggregate_type: String,
-    pub(crate) aggregate_id: String,
-    /// An earlier event of this aggregate is dead or waiting for a retry.
+/// One row of the window: its aggregate, whether it is blocked, and the row
+/// itself if the claim locked it.
+pub(crate) struct WindowEntry<T> {
+    /// Aggregate type and id.
+    pub(crate) aggregate: (String, String),
     pub(crate) blocked: bool,
+    pub(crate) locked: Option<T>,
 }
 
-/// The sequence numbers to lock, in `seq` order, at most `limit`.
-pub(crate) fn plan(window: &[Candidate], limit: usize) -> Vec<i64> {
-    let mut open: HashMap<(&str, &str), bool> = HashMap::new();
-    let mut chosen = Vec::new();
-    for row in window {
-        if chosen.len() >= limit {
-            break;
-        }
-        let key = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
-        let taking = *open.entry(key).or_insert(!row.blocked);
-        if taking {
-            chosen.push(row.seq);
-        }
-    }
-    chosen
-}
-
-/// Of the `planned` rows, the ones to keep given the `locked` ones: per
-/// aggregate, the planned rows before its first planned row that was not
-/// locked. `key_of` gives a planned row's aggregate.
-pub(crate) fn keep_locked_prefixes<'a>(
-    planned: &[i64],
-    locked: &HashSet<i64>,
-    key_of: impl Fn(i64) -> Option<(&'a str, &'a str)>,
-) -> HashSet<i64> {
-    let mut cut: HashSet<(&str, &str)> = HashSet::new();
-    let mut keep = HashSet::new();
-    for &seq in planned {
-        let Some(key) = key_of(seq) else { continue };
-        if cut.contains(&key) {
+/// The rows to claim, in window (`seq`) order.
+pub(crate) fn keep_runs<T>(window: impl IntoIterator<Item = WindowEntry<T>>) -> Vec<T> {
+    let mut cut: HashSet<(String, String)> = HashSet::new();
+    let mut keep = Vec::new();
+    for entry in window {
+        if cut.contains(&entry.aggregate) {
             continue;
         }
-        if locked.contains(&seq) {
-            keep.insert(seq);
-        } else {
-            cut.insert(key);
+        match entry.locked {
+            Some(row) if !entry.blocked => keep.push(row),
+            _ => {
+                cut.insert(entry.aggregate);
+            }
         }
     }
     keep
@@ -67,49 +43,64 @@ pub(crate) fn keep_locked_prefixes<'a>(
 mod tests {
     use super::*;
 
-    fn row(seq: i64, id: &str, blocked: bool) -> Candidate {
-        Candidate {
-            seq,
-            aggregate_type: "order".into(),
-            aggregate_id: id.into(),
+    fn entry(id: &str, blocked: bool, locked: Option<i64>) -> WindowEntry<i64> {
+        WindowEntry {
+            aggregate: ("order".into(), id.into()),
             blocked,
+            locked,
         }
     }
 
     #[test]
-    fn takes_runs_of_unblocked_aggregates_in_seq_order() {
+    fn keeps_each_aggregates_locked_run_in_seq_order() {
         let window = [
-            row(1, "a", false),
-            row(2, "b", true),
-            row(3, "a", false),
-            row(4, "b", true),
-            row(5, "c", false),
+            entry("a", false, Some(1)),
+            entry("b", false, Some(2)),
+            entry("a", false, Some(3)),
+            entry("c", false, Some(4)),
         ];
-        assert_eq!(plan(&window, 10), [1, 3, 5]);
-        assert_eq!(plan(&window, 2), [1, 3]);
-        assert!(plan(&window, 0).is_empty());
+        assert_eq!(keep_runs(window), [1, 2, 3, 4]);
+        assert!(keep_runs(Vec::<WindowEntry<i64>>::new()).is_empty());
     }
 
     #[test]
-    fn an_unlocked_row_cuts_the_rest_of_its_aggregate() {
+    fn a_row_not_locked_cuts_the_rest_of_its_aggregate() {
+        // Row 3 is held by another relay: a keeps 1 only, even though 5
+        // was locked; b keeps both.
         let window = [
-            row(1, "a", false),
-            row(2, "b", false),
-            row(3, "a", false),
-            row(4, "b", false),
-            row(5, "a", false),
+            entry("a", false, Some(1)),
+            entry("b", false, Some(2)),
+            entry("a", false, None),
+            entry("b", false, Some(4)),
+            entry("a", false, Some(5)),
         ];
-        let planned = plan(&window, 10);
-        // Row 3 was locked by someone else: a keeps 1 only; b keeps both.
-        let locked: HashSet<i64> = [1, 2, 4, 5].into();
-        let by_seq: HashMap<i64, &Candidate> = window.iter().map(|c| (c.seq, c)).collect();
-        let keep = keep_locked_prefixes(&planned, &locked, |seq| {
-            by_seq
-                .get(&seq)
-                .map(|c| (c.aggregate_type.as_str(), c.aggregate_id.as_str()))
-        });
-        let mut keep: Vec<i64> = keep.into_iter().collect();
-        keep.sort();
-        assert_eq!(keep, [1, 2, 4]);
+        assert_eq!(keep_runs(window), [1, 2, 4]);
+    }
+
+    #[test]
+    fn a_blocked_row_cuts_its_aggregate_from_there_on() {
+        // b's head is blocked (an earlier event is dead): nothing of b.
+        // a is blocked from its second row on (a retry waits between them).
+        let window = [
+            entry("a", false, Some(1)),
+            entry("b", true, None),
+            entry("a", true, None),
+            entry("b", true, None),
+            entry("c", false, Some(5)),
+            entry("a", true, None),
+        ];
+        assert_eq!(keep_runs(window), [1, 5]);
+    }
+
+    #[test]
+    fn rows_past_the_limit_are_not_locked_and_end_their_runs() {
+        let window = [
+            entry("a", false, Some(1)),
+            entry("a", false, Some(2)),
+            entry("b", false, None),
+            entry("a", false, None),
+            entry("b", false, None),
+        ];
+        assert_eq!(keep_runs(window), [1, 2]);
     }
 }

@@ -1,6 +1,7 @@
 //! Reading outbox rows back.
 
 use chrono::{DateTime, Utc};
+use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text, Timestamptz};
 use outbox_core::{EventEnvelope, EventStatus, Headers, OutboxRecord};
 use uuid::Uuid;
@@ -70,16 +71,21 @@ impl EventRow {
     }
 }
 
+/// A row of an ordered claim's window, with the row itself when the claim
+/// locked it.
 #[derive(Debug, diesel::QueryableByName)]
-pub(crate) struct CandidateRow {
-    #[diesel(sql_type = BigInt)]
-    pub(crate) seq: i64,
+pub(crate) struct WindowRow {
     #[diesel(sql_type = Text)]
-    pub(crate) aggregate_type: String,
+    pub(crate) window_aggregate_type: String,
     #[diesel(sql_type = Text)]
-    pub(crate) aggregate_id: String,
+    pub(crate) window_aggregate_id: String,
+    /// An earlier event of its aggregate is dead or waits for a retry.
     #[diesel(sql_type = Bool)]
     pub(crate) blocked: bool,
+    /// `None` when the claim did not lock it (blocked, held by another
+    /// relay, changed since the window was read, or beyond the limit).
+    #[diesel(embed)]
+    pub(crate) locked: Option<EventRow>,
 }
 
 #[derive(Debug, diesel::QueryableByName)]

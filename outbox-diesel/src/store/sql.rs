@@ -20,8 +20,7 @@ pub(crate) const COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, aggrega
 
 #[derive(Debug)]
 pub(crate) struct Sql {
-    pub(crate) window: String,
-    pub(crate) lock_planned: String,
+    pub(crate) claim_ordered: String,
     pub(crate) claim_unordered: String,
     pub(crate) mark_sent: String,
     pub(crate) mark_failed: String,
@@ -33,10 +32,12 @@ pub(crate) struct Sql {
     pub(crate) skip: String,
     pub(crate) get_order: String,
     pub(crate) set_order: String,
+    /// Keep the statements prepared on each connection.
+    pub(crate) prepare: bool,
 }
 
 impl Sql {
-    pub(crate) fn new(schema: &Schema, keep_sent: bool) -> Self {
+    pub(crate) fn new(schema: &Schema, keep_sent: bool, prepare: bool) -> Self {
         let t = schema.table("outbox_events");
         let settings = schema.table("outbox_settings");
         let unsent = literals(&[EventStatus::Pending, EventStatus::Retry]);
@@ -45,24 +46,30 @@ impl Sql {
         let dead = literals(&[EventStatus::Dead]);
         let retry = literals(&[EventStatus::Retry]);
         Sql {
-            window: format!(
-                "SELECT w.seq, w.aggregate_type, w.aggregate_id, \
-                 set_config('idle_in_transaction_session_timeout', $2, true) AS claim_timeout, \
-                 EXISTS ( \
-                     SELECT 1 FROM {t} b \
-                     WHERE b.aggregate_type = w.aggregate_type AND b.aggregate_id = w.aggregate_id \
-                       AND b.seq < w.seq AND b.status IN ({blocking}) \
-                       AND (b.status IN ({dead}) OR b.next_attempt_at > now()) \
-                 ) AS blocked \
-                 FROM (SELECT seq, aggregate_type, aggregate_id FROM {t} \
-                       WHERE status IN ({unsent}) AND {due} ORDER BY seq LIMIT $1) w \
+            claim_ordered: format!(
+                "WITH w AS ( \
+                   SELECT w.seq, w.aggregate_type, w.aggregate_id, \
+                     EXISTS ( \
+                       SELECT 1 FROM {t} b \
+                       WHERE b.aggregate_type = w.aggregate_type \
+                         AND b.aggregate_id = w.aggregate_id \
+                         AND b.seq < w.seq AND b.status IN ({blocking}) \
+                         AND (b.status IN ({dead}) OR b.next_attempt_at > now()) \
+                     ) AS blocked \
+                   FROM (SELECT seq, aggregate_type, aggregate_id FROM {t} \
+                         WHERE status IN ({unsent}) AND {due} ORDER BY seq LIMIT $1) w \
+                 ), l AS ( \
+                   SELECT {COLUMNS} FROM {t} \
+                   WHERE seq IN (SELECT seq FROM w WHERE NOT blocked) \
+                     AND status IN ({claimable}) AND {due} \
+                   ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED \
+                 ) \
+                 SELECT w.aggregate_type AS window_aggregate_type, \
+                   w.aggregate_id AS window_aggregate_id, w.blocked, l.*, \
+                   set_config('idle_in_transaction_session_timeout', $3, true) AS claim_timeout \
+                 FROM w LEFT JOIN l ON l.seq = w.seq \
                  ORDER BY w.seq",
                 blocking = literals(&[EventStatus::Retry, EventStatus::Dead]),
-            ),
-            lock_planned: format!(
-                "SELECT {COLUMNS} FROM {t} \
-                 WHERE seq = ANY($1) AND status IN ({claimable}) AND {due} \
-                 ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED"
             ),
             claim_unordered: format!(
                 "SELECT {COLUMNS}, \
@@ -121,6 +128,7 @@ impl Sql {
             ),
             get_order: format!("SELECT delivery_order FROM {settings}"),
             set_order: format!("UPDATE {settings} SET delivery_order = $1"),
+            prepare,
         }
     }
 }
