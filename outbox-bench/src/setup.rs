@@ -166,6 +166,34 @@ impl Env {
     pub(crate) async fn consume(
         &self,
     ) -> Result<tokio::sync::mpsc::UnboundedReceiver<(Uuid, i64, Vec<u8>)>, BoxError> {
+        // A consumer of an earlier workload still closing would take every
+        // other message (round robin) and drop it: wait until it is gone.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let queue = self
+                .channel
+                .queue_declare(
+                    self.queue.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            if queue.consumer_count() == 0 {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!(
+                    "queue {} still has {} consumer(s) of an earlier workload",
+                    self.queue,
+                    queue.consumer_count()
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let channel = self.amqp.create_channel().await?;
         let mut consumer = channel
             .basic_consume(
