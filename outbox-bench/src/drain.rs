@@ -27,6 +27,22 @@ impl Drain {
     }
 }
 
+/// The drain of median rate among `drains`; missing and duplicated events
+/// are those of all of them, so none is hidden.
+pub(crate) fn median(drains: &[Drain]) -> Drain {
+    let mut sorted = drains.to_vec();
+    sorted.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
+    let mut median = sorted.get(sorted.len() / 2).copied().unwrap_or(Drain {
+        events: 0,
+        elapsed: Duration::ZERO,
+        missing: 0,
+        duplicates: 0,
+    });
+    median.missing = drains.iter().map(|d| d.missing).sum();
+    median.duplicates = drains.iter().map(|d| d.duplicates).sum();
+    median
+}
+
 async fn receive_all(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Uuid, i64, Vec<u8>)>,
     expected: &HashSet<Uuid>,

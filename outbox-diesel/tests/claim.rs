@@ -131,9 +131,11 @@ async fn claiming_backend(db: &TestDb) -> i32 {
         pid: i32,
     }
     use diesel::RunQueryDsl;
+    // The claim statement is longer than `track_activity_query_size`
+    // shows; its start names the schema.
     let sql = format!(
         "SELECT pid FROM pg_stat_activity WHERE state = 'idle in transaction' \
-         AND query LIKE '%FOR UPDATE SKIP LOCKED%' AND query LIKE '%\"{}\"%'",
+         AND query LIKE 'WITH w AS%' AND query LIKE '%\"{}\"%'",
         db.schema
     );
     let pids: Vec<Pid> = diesel::sql_query(sql).load(&mut db.sync_conn()).unwrap();

@@ -68,6 +68,11 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     }
 
     /// How often to look for events when no wakeup arrives. Default 1 s.
+    ///
+    /// Polls also bound how long an event waits behind a batch of another
+    /// relay *process* that holds an earlier event of its aggregate (in
+    /// per-aggregate order): within one relay, a loop that found such an
+    /// event claims again as soon as the batch in front of it ends.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self

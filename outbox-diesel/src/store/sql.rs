@@ -46,10 +46,17 @@ impl Sql {
         let dead = literals(&[EventStatus::Dead]);
         let retry = literals(&[EventStatus::Retry]);
         Sql {
+            // `blocked` probes the blocking index once per window row, but
+            // only when some row blocks at all (an InitPlan, run once): most
+            // of the time none does, and the probes were about a third of a
+            // 100-row claim's server time (pgbench: 1.08–1.19 vs 1.64–1.77 ms).
             claim_ordered: format!(
                 "WITH w AS ( \
                    SELECT w.seq, w.aggregate_type, w.aggregate_id, \
-                     EXISTS ( \
+                     (SELECT EXISTS ( \
+                        SELECT 1 FROM {t} a WHERE a.status IN ({blocking}) \
+                          AND (a.status IN ({dead}) OR a.next_attempt_at > now()))) \
+                     AND EXISTS ( \
                        SELECT 1 FROM {t} b \
                        WHERE b.aggregate_type = w.aggregate_type \
                          AND b.aggregate_id = w.aggregate_id \
