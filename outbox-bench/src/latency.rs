@@ -245,6 +245,45 @@ async fn start_relay(
     Ok((handle, task))
 }
 
+/// When messages did not arrive, says where the relay's ones are: still in
+/// the outbox (not published) or marked sent (published, then lost on the
+/// way to the consumer).
+async fn report_unsent(
+    env: &Env,
+    run: &str,
+    stamps: &HashMap<Uuid, (i64, Mode)>,
+    latency: &HashMap<Mode, Latency>,
+) -> Result<(), BoxError> {
+    let received: usize = latency.values().map(|l| l.n).sum();
+    if received == stamps.len() {
+        return Ok(());
+    }
+    #[derive(diesel::QueryableByName)]
+    struct Status {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        status: String,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let statuses: Vec<Status> = diesel::sql_query(format!(
+        "SELECT status, count(*) AS n FROM {} GROUP BY status ORDER BY status",
+        env.table("outbox_events")
+    ))
+    .load(&mut env.conn().await?)
+    .await?;
+    let statuses: Vec<String> = statuses
+        .iter()
+        .map(|s| format!("{} {}", s.n, s.status))
+        .collect();
+    println!(
+        "  ({run}: {} of {} messages not received within 10 s; outbox rows: {})",
+        stamps.len() - received,
+        stamps.len(),
+        statuses.join(", ")
+    );
+    Ok(())
+}
+
 fn of(latency: &HashMap<Mode, Latency>, mode: Mode) -> Result<Latency, BoxError> {
     latency
         .get(&mode)
@@ -267,6 +306,7 @@ pub(crate) async fn relay(
     let producer = Producer::new(env, wakeup == Wakeup::Notify, in_process, false).await?;
     let stamps = producer.run(rate, duration, |_| Mode::Outbox).await?;
     let latency = measure(&mut rx, &stamps).await;
+    report_unsent(env, wakeup.name(), &stamps, &latency).await?;
     handle.shutdown();
     task.await?;
     of(&latency, Mode::Outbox)
@@ -295,6 +335,7 @@ pub(crate) async fn floor_and_in_process(
         })
         .await?;
     let latency = measure(&mut rx, &stamps).await;
+    report_unsent(env, "floor and in-process", &stamps, &latency).await?;
     handle.shutdown();
     task.await?;
     Ok((of(&latency, Mode::Floor)?, of(&latency, Mode::Outbox)?))

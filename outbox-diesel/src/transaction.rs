@@ -41,6 +41,15 @@ impl PgTransaction {
         Ok(PgTransaction { conn: Some(conn) })
     }
 
+    /// As [`begin`](Self::begin), with `sql` (a simple-query batch that
+    /// starts with `BEGIN`, e.g. followed by `SET LOCAL`s) in the one round
+    /// trip.
+    pub(crate) async fn begin_with(pool: &Pool<AsyncPgConnection>, sql: &str) -> Result<Self> {
+        let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
+        AnsiTransactionManager::begin_transaction_sql(&mut *conn, sql).await?;
+        Ok(PgTransaction { conn: Some(conn) })
+    }
+
     /// Commits and returns the connection to the pool.
     ///
     /// # Errors

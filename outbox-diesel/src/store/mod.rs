@@ -52,7 +52,10 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text, Timestamptz};
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
-use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
+use diesel_async::{
+    AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
+    TransactionManager,
+};
 
 use crate::PgTransaction;
 use outbox_core::{
@@ -237,6 +240,16 @@ fn order_from_db(value: &str) -> DeliveryOrder {
     }
 }
 
+/// How a claim's transaction starts. A claim runs the same prepared
+/// statement every time, on a table whose statistics may describe a very
+/// different backlog (a drained one after a burst, or the reverse); with
+/// them PostgreSQL may keep planning it afresh for every execution (measured:
+/// 0.3–0.8 ms of planning per claim after a 20,000-event backlog was
+/// analyzed, against 0.01 ms) though its generic plan, index scans bounded by
+/// the window, is as good or better (execution 0.67 vs 1.1–1.3 ms for a
+/// 100-row claim). `SET LOCAL` ends with the transaction.
+const CLAIM_BEGIN: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
+
 impl PgOutboxStore {
     /// Starts configuring a store on `pool`.
     pub fn builder(pool: Pool<AsyncPgConnection>) -> PgOutboxStoreBuilder {
@@ -299,9 +312,9 @@ impl PgOutboxStore {
 
     /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of the one statement a claim
     /// of `limit` events runs now (in the outbox's current delivery order),
-    /// for diagnosing claim cost. Runs in a transaction that is rolled back,
-    /// so nothing stays claimed. The relay runs the same SQL as a prepared
-    /// statement, so PostgreSQL may use a generic plan for it.
+    /// with the generic plan the relay's claims use, for diagnosing claim
+    /// cost. Runs in a transaction that is rolled back, so nothing stays
+    /// claimed.
     ///
     /// # Errors
     /// [`Error::Database`] or [`Error::Pool`].
@@ -312,11 +325,11 @@ impl PgOutboxStore {
             #[diesel(column_name = "QUERY PLAN")]
             plan: serde_json::Value,
         }
-        let explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ";
         let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut conn = self.conn().await?;
         let conn = &mut *conn;
-        AnsiTransactionManager::begin_transaction(conn).await?;
+        // As a claim runs it: a generic plan of the prepared statement.
+        AnsiTransactionManager::begin_transaction_sql(conn, CLAIM_BEGIN).await?;
         let result: Result<serde_json::Value> = async {
             let order = order_from_db(
                 &diesel::sql_query(&self.sql.get_order)
@@ -325,21 +338,31 @@ impl PgOutboxStore {
                     .await?
                     .delivery_order,
             );
-            let plan: Plan = if order == DeliveryOrder::Unordered {
-                diesel::sql_query(format!("{explain}{}", self.sql.claim_unordered))
-                    .bind::<BigInt, _>(limit_i64)
-                    .bind::<Text, _>("60000")
-                    .get_result(conn)
-                    .await?
+            let (sql, types, args) = if order == DeliveryOrder::Unordered {
+                (
+                    &self.sql.claim_unordered,
+                    "int8, text",
+                    format!("{limit_i64}, '60000'"),
+                )
             } else {
                 let window = limit_i64.saturating_mul(self.claim_window as i64);
-                diesel::sql_query(format!("{explain}{}", self.sql.claim_ordered))
-                    .bind::<BigInt, _>(window)
-                    .bind::<BigInt, _>(limit_i64)
-                    .bind::<Text, _>("60000")
-                    .get_result(conn)
-                    .await?
+                (
+                    &self.sql.claim_ordered,
+                    "int8, int8, text",
+                    format!("{window}, {limit_i64}, '60000'"),
+                )
             };
+            // A session-level name: deallocated below whatever happens.
+            conn.batch_execute(&format!("PREPARE outbox_explain_claim ({types}) AS {sql}"))
+                .await?;
+            let plan = diesel::sql_query(format!(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE outbox_explain_claim ({args})"
+            ))
+            .get_result::<Plan>(conn)
+            .await;
+            let deallocated = conn.batch_execute("DEALLOCATE outbox_explain_claim").await;
+            let plan = plan?;
+            deallocated?;
             Ok(plan.plan)
         }
         .await;
@@ -423,7 +446,7 @@ impl OutboxStore for PgOutboxStore {
     async fn claim(&self, limit: usize) -> Result<Option<PgClaim>> {
         // Dropping the transaction (an error below, or the relay dropping
         // the claim) closes its connection, which makes PostgreSQL roll back.
-        let mut tx = PgTransaction::begin(&self.pool).await?;
+        let mut tx = PgTransaction::begin_with(&self.pool, CLAIM_BEGIN).await?;
         let (order, records) = self.claim_rows(&mut tx, limit).await?;
         if records.is_empty() {
             tx.rollback().await?;
