@@ -127,9 +127,12 @@
 //! | before: `sql_query`, two statements, pool ping | 0.30 ms | 1.12 ms |
 //! | prepared, two statements | 0.31 ms | 0.55 ms |
 //! | prepared, one statement, no ping | 0.20 ms | 0.37 ms |
+//! | same, after a large backlog was analyzed | 0.20 ms | ~0.9 ms (re-planned every time) |
+//! | same, generic plan forced (`SET LOCAL` in the `BEGIN` batch) | 0.21 ms | 0.34 ms |
 //!
 //! The relay's p50 commit-to-receipt latency went from 3.4 ms to about
-//! 2.2–2.6 ms (the inline-publish floor: 1.7–1.8 ms).
+//! 1.8–1.9 ms, 0.6 ms above the inline-publish floor (W3, where the floor
+//! now writes an order row and stamps just before `COMMIT`: 1.2–1.4 ms).
 //!
 //! # Connections and PgBouncer
 //! Recording, claims and the inbox keep their statements prepared on each
