@@ -135,9 +135,12 @@
 //! now writes an order row and stamps just before `COMMIT`: 1.2–1.4 ms).
 //!
 //! # Connections and PgBouncer
-//! Recording, claims and the inbox keep their statements prepared on each
-//! connection, as Diesel's query builder does (see "Prepared statements"
-//! below). They work through any pool, including PgBouncer in transaction
+//! PostgreSQL 12 or later (a claim sets `plan_cache_mode`). Recording,
+//! claims and the inbox keep their statements prepared on each connection,
+//! as Diesel's query builder does (see "Prepared statements" above): about
+//! ten per outbox schema, kept for the connection's life, so a service that
+//! serves many outbox schemas from one pool should turn them off (below) or
+//! recycle connections. They work through any pool, including PgBouncer in transaction
 //! pooling mode from 1.21 with `max_prepared_statements` set; behind an
 //! older PgBouncer in transaction mode, turn prepared statements off with
 //! `prepared_statements(false)` on [`Outbox`], [`PgOutboxStoreBuilder`] and
