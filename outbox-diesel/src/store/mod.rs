@@ -326,8 +326,8 @@ impl PgOutboxStore {
             plan: serde_json::Value,
         }
         let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut conn = self.conn().await?;
-        let conn = &mut *conn;
+        let mut pooled = self.conn().await?;
+        let conn = &mut *pooled;
         // As a claim runs it: a generic plan of the prepared statement.
         AnsiTransactionManager::begin_transaction_sql(conn, CLAIM_BEGIN).await?;
         let result: Result<serde_json::Value> = async {
@@ -366,7 +366,13 @@ impl PgOutboxStore {
             Ok(plan.plan)
         }
         .await;
-        AnsiTransactionManager::rollback_transaction(conn).await?;
+        let rolled_back = AnsiTransactionManager::rollback_transaction(conn).await;
+        if result.is_err() || rolled_back.is_err() {
+            // The session may still hold the named statement (or be inside
+            // the transaction): close it rather than pool it.
+            drop(Object::take(pooled));
+        }
+        rolled_back?;
         result
     }
 
