@@ -64,7 +64,6 @@ fn event() -> OrderPlaced {
         order_id: Uuid::now_v7().to_string(),
         customer_id: Uuid::now_v7(),
         total_cents: 990,
-        stamp_ns: 0,
     }
 }
 
@@ -85,8 +84,7 @@ impl Producer<'_> {
         conn: &mut AsyncPgConnection,
         mode: Mode,
     ) -> Result<(Uuid, i64), BoxError> {
-        let mut e = event();
-        e.stamp_ns = now_ns();
+        let e = event();
         let envelope = EventEnvelope::from_event(&e)?;
         let stamp = conn
             .transaction::<_, BoxError, _>(async |conn| {

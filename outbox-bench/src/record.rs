@@ -47,7 +47,6 @@ async fn one_transaction(
         order_id: Uuid::now_v7().to_string(),
         customer_id: Uuid::now_v7(),
         total_cents: 1250,
-        stamp_ns: 0,
     };
     conn.transaction::<_, BoxError, _>(async |conn| {
         Prepared(

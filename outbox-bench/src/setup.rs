@@ -34,9 +34,6 @@ pub(crate) struct OrderPlaced {
     pub(crate) order_id: String,
     pub(crate) customer_id: Uuid,
     pub(crate) total_cents: i64,
-    /// Unix nanoseconds taken just before the recording transaction commits
-    /// (latency workload), 0 otherwise.
-    pub(crate) stamp_ns: i64,
 }
 
 pub(crate) fn now_ns() -> i64 {
@@ -264,7 +261,6 @@ pub(crate) fn interleaved(aggregates: usize, per_aggregate: usize) -> Vec<OrderP
                 order_id: format!("order-{a}"),
                 customer_id: customer,
                 total_cents: n as i64,
-                stamp_ns: 0,
             })
         })
         .collect()

@@ -576,8 +576,15 @@ async fn recording_claiming_and_marking_work_without_prepared_statements() {
     claim.finish().await.unwrap();
     assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 3);
     assert_eq!(store.stats().await.unwrap().backlog, 0);
-    let mut pooled = db.pool.get().await.unwrap();
-    assert_eq!(prepared_statements(&mut pooled).await, baseline);
+    // Every connection of the pool (all idle now): none kept a statement.
+    let mut pooled = Vec::new();
+    for _ in 0..db.pool.status().size {
+        pooled.push(db.pool.get().await.unwrap());
+    }
+    assert!(!pooled.is_empty());
+    for conn in &mut pooled {
+        assert_eq!(prepared_statements(conn).await, baseline);
+    }
 }
 
 /// How many statements are prepared on `conn`'s session.
