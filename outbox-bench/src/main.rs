@@ -23,7 +23,9 @@
 //! - **W4 claim scale**: a claim of 100 with 0 and with 1,000,000 sent rows
 //!   kept: shared buffers touched (the work, independent of machine noise)
 //!   and server time (fastest and median of 30; at about 1 ms the median
-//!   moves with whatever else the machine does).
+//!   moves with whatever else the machine does); and a claim of 100 while
+//!   4 relays × 2 loops and a producer run, without and with 1,000 dead
+//!   heads of 100 events each (the producer also writing into them).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod claim;
@@ -54,6 +56,7 @@ struct Params {
     w3_rate: u32,
     w3_secs: u64,
     w4_rows: u64,
+    w4_heads: u32,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -78,6 +81,7 @@ async fn run() -> Result<(), BoxError> {
             w3_rate: 100,
             w3_secs: 3,
             w4_rows: 100_000,
+            w4_heads: 200,
         }
     } else {
         Params {
@@ -87,6 +91,7 @@ async fn run() -> Result<(), BoxError> {
             w3_rate: 100,
             w3_secs: 20,
             w4_rows: 1_000_000,
+            w4_heads: 1_000,
         }
     };
     let env = Env::new().await?;
@@ -364,7 +369,37 @@ async fn workloads(
             empty.median_ms,
             full.median_ms / empty.median_ms
         );
+        let b = claim::blocked(env, p.w4_heads, 99, 30).await?;
+        println!(
+            "\nW4 claim of 100 with 4 relays x 2 loops and a producer running: {} dead heads \
+             x 100 events vs none (30 claims each; target: ratio <= 1.5)",
+            p.w4_heads
+        );
+        println!(
+            "  buffers touched (median)   {:>9.0} vs {:>9.0}   ratio {:.2}",
+            b.blocked.buffers,
+            b.healthy.buffers,
+            b.blocked.buffers / b.healthy.buffers
+        );
+        println!(
+            "  server time, median        {:>7.3} ms vs {:>6.3} ms   ratio {:.2} (noisy at ~1 ms)",
+            b.blocked.median_ms,
+            b.healthy.median_ms,
+            b.blocked.median_ms / b.healthy.median_ms
+        );
+        println!(
+            "  every event behind a dead head held after {}; {} healthy events published while measuring",
+            setup::secs(b.settle),
+            b.published
+        );
         w4 = json!({
+            "blocked": {
+                "heads": p.w4_heads,
+                "buffers": {"healthy": b.healthy.buffers, "blocked": b.blocked.buffers, "ratio": b.blocked.buffers / b.healthy.buffers},
+                "median_ms": {"healthy": b.healthy.median_ms, "blocked": b.blocked.median_ms, "ratio": b.blocked.median_ms / b.healthy.median_ms},
+                "settle_s": b.settle.as_secs_f64(),
+                "published": b.published,
+            },
             "sent_rows": p.w4_rows,
             "buffers": {"empty": empty.buffers, "full": full.buffers, "ratio": full.buffers / empty.buffers},
             "min_ms": {"empty": empty.min_ms, "full": full.min_ms, "ratio": full.min_ms / empty.min_ms},

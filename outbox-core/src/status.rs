@@ -11,7 +11,17 @@
 //!     ▼  │   ▼
 //!     Dead ──── skip (operator) ───► Skipped
 //!       └────── replay (operator) ─► Pending
+//!
+//!  Pending ── hold (an earlier event of its aggregate ──► Held
+//!     ▲        is Retry, Dead or Held; ordered mode)        │
+//!     └──────────── release (that event is sent, ───────────┘
+//!                   replayed or skipped)
 //! ```
+//!
+//! `Held` is a store's bookkeeping for per-aggregate order, never a failure:
+//! an event waiting behind a failed event of its own aggregate leaves the
+//! claim's scan, so that however many events wait behind blocked aggregates,
+//! claiming the healthy ones costs the same.
 //!
 //! [`EventStatus::apply`] is the one place these rules live; stores either call
 //! it or build their SQL from [`Transition::from`] so the rules cannot drift.
@@ -40,6 +50,10 @@ pub enum EventStatus {
     Dead,
     /// An operator gave up on a `Dead` event. Terminal; unblocks its aggregate.
     Skipped,
+    /// Waiting behind an earlier `Retry`, `Dead` or `Held` event of the same
+    /// aggregate (ordered mode); back to `Pending` when that event is sent,
+    /// replayed or skipped. Not a failure: its attempts are untouched.
+    Held,
 }
 
 /// A change of [`EventStatus`].
@@ -56,6 +70,10 @@ pub enum Transition {
     Replay,
     /// An operator gives up on a `Dead` event.
     Skip,
+    /// An earlier event of the aggregate blocks it (ordered mode).
+    Hold,
+    /// The event that blocked it was sent, replayed or skipped.
+    Release,
 }
 
 impl Transition {
@@ -65,6 +83,8 @@ impl Transition {
         match self {
             Transition::Publish | Transition::Retry | Transition::Kill => &[Pending, Retry],
             Transition::Replay | Transition::Skip => &[Dead],
+            Transition::Hold => &[Pending],
+            Transition::Release => &[Held],
         }
     }
 
@@ -76,15 +96,18 @@ impl Transition {
             Transition::Kill => EventStatus::Dead,
             Transition::Replay => EventStatus::Pending,
             Transition::Skip => EventStatus::Skipped,
+            Transition::Hold => EventStatus::Held,
+            Transition::Release => EventStatus::Pending,
         }
     }
 }
 
 impl EventStatus {
     /// Every status, in life-cycle order.
-    pub const ALL: [EventStatus; 5] = [
+    pub const ALL: [EventStatus; 6] = [
         EventStatus::Pending,
         EventStatus::Retry,
+        EventStatus::Held,
         EventStatus::Sent,
         EventStatus::Dead,
         EventStatus::Skipped,
@@ -111,17 +134,21 @@ impl EventStatus {
         }
     }
 
-    /// `true` for statuses a relay still has to publish (`Pending`, `Retry`).
+    /// `true` for statuses a relay still has to publish (`Pending`, `Retry`,
+    /// `Held`).
     pub const fn is_unsent(self) -> bool {
-        matches!(self, EventStatus::Pending | EventStatus::Retry)
+        matches!(
+            self,
+            EventStatus::Pending | EventStatus::Retry | EventStatus::Held
+        )
     }
 
     /// `true` for statuses that hold back later events of the same aggregate in
-    /// ordered mode (`Pending`, `Retry`, `Dead`).
+    /// ordered mode (`Pending`, `Retry`, `Held`, `Dead`).
     pub const fn blocks_aggregate(self) -> bool {
         matches!(
             self,
-            EventStatus::Pending | EventStatus::Retry | EventStatus::Dead
+            EventStatus::Pending | EventStatus::Retry | EventStatus::Held | EventStatus::Dead
         )
     }
 
@@ -133,6 +160,7 @@ impl EventStatus {
             EventStatus::Sent => "sent",
             EventStatus::Dead => "dead",
             EventStatus::Skipped => "skipped",
+            EventStatus::Held => "held",
         }
     }
 }
@@ -158,12 +186,14 @@ impl FromStr for EventStatus {
 mod tests {
     use super::*;
 
-    const TRANSITIONS: [Transition; 5] = [
+    const TRANSITIONS: [Transition; 7] = [
         Transition::Publish,
         Transition::Retry,
         Transition::Kill,
         Transition::Replay,
         Transition::Skip,
+        Transition::Hold,
+        Transition::Release,
     ];
 
     #[test]
@@ -178,6 +208,8 @@ mod tests {
             (Retry, Transition::Kill, Dead),
             (Dead, Transition::Replay, Pending),
             (Dead, Transition::Skip, Skipped),
+            (Pending, Transition::Hold, Held),
+            (Held, Transition::Release, Pending),
         ];
         for from in EventStatus::ALL {
             for t in TRANSITIONS {

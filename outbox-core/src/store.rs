@@ -118,6 +118,14 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// unblocks its aggregate; returns `false` if no dead event has that id.
     fn skip_dead(&self, id: Uuid) -> impl Future<Output = Result<bool, Self::Error>> + Send;
 
+    /// Housekeeping the relay runs every
+    /// [`stats_interval`](crate::RelayBuilder::stats_interval), after reading
+    /// the stats: e.g. repairing bookkeeping a race may leave behind. The
+    /// default does nothing.
+    fn maintain(&self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        std::future::ready(Ok(()))
+    }
+
     /// Runs for as long as the relay does, calling [`RelayHandle::notify`]
     /// whenever new events may have been recorded (e.g. on PostgreSQL
     /// `NOTIFY`, and once after each reconnect so the backlog is rescanned).

@@ -34,6 +34,27 @@ pub enum Error {
     /// A setting is invalid (e.g. a schema name PostgreSQL cannot hold).
     #[error("invalid outbox configuration: {0}")]
     Config(String),
+    /// The outbox's tables are at a schema version this version of the
+    /// library cannot work on.
+    #[error(
+        "outbox schema {schema:?} is at migration {found}, but this version of outbox-diesel \
+         works on migrations {min} to {max}: {}",
+        if *found < *min {
+            "run outbox_diesel::migrate (or apply outbox_diesel::ddl) before starting relays"
+        } else {
+            "a newer version migrated it; run that version's relays, not this one"
+        }
+    )]
+    SchemaVersion {
+        /// The schema.
+        schema: String,
+        /// Its newest applied migration.
+        found: i32,
+        /// The oldest this version works on.
+        min: i32,
+        /// The newest this version knows.
+        max: i32,
+    },
     /// A stored row could not be read back (corrupt headers, unknown status).
     #[error("outbox row {seq} is malformed: {reason}")]
     MalformedRow {

@@ -168,9 +168,11 @@ mod transaction;
 
 pub use error::{Error, Result};
 pub use inbox::{PgInbox, PgInboxDatabase};
-pub use migrate::{migrate, migrate_url};
+pub use migrate::{migrate, migrate_contract, migrate_url};
 pub use record::Outbox;
-pub use schema::{MIGRATIONS, Migration, Schema, ddl, inbox_events, outbox_events};
+pub use schema::{
+    MIGRATIONS, Migration, Phase, Schema, Step, StepKind, ddl, inbox_events, outbox_events,
+};
 pub use store::{PgClaim, PgOutboxStore, PgOutboxStoreBuilder};
 pub use transaction::PgTransaction;
 

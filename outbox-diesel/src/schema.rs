@@ -78,6 +78,38 @@ diesel::table! {
     }
 }
 
+/// When a migration may be applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Phase {
+    /// Adds what a new version needs without breaking relays of earlier
+    /// versions: applied by [`migrate`](crate::migrate).
+    Expand,
+    /// Removes what only earlier versions used: applied by
+    /// [`migrate_contract`](crate::migrate_contract), once no relay of an
+    /// earlier version runs on the outbox.
+    Contract,
+}
+
+/// How one step of a migration runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StepKind {
+    /// In a transaction, with a short `lock_timeout` (retried).
+    Transaction,
+    /// On its own, outside a transaction (`CREATE INDEX CONCURRENTLY`).
+    Concurrently,
+}
+
+/// One step of a migration, rendered for a schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// How it runs.
+    pub kind: StepKind,
+    /// Its SQL.
+    pub sql: String,
+}
+
 /// One embedded migration.
 #[derive(Debug, Clone, Copy)]
 pub struct Migration {
@@ -85,16 +117,83 @@ pub struct Migration {
     pub version: i32,
     /// Short name.
     pub name: &'static str,
-    /// SQL with `{schema}` where the quoted schema name goes.
+    /// When it may be applied.
+    pub phase: Phase,
+    /// SQL with `{schema}` where the quoted schema name goes, split into
+    /// steps by `-- step: transaction` and `-- step: concurrently` lines (a
+    /// migration without them is one transactional step).
     pub sql: &'static str,
 }
 
+impl Migration {
+    /// Its steps for `schema`, in order.
+    pub fn steps(&self, schema: &Schema) -> Vec<Step> {
+        let mut steps: Vec<Step> = Vec::new();
+        let mut kind = StepKind::Transaction;
+        let mut sql = String::new();
+        let mut flush = |kind: StepKind, sql: &mut String| {
+            if sql.lines().any(|l| {
+                let l = l.trim();
+                !l.is_empty() && !l.starts_with("--")
+            }) {
+                steps.push(Step {
+                    kind,
+                    sql: schema.render_sql(sql.trim()),
+                });
+            }
+            sql.clear();
+        };
+        for line in self.sql.lines() {
+            let marker = line.trim().strip_prefix("-- step:").map(str::trim);
+            match marker {
+                Some(next) => {
+                    flush(kind, &mut sql);
+                    kind = if next == "concurrently" {
+                        StepKind::Concurrently
+                    } else {
+                        StepKind::Transaction
+                    };
+                }
+                None => {
+                    sql.push_str(line);
+                    sql.push('\n');
+                }
+            }
+        }
+        flush(kind, &mut sql);
+        steps
+    }
+}
+
 /// Every migration, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox and inbox tables",
-    sql: include_str!("../sql/001_outbox.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox and inbox tables",
+        phase: Phase::Expand,
+        sql: include_str!("../sql/001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "held status and claim indexes",
+        phase: Phase::Expand,
+        sql: include_str!("../sql/002_held.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "drop outbox_events_unsent",
+        phase: Phase::Contract,
+        sql: include_str!("../sql/003_drop_unsent.sql"),
+    },
+];
+
+/// The newest migration a store of this version needs applied; relays
+/// refuse to claim from an outbox below it (run [`migrate`](crate::migrate)).
+pub(crate) const REQUIRED_VERSION: i32 = 2;
+
+/// The newest migration this version knows; relays refuse to claim from an
+/// outbox migrated past it by a newer version.
+pub(crate) const KNOWN_VERSION: i32 = 3;
 
 /// A validated PostgreSQL schema name and the identifiers derived from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,7 +267,11 @@ impl Schema {
 
     /// The SQL of `migration` for this schema.
     pub fn render(&self, migration: &Migration) -> String {
-        migration.sql.replace("{schema}", &self.quoted)
+        self.render_sql(migration.sql)
+    }
+
+    fn render_sql(&self, sql: &str) -> String {
+        sql.replace("{schema}", &self.quoted)
     }
 }
 
@@ -184,8 +287,11 @@ pub(crate) fn version_table_sql(schema: &Schema) -> String {
     )
 }
 
-/// The whole DDL for `schema`, for teams that run their own migrations:
-/// apply it once. It is what [`migrate`](crate::migrate) applies, including
+/// The whole DDL of a **new** outbox in `schema`, for teams that run their
+/// own migrations: apply it once (it may run in one transaction). To
+/// upgrade an existing outbox by hand, run each new migration's
+/// [`steps`](Migration::steps) instead, those of kind
+/// [`StepKind::Concurrently`] outside a transaction. It is what [`migrate`](crate::migrate) applies, including
 /// the version rows, so switching to `migrate` later finds nothing to redo.
 ///
 /// ```
@@ -204,13 +310,23 @@ pub fn ddl(schema: &str) -> Result<String> {
         q = schema.quoted
     );
     for migration in MIGRATIONS {
+        // On a new table nothing waits for an index build, and the whole
+        // DDL may run in one transaction, where CONCURRENTLY cannot.
+        let sql: Vec<String> = migration
+            .steps(&schema)
+            .into_iter()
+            .map(|step| match step.kind {
+                StepKind::Concurrently => step.sql.replace(" CONCURRENTLY", ""),
+                _ => step.sql,
+            })
+            .collect();
         let _ = writeln!(
             out,
             "-- migration {}: {}\n{}\nINSERT INTO {} (version, name) VALUES ({}, '{}') \
              ON CONFLICT DO NOTHING;",
             migration.version,
             migration.name,
-            schema.render(migration),
+            sql.join("\n"),
             schema.table("outbox_schema_version"),
             migration.version,
             migration.name.replace('\'', "''"),

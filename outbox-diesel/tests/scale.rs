@@ -1,5 +1,5 @@
 //! A claim costs the same with a million sent rows kept for audit as with an
-//! outbox holding only the backlog: it scans the partial index of unsent
+//! outbox holding only the backlog: it scans the partial index of pending
 //! rows, never the table, in ordered and unordered mode.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(clippy::print_stdout)] // the measured figures are part of the report
@@ -53,7 +53,7 @@ fn is_index_scan_on_unsent(node: &Value) -> bool {
     matches!(
         node["Node Type"].as_str(),
         Some("Index Scan" | "Index Only Scan")
-    ) && node["Index Name"].as_str() == Some("outbox_events_unsent")
+    ) && node["Index Name"].as_str() == Some("outbox_events_pending")
 }
 
 fn is_seq_scan_on_outbox(node: &Value) -> bool {
@@ -113,7 +113,7 @@ fn check(order: DeliveryOrder, big: &[Value], small: &[Value]) {
     let first = nodes(top(&big[0]));
     assert!(
         first.iter().any(|n| is_index_scan_on_unsent(n)),
-        "{order:?}: no index scan on outbox_events_unsent in {}",
+        "{order:?}: no index scan on outbox_events_pending in {}",
         big[0]
     );
     for plan in big {

@@ -115,6 +115,9 @@ struct BatchReport {
     failed: usize,
     dead: usize,
     released: usize,
+    /// Events sent after a failed attempt: the store may have released
+    /// events of their aggregates that waited behind them.
+    sent_retries: usize,
     connection_lost: Option<String>,
 }
 
@@ -258,8 +261,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         wait = false;
                     } else {
                         pause.reset();
-                        // A short batch means the backlog is drained: wait for news.
-                        wait = claimed < self.batch_size;
+                        // A short batch means the backlog is drained: wait for
+                        // news, unless a sent retry released events behind it.
+                        wait = claimed < self.batch_size && report.sent_retries == 0;
                     }
                 }
                 Some(Err(err)) => {
@@ -322,6 +326,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     let (reason, hopeless) = match outcome {
                         PublishOutcome::Acked => {
                             sent.push(record.id());
+                            if record.status == crate::EventStatus::Retry {
+                                report.sent_retries += 1;
+                            }
                             continue;
                         }
                         PublishOutcome::ConnectionLost { reason } => {
@@ -410,6 +417,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
                     warn!(error = %err, "outbox relay: reading outbox stats failed");
                 }
+            }
+            if let Err(err) = self.store.maintain().await {
+                ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                warn!(error = %err, "outbox relay: outbox housekeeping failed");
             }
             tokio::select! {
                 () = tokio::time::sleep(self.stats_interval) => {}

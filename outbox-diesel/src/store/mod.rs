@@ -65,9 +65,9 @@ use outbox_core::{
 use uuid::Uuid;
 
 use crate::prepared::PreparedExt;
-use crate::schema::Schema;
+use crate::schema::{KNOWN_VERSION, REQUIRED_VERSION, Schema};
 use crate::{Error, Result};
-use row::{EventRow, OrderRow, StatsRow, WindowRow};
+use row::{AggregateRow, EventRow, ManyRow, OrderRow, StatsRow, VersionRow, WindowRow};
 use sql::Sql;
 
 /// The relay's store on a diesel-async (deadpool) pool.
@@ -98,7 +98,22 @@ pub struct PgOutboxStore {
     claim_window: usize,
     /// The table's delivery order, re-read at most once a second.
     order_cache: Arc<std::sync::Mutex<Option<(DeliveryOrder, Instant)>>>,
+    /// Whether many events are `retry` or `dead` (which ordered claim to
+    /// run), re-read at most every [`BLOCKING_CACHE_TTL`].
+    blocking_cache: Arc<std::sync::Mutex<Option<(bool, Instant)>>>,
+    /// The outbox's schema version was found to be one this store reads.
+    version_ok: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// How long a claim trusts its count of blocking events.
+const BLOCKING_CACHE_TTL: Duration = Duration::from_secs(5);
+
+/// Above this many `retry` and `dead` events, an ordered claim probes every
+/// row of its window instead of first hashing the aggregates that have
+/// such events: a probe costs 2–3 index pages per row (about 1,000 for a
+/// window of 400), a hashed set about one page per 120 aggregates, and a
+/// hash of more than this many rows would no longer fit in `work_mem`.
+const MANY_BLOCKING: i64 = 50_000;
 
 /// How long a claim trusts the delivery order it read last.
 const ORDER_CACHE_TTL: Duration = Duration::from_secs(1);
@@ -229,6 +244,8 @@ impl PgOutboxStoreBuilder {
             claim_timeout: self.claim_timeout,
             claim_window: self.claim_window,
             order_cache: Arc::default(),
+            blocking_cache: Arc::default(),
+            version_ok: Arc::default(),
         })
     }
 }
@@ -303,6 +320,12 @@ impl PgOutboxStore {
             .bind::<Text, _>(value)
             .execute(&mut *conn)
             .await?;
+        if order == DeliveryOrder::Unordered {
+            // Nothing waits behind another event any more.
+            diesel::sql_query(&self.sql.release_unordered)
+                .execute(&mut *conn)
+                .await?;
+        }
         *self
             .order_cache
             .lock()
@@ -340,14 +363,14 @@ impl PgOutboxStore {
             );
             let (sql, types, args) = if order == DeliveryOrder::Unordered {
                 (
-                    &self.sql.claim_unordered,
+                    self.sql.claim_unordered.as_str(),
                     "int8, text",
                     format!("{limit_i64}, '60000'"),
                 )
             } else {
                 let window = limit_i64.saturating_mul(self.claim_window as i64);
                 (
-                    &self.sql.claim_ordered,
+                    self.ordered_claim(conn).await?,
                     "int8, int8, text",
                     format!("{window}, {limit_i64}, '60000'"),
                 )
@@ -401,17 +424,72 @@ impl PgOutboxStore {
         Ok(order)
     }
 
+    /// The ordered claim statement for the number of blocking events now.
+    async fn ordered_claim(&self, conn: &mut AsyncPgConnection) -> Result<&str> {
+        let cached = *self
+            .blocking_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let many = match cached {
+            Some((many, read_at)) if read_at.elapsed() < BLOCKING_CACHE_TTL => many,
+            _ => {
+                let row: ManyRow = diesel::sql_query(&self.sql.many_blocking)
+                    .bind::<BigInt, _>(MANY_BLOCKING)
+                    .prepared(self.sql.prepare)
+                    .get_result(conn)
+                    .await?;
+                *self
+                    .blocking_cache
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some((row.many, Instant::now()));
+                row.many
+            }
+        };
+        Ok(if many {
+            &self.sql.claim_ordered_probing
+        } else {
+            &self.sql.claim_ordered
+        })
+    }
+
+    /// Refuses an outbox whose schema this version cannot work on: one not
+    /// migrated far enough, or one a newer version migrated past what it
+    /// knows. Checked once per store.
+    async fn check_version(&self, conn: &mut AsyncPgConnection) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if std::sync::atomic::AtomicBool::load(&self.version_ok, Ordering::Relaxed) {
+            return Ok(());
+        }
+        let found = diesel::sql_query(&self.sql.schema_version)
+            .get_result::<VersionRow>(conn)
+            .await?
+            .version;
+        if !(REQUIRED_VERSION..=KNOWN_VERSION).contains(&found) {
+            return Err(Error::SchemaVersion {
+                schema: self.schema.name().to_owned(),
+                found,
+                min: REQUIRED_VERSION,
+                max: KNOWN_VERSION,
+            });
+        }
+        self.version_ok.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Picks and locks rows inside the transaction open on `conn`.
-    async fn claim_rows(
-        &self,
-        conn: &mut AsyncPgConnection,
-        limit: usize,
-    ) -> Result<(DeliveryOrder, Vec<OutboxRecord>)> {
+    async fn claim_rows(&self, conn: &mut AsyncPgConnection, limit: usize) -> Result<ClaimedRows> {
+        self.check_version(conn).await?;
         // The claim's first statement also sets the session's
         // idle_in_transaction_session_timeout for this transaction only.
         let timeout_ms = self.claim_timeout.as_millis().to_string();
         let order = self.cached_order(conn).await?;
         let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut claimed = ClaimedRows {
+            order,
+            records: Vec::new(),
+            window: Vec::new(),
+        };
         let rows: Vec<EventRow> = match order {
             DeliveryOrder::Unordered => {
                 diesel::sql_query(&self.sql.claim_unordered)
@@ -423,26 +501,153 @@ impl PgOutboxStore {
             }
             _ => {
                 let window_size = limit_i64.saturating_mul(self.claim_window as i64);
-                let window: Vec<WindowRow> = diesel::sql_query(&self.sql.claim_ordered)
+                let sql = self.ordered_claim(conn).await?;
+                let window: Vec<WindowRow> = diesel::sql_query(sql)
                     .bind::<BigInt, _>(window_size)
                     .bind::<BigInt, _>(limit_i64)
                     .bind::<Text, _>(&timeout_ms)
                     .prepared(self.sql.prepare)
                     .load(conn)
                     .await?;
-                plan::keep_runs(window.into_iter().map(|row| plan::WindowEntry {
-                    aggregate: (row.window_aggregate_type, row.window_aggregate_id),
-                    blocked: row.blocked,
-                    locked: row.locked,
-                }))
+                let mut locked = Vec::new();
+                for row in window {
+                    claimed.window.push(WindowSlot {
+                        seq: row.window_seq,
+                        aggregate: (row.window_aggregate_type, row.window_aggregate_id),
+                        blocked: row.blocked,
+                    });
+                    locked.push(row.locked);
+                }
+                plan::keep_runs(
+                    claimed
+                        .window
+                        .iter()
+                        .zip(locked)
+                        .map(|(slot, locked)| plan::WindowEntry {
+                            aggregate: (&slot.aggregate.0, &slot.aggregate.1),
+                            blocked: slot.blocked,
+                            locked,
+                        }),
+                    limit,
+                )
             }
         };
-        let records = rows
-            .into_iter()
-            .map(EventRow::into_record)
-            .collect::<Result<Vec<_>>>()?;
-        Ok((order, records))
+        // A row another writer stored unreadable ends dead with the reason;
+        // in ordered mode it also ends its aggregate's run (it is the
+        // aggregate's head now), and the rest flow.
+        let mut cut: std::collections::HashSet<(String, String)> = Default::default();
+        for row in rows {
+            let aggregate = row.aggregate();
+            if cut.contains(&aggregate) {
+                continue;
+            }
+            match row.into_record() {
+                Ok(record) => claimed.records.push(record),
+                Err(Error::MalformedRow { seq, reason }) => {
+                    tracing::error!(seq, %reason, "outbox: malformed row; marking it dead");
+                    diesel::sql_query(&self.sql.kill_malformed)
+                        .bind::<BigInt, _>(seq)
+                        .bind::<Text, _>(
+                            format!("malformed row: {reason}").replace('\0', "\u{FFFD}"),
+                        )
+                        .prepared(self.sql.prepare)
+                        .execute(&mut *conn)
+                        .await?;
+                    if order != DeliveryOrder::Unordered {
+                        let followers = followers(&claimed.window, seq, &aggregate);
+                        hold(&self.sql, conn, followers).await?;
+                        cut.insert(aggregate);
+                    }
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(claimed)
     }
+
+    /// Runs `release` (for `aggregates`, or every aggregate) in `conn`'s
+    /// open transaction.
+    async fn release(
+        sql: &Sql,
+        conn: &mut AsyncPgConnection,
+        aggregates: Option<Vec<AggregateRow>>,
+    ) -> Result<u64> {
+        let released = match aggregates {
+            Some(rows) if rows.is_empty() => 0,
+            Some(rows) => {
+                let (types, ids): (Vec<String>, Vec<String>) = rows
+                    .into_iter()
+                    .map(|r| (r.aggregate_type, r.aggregate_id))
+                    .unzip();
+                diesel::sql_query(&sql.release)
+                    .bind::<Array<Text>, _>(types)
+                    .bind::<Array<Text>, _>(ids)
+                    .prepared(sql.prepare)
+                    .execute(conn)
+                    .await?
+            }
+            None => diesel::sql_query(&sql.release_all).execute(conn).await?,
+        };
+        Ok(released as u64)
+    }
+
+    /// Runs an operator's change (`statement`, returning the aggregates it
+    /// touched) and the release of what it unblocked in one transaction, so
+    /// that no relay ever sees held events without the event that holds
+    /// them.
+    async fn change_and_release<'q, Q>(&self, statement: Q, all: bool) -> Result<u64>
+    where
+        Q: diesel_async::methods::LoadQuery<'q, AsyncPgConnection, AggregateRow> + Send + 'q,
+    {
+        let mut tx = PgTransaction::begin(&self.pool).await?;
+        let touched: Vec<AggregateRow> = statement.load(&mut *tx).await?;
+        let count = touched.len() as u64;
+        if count > 0 {
+            let scope = if all { None } else { Some(touched) };
+            PgOutboxStore::release(&self.sql, &mut tx, scope).await?;
+        }
+        tx.commit().await?;
+        Ok(count)
+    }
+}
+
+/// What a claim read: the rows it keeps, and its window (for holding the
+/// followers of events that fail).
+struct ClaimedRows {
+    order: DeliveryOrder,
+    records: Vec<OutboxRecord>,
+    window: Vec<WindowSlot>,
+}
+
+/// One row of an ordered claim's window.
+#[derive(Debug)]
+struct WindowSlot {
+    seq: i64,
+    aggregate: (String, String),
+    blocked: bool,
+}
+
+/// The rows of `window` that follow `seq` in its aggregate.
+fn followers(window: &[WindowSlot], seq: i64, aggregate: &(String, String)) -> Vec<i64> {
+    window
+        .iter()
+        .filter(|slot| slot.seq > seq && slot.aggregate == *aggregate)
+        .map(|slot| slot.seq)
+        .collect()
+}
+
+/// Marks `seqs` held, those still pending and not locked by another claim
+/// (a claim holds those when it next sees them), in `conn`'s transaction
+/// and after the event that holds them back became `retry` or `dead` in it.
+async fn hold(sql: &Sql, conn: &mut AsyncPgConnection, seqs: Vec<i64>) -> Result<()> {
+    if !seqs.is_empty() {
+        diesel::sql_query(&sql.hold)
+            .bind::<Array<BigInt>, _>(seqs)
+            .prepared(sql.prepare)
+            .execute(conn)
+            .await?;
+    }
+    Ok(())
 }
 
 impl OutboxStore for PgOutboxStore {
@@ -453,15 +658,22 @@ impl OutboxStore for PgOutboxStore {
         // Dropping the transaction (an error below, or the relay dropping
         // the claim) closes its connection, which makes PostgreSQL roll back.
         let mut tx = PgTransaction::begin_with(&self.pool, CLAIM_BEGIN).await?;
-        let (order, records) = self.claim_rows(&mut tx, limit).await?;
+        let ClaimedRows {
+            order,
+            records,
+            window,
+        } = self.claim_rows(&mut tx, limit).await?;
         if records.is_empty() {
-            tx.rollback().await?;
+            // Committed, not rolled back: the claim may have held rows
+            // behind blocked events or marked malformed ones dead.
+            tx.commit().await?;
             return Ok(None);
         }
         Ok(Some(PgClaim {
             tx: Some(tx),
             seq_of: records.iter().map(|r| (r.id(), r.seq)).collect(),
             records,
+            window,
             order,
             sql: Arc::clone(&self.sql),
             valid_until: Instant::now() + self.claim_timeout.mul_f64(0.8),
@@ -500,40 +712,66 @@ impl OutboxStore for PgOutboxStore {
     }
 
     async fn replay_dead(&self, selector: DeadSelector) -> Result<u64> {
-        let mut conn = self.conn().await?;
-        let replayed = match selector {
+        // Each replay releases, in its transaction, the events the replayed
+        // ones held back.
+        match selector {
             DeadSelector::Id(id) => {
-                diesel::sql_query(&self.sql.replay_id)
-                    .bind::<diesel::sql_types::Uuid, _>(id)
-                    .execute(&mut *conn)
-                    .await?
+                self.change_and_release(
+                    diesel::sql_query(&self.sql.replay_id).bind::<diesel::sql_types::Uuid, _>(id),
+                    false,
+                )
+                .await
             }
             DeadSelector::Aggregate {
                 aggregate_type,
                 aggregate_id,
             } => {
-                diesel::sql_query(&self.sql.replay_aggregate)
-                    .bind::<Text, _>(aggregate_type)
-                    .bind::<Text, _>(aggregate_id)
-                    .execute(&mut *conn)
-                    .await?
+                self.change_and_release(
+                    diesel::sql_query(&self.sql.replay_aggregate)
+                        .bind::<Text, _>(aggregate_type)
+                        .bind::<Text, _>(aggregate_id),
+                    false,
+                )
+                .await
             }
             _ => {
-                diesel::sql_query(&self.sql.replay_all)
-                    .execute(&mut *conn)
-                    .await?
+                self.change_and_release(diesel::sql_query(&self.sql.replay_all), true)
+                    .await
             }
-        };
-        Ok(replayed as u64)
+        }
     }
 
     async fn skip_dead(&self, id: Uuid) -> Result<bool> {
-        let mut conn = self.conn().await?;
-        let skipped = diesel::sql_query(&self.sql.skip)
-            .bind::<diesel::sql_types::Uuid, _>(id)
-            .execute(&mut *conn)
+        let skipped = self
+            .change_and_release(
+                diesel::sql_query(&self.sql.skip).bind::<diesel::sql_types::Uuid, _>(id),
+                false,
+            )
             .await?;
         Ok(skipped == 1)
+    }
+
+    /// Releases held events that nothing holds back any more (see
+    /// [`Sql::release_orphans`](sql::Sql)): a repair for what a race, a
+    /// relay of an earlier version or a manual edit may leave behind; all of
+    /// them in unordered mode.
+    async fn maintain(&self) -> Result<()> {
+        let mut conn = self.conn().await?;
+        let order = self.cached_order(&mut conn).await?;
+        let sql = if order == DeliveryOrder::Unordered {
+            &self.sql.release_unordered
+        } else {
+            &self.sql.release_orphans
+        };
+        let released = diesel::sql_query(sql).execute(&mut *conn).await?;
+        if released > 0 {
+            tracing::warn!(
+                released,
+                schema = self.schema.name(),
+                "outbox: released held events that nothing held back any more"
+            );
+        }
+        Ok(())
     }
 
     async fn wakeups(&self, relay: RelayHandle) {
@@ -552,6 +790,8 @@ impl OutboxStore for PgOutboxStore {
 pub struct PgClaim {
     tx: Option<PgTransaction>,
     records: Vec<OutboxRecord>,
+    /// The ordered claim's window (empty when unordered).
+    window: Vec<WindowSlot>,
     seq_of: HashMap<Uuid, i64>,
     order: DeliveryOrder,
     sql: Arc<Sql>,
@@ -603,12 +843,29 @@ impl Claim for PgClaim {
 
     async fn mark_sent(&mut self, ids: &[Uuid]) -> Result<()> {
         let seqs = self.seqs(ids.iter().copied())?;
+        // Retries that were sent may have held events behind them: release
+        // those (a second statement, so that it sees what other claims held
+        // behind them until they committed).
+        let sent: std::collections::HashSet<Uuid> = ids.iter().copied().collect();
+        let retried: Vec<AggregateRow> = self
+            .records
+            .iter()
+            .filter(|r| r.status == EventStatus::Retry && sent.contains(&r.id()))
+            .map(|r| AggregateRow {
+                aggregate_type: r.envelope.aggregate_type.clone(),
+                aggregate_id: r.envelope.aggregate_id.clone(),
+            })
+            .collect();
         let sql = Arc::clone(&self.sql);
+        let conn = self.connection()?;
         diesel::sql_query(&sql.mark_sent)
             .bind::<Array<BigInt>, _>(seqs)
             .prepared(sql.prepare)
-            .execute(self.connection()?)
+            .execute(&mut *conn)
             .await?;
+        if !retried.is_empty() {
+            PgOutboxStore::release(&sql, conn, Some(retried)).await?;
+        }
         Ok(())
     }
 
@@ -629,7 +886,21 @@ impl Claim for PgClaim {
             // PostgreSQL text cannot hold NUL.
             errors.push(failure.error.replace('\0', "\u{FFFD}"));
         }
+        // In ordered mode the events of the window that follow a failed one
+        // in its aggregate are held behind it (later ones are held by the
+        // claims that see them).
+        let mut held = Vec::new();
+        if self.order != DeliveryOrder::Unordered {
+            for &seq in &seqs {
+                if let Some(slot) = self.window.iter().find(|slot| slot.seq == seq) {
+                    held.extend(followers(&self.window, seq, &slot.aggregate));
+                }
+            }
+            held.sort_unstable();
+            held.dedup();
+        }
         let sql = Arc::clone(&self.sql);
+        let conn = self.connection()?;
         diesel::sql_query(&sql.mark_failed)
             .bind::<Array<BigInt>, _>(seqs)
             .bind::<Array<Text>, _>(statuses)
@@ -637,8 +908,9 @@ impl Claim for PgClaim {
             .bind::<Array<Nullable<Timestamptz>>, _>(next_at)
             .bind::<Array<Text>, _>(errors)
             .prepared(sql.prepare)
-            .execute(self.connection()?)
+            .execute(&mut *conn)
             .await?;
+        hold(&sql, conn, held).await?;
         Ok(())
     }
 

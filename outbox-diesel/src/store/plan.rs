@@ -8,29 +8,33 @@
 //! aggregate, the locked rows before its first row that is blocked or was
 //! not locked (held by another relay, changed since the window was read, or
 //! beyond the limit), so an aggregate's events are never taken with a gap
-//! and never past an event that holds it back.
+//! and never past an event that holds it back. The same statement marks the
+//! blocked rows `held`, which takes them out of later windows.
 
 use std::collections::HashSet;
 
 /// One row of the window: its aggregate, whether it is blocked, and the row
 /// itself if the claim locked it.
-pub(crate) struct WindowEntry<T> {
+pub(crate) struct WindowEntry<'a, T> {
     /// Aggregate type and id.
-    pub(crate) aggregate: (String, String),
+    pub(crate) aggregate: (&'a str, &'a str),
     pub(crate) blocked: bool,
     pub(crate) locked: Option<T>,
 }
 
-/// The rows to claim, in window (`seq`) order.
-pub(crate) fn keep_runs<T>(window: impl IntoIterator<Item = WindowEntry<T>>) -> Vec<T> {
-    let mut cut: HashSet<(String, String)> = HashSet::new();
+/// The rows to claim, in window (`seq`) order, at most `limit`.
+pub(crate) fn keep_runs<'a, T>(
+    window: impl IntoIterator<Item = WindowEntry<'a, T>>,
+    limit: usize,
+) -> Vec<T> {
+    let mut cut: HashSet<(&str, &str)> = HashSet::new();
     let mut keep = Vec::new();
     for entry in window {
         if cut.contains(&entry.aggregate) {
             continue;
         }
         match entry.locked {
-            Some(row) if !entry.blocked => keep.push(row),
+            Some(row) if !entry.blocked && keep.len() < limit => keep.push(row),
             _ => {
                 cut.insert(entry.aggregate);
             }
@@ -43,9 +47,9 @@ pub(crate) fn keep_runs<T>(window: impl IntoIterator<Item = WindowEntry<T>>) -> 
 mod tests {
     use super::*;
 
-    fn entry(id: &str, blocked: bool, locked: Option<i64>) -> WindowEntry<i64> {
+    fn entry(id: &str, blocked: bool, locked: Option<i64>) -> WindowEntry<'_, i64> {
         WindowEntry {
-            aggregate: ("order".into(), id.into()),
+            aggregate: ("order", id),
             blocked,
             locked,
         }
@@ -59,8 +63,8 @@ mod tests {
             entry("a", false, Some(3)),
             entry("c", false, Some(4)),
         ];
-        assert_eq!(keep_runs(window), [1, 2, 3, 4]);
-        assert!(keep_runs(Vec::<WindowEntry<i64>>::new()).is_empty());
+        assert_eq!(keep_runs(window, 100), [1, 2, 3, 4]);
+        assert!(keep_runs(Vec::<WindowEntry<'_, i64>>::new(), 100).is_empty());
     }
 
     #[test]
@@ -74,7 +78,7 @@ mod tests {
             entry("b", false, Some(4)),
             entry("a", false, Some(5)),
         ];
-        assert_eq!(keep_runs(window), [1, 2, 4]);
+        assert_eq!(keep_runs(window, 100), [1, 2, 4]);
     }
 
     #[test]
@@ -89,7 +93,20 @@ mod tests {
             entry("c", false, Some(5)),
             entry("a", true, None),
         ];
-        assert_eq!(keep_runs(window), [1, 5]);
+        assert_eq!(keep_runs(window, 100), [1, 5]);
+    }
+
+    #[test]
+    fn keeps_at_most_the_limit_and_cuts_what_does_not_fit() {
+        // Locked rows past the limit (the retries locked beside the pending
+        // ones) end their aggregates' runs.
+        let window = [
+            entry("a", false, Some(1)),
+            entry("b", false, Some(2)),
+            entry("a", false, Some(3)),
+            entry("c", false, Some(4)),
+        ];
+        assert_eq!(keep_runs(window, 2), [1, 2]);
     }
 
     #[test]
@@ -101,6 +118,6 @@ mod tests {
             entry("a", false, None),
             entry("b", false, None),
         ];
-        assert_eq!(keep_runs(window), [1, 2]);
+        assert_eq!(keep_runs(window, 100), [1, 2]);
     }
 }

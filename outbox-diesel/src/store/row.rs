@@ -43,6 +43,11 @@ pub(crate) struct EventRow {
 }
 
 impl EventRow {
+    /// Its aggregate type and id.
+    pub(crate) fn aggregate(&self) -> (String, String) {
+        (self.aggregate_type.clone(), self.aggregate_id.clone())
+    }
+
     pub(crate) fn into_record(self) -> Result<OutboxRecord> {
         let seq = self.seq;
         let malformed = |reason: String| Error::MalformedRow { seq, reason };
@@ -75,11 +80,14 @@ impl EventRow {
 /// locked it.
 #[derive(Debug, diesel::QueryableByName)]
 pub(crate) struct WindowRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) window_seq: i64,
     #[diesel(sql_type = Text)]
     pub(crate) window_aggregate_type: String,
     #[diesel(sql_type = Text)]
     pub(crate) window_aggregate_id: String,
-    /// An earlier event of its aggregate is dead or waits for a retry.
+    /// An earlier event of its aggregate is dead, held, or waits for a
+    /// retry that is not due.
     #[diesel(sql_type = Bool)]
     pub(crate) blocked: bool,
     /// `None` when the claim did not lock it (blocked, held by another
@@ -100,6 +108,27 @@ pub(crate) struct StatsRow {
     pub(crate) blocked: i64,
     #[diesel(sql_type = Text)]
     pub(crate) delivery_order: String,
+}
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct ManyRow {
+    #[diesel(sql_type = Bool)]
+    pub(crate) many: bool,
+}
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct VersionRow {
+    #[diesel(sql_type = Integer)]
+    pub(crate) version: i32,
+}
+
+/// An aggregate a replay or skip touched.
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct AggregateRow {
+    #[diesel(sql_type = Text)]
+    pub(crate) aggregate_type: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) aggregate_id: String,
 }
 
 #[derive(Debug, diesel::QueryableByName)]

@@ -20,10 +20,32 @@ pub(crate) const COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, aggrega
 
 #[derive(Debug)]
 pub(crate) struct Sql {
+    /// The ordered claim when few events block: probes only aggregates that
+    /// have a `retry` or `dead` event (see [`Sql::new`]).
     pub(crate) claim_ordered: String,
+    /// The ordered claim when many events block: probes every window row.
+    pub(crate) claim_ordered_probing: String,
     pub(crate) claim_unordered: String,
     pub(crate) mark_sent: String,
     pub(crate) mark_failed: String,
+    /// Holds the given rows (`$1`: seqs) that are still pending.
+    pub(crate) hold: String,
+    /// Releases the held rows of the given aggregates (`$1` types, `$2` ids)
+    /// that no earlier `retry` or `dead` event holds back any more.
+    pub(crate) release: String,
+    /// Releases every held row that nothing holds back any more.
+    pub(crate) release_all: String,
+    /// Releases every held row (unordered mode).
+    pub(crate) release_unordered: String,
+    /// Releases the held rows of aggregates where no `retry` or `dead`
+    /// event precedes the first held one (left behind by a race, a manual
+    /// edit or a relay of an earlier version). Costs a probe per aggregate
+    /// with held rows, not per held row.
+    pub(crate) release_orphans: String,
+    /// Marks one row `dead` with a reason (`$1` seq, `$2` reason).
+    pub(crate) kill_malformed: String,
+    /// Whether more than `$1` events are `retry` or `dead`.
+    pub(crate) many_blocking: String,
     pub(crate) stats: String,
     pub(crate) purge: String,
     pub(crate) replay_id: String,
@@ -32,6 +54,7 @@ pub(crate) struct Sql {
     pub(crate) skip: String,
     pub(crate) get_order: String,
     pub(crate) set_order: String,
+    pub(crate) schema_version: String,
     /// Keep the statements prepared on each connection.
     pub(crate) prepare: bool,
 }
@@ -40,50 +63,105 @@ impl Sql {
     pub(crate) fn new(schema: &Schema, keep_sent: bool, prepare: bool) -> Self {
         let t = schema.table("outbox_events");
         let settings = schema.table("outbox_settings");
-        let unsent = literals(&[EventStatus::Pending, EventStatus::Retry]);
-        let claimable = literals(Transition::Publish.from());
-        let due = "(next_attempt_at IS NULL OR next_attempt_at <= now())";
-        let dead = literals(&[EventStatus::Dead]);
+        let pending = literals(&[EventStatus::Pending]);
         let retry = literals(&[EventStatus::Retry]);
-        Sql {
-            // `blocked` probes the blocking index once per window row, but
-            // only when some row blocks at all (an InitPlan, run once): most
-            // of the time none does, and the probes were about a third of a
-            // 100-row claim's server time (pgbench: 1.08–1.19 vs 1.64–1.77 ms).
-            claim_ordered: format!(
-                "WITH w AS ( \
-                   SELECT w.seq, w.aggregate_type, w.aggregate_id, \
-                     (SELECT EXISTS ( \
-                        SELECT 1 FROM {t} a WHERE a.status IN ({blocking}) \
-                          AND (a.status IN ({dead}) OR a.next_attempt_at > now()))) \
-                     AND EXISTS ( \
-                       SELECT 1 FROM {t} b \
-                       WHERE b.aggregate_type = w.aggregate_type \
-                         AND b.aggregate_id = w.aggregate_id \
-                         AND b.seq < w.seq AND b.status IN ({blocking}) \
-                         AND (b.status IN ({dead}) OR b.next_attempt_at > now()) \
-                     ) AS blocked \
-                   FROM (SELECT seq, aggregate_type, aggregate_id FROM {t} \
-                         WHERE status IN ({unsent}) AND {due} ORDER BY seq LIMIT $1) w \
+        let dead = literals(&[EventStatus::Dead]);
+        let held = literals(&[EventStatus::Held]);
+        let unsent = literals(&[EventStatus::Pending, EventStatus::Retry, EventStatus::Held]);
+        let heads = literals(&[EventStatus::Retry, EventStatus::Dead]);
+        // Whether an earlier event of the window row's aggregate holds it
+        // back: a dead one, a retry not yet due, or a held one. Two probes,
+        // each on a partial index that is empty while nothing fails.
+        let probe = format!(
+            "(EXISTS ( \
+                SELECT 1 FROM {t} b \
+                WHERE b.aggregate_type = w0.aggregate_type AND b.aggregate_id = w0.aggregate_id \
+                  AND b.seq < w0.seq AND b.status IN ({heads}) \
+                  AND (b.status IN ({dead}) OR b.next_attempt_at > now())) \
+              OR EXISTS ( \
+                SELECT 1 FROM {t} h \
+                WHERE h.aggregate_type = w0.aggregate_type AND h.aggregate_id = w0.aggregate_id \
+                  AND h.seq < w0.seq AND h.status IN ({held})))"
+        );
+        // Only aggregates with a `retry` or `dead` event can be held back:
+        // a held event always has one before it (the store keeps it so). A
+        // hashed set of them, read from the small `outbox_events_blocking`
+        // index, spares the probes of every other aggregate's rows.
+        let gate = format!(
+            "(w0.aggregate_type, w0.aggregate_id) IN ( \
+               SELECT aggregate_type, aggregate_id FROM {t} WHERE status IN ({heads}))"
+        );
+        let ordered = |gate: &str| {
+            format!(
+                "WITH w0 AS ( \
+                   SELECT c.seq, c.aggregate_type, c.aggregate_id FROM ( \
+                     (SELECT seq, aggregate_type, aggregate_id FROM {t} \
+                      WHERE status IN ({pending}) ORDER BY seq LIMIT $1) \
+                     UNION ALL \
+                     (SELECT seq, aggregate_type, aggregate_id FROM {t} \
+                      WHERE status IN ({retry}) AND next_attempt_at <= now() \
+                      ORDER BY next_attempt_at LIMIT $1) \
+                   ) c ORDER BY c.seq LIMIT $1 \
+                 ), w AS ( \
+                   SELECT w0.seq, w0.aggregate_type, w0.aggregate_id, \
+                     {gate} AND {probe} AS blocked \
+                   FROM w0 \
                  ), l AS ( \
                    SELECT {COLUMNS} FROM {t} \
-                   WHERE seq IN (SELECT seq FROM w WHERE NOT blocked) \
-                     AND status IN ({claimable}) AND {due} \
+                   WHERE status IN ({pending}) AND seq <= (SELECT max(seq) FROM w) \
+                     AND (seq IN (SELECT seq FROM w WHERE NOT blocked)) IS TRUE \
                    ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED \
+                 ), r AS ( \
+                   SELECT {COLUMNS} FROM {t} \
+                   WHERE status IN ({retry}) AND next_attempt_at <= now() \
+                     AND (seq IN (SELECT seq FROM w WHERE NOT blocked)) IS TRUE \
+                   ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED \
+                 ), h AS ( \
+                   UPDATE {t} AS t SET status = {held} \
+                   WHERE t.seq IN ( \
+                       SELECT p.seq FROM {t} p \
+                       WHERE p.seq = ANY (ARRAY(SELECT seq FROM w WHERE blocked)) \
+                         AND p.status IN ({pending}) \
+                       FOR UPDATE SKIP LOCKED) \
+                     AND EXISTS ( \
+                       SELECT 1 FROM {t} x \
+                       WHERE x.aggregate_type = t.aggregate_type AND x.aggregate_id = t.aggregate_id \
+                         AND x.seq < t.seq AND x.status IN ({heads}) \
+                       FOR SHARE SKIP LOCKED) \
+                   RETURNING t.seq \
                  ) \
-                 SELECT w.aggregate_type AS window_aggregate_type, \
-                   w.aggregate_id AS window_aggregate_id, w.blocked, l.*, \
+                 SELECT w.seq AS window_seq, w.aggregate_type AS window_aggregate_type, \
+                   w.aggregate_id AS window_aggregate_id, w.blocked, k.*, \
                    set_config('idle_in_transaction_session_timeout', $3, true) AS claim_timeout \
-                 FROM w LEFT JOIN l ON l.seq = w.seq \
-                 ORDER BY w.seq",
-                blocking = literals(&[EventStatus::Retry, EventStatus::Dead]),
-            ),
+                 FROM w LEFT JOIN (SELECT * FROM l UNION ALL SELECT * FROM r) k ON k.seq = w.seq \
+                 ORDER BY w.seq"
+            )
+        };
+        let release_where = format!(
+            "t.status IN ({held}) AND NOT EXISTS ( \
+               SELECT 1 FROM {t} b \
+               WHERE b.aggregate_type = t.aggregate_type AND b.aggregate_id = t.aggregate_id \
+                 AND b.seq < t.seq AND b.status IN ({heads}))"
+        );
+        Sql {
+            claim_ordered: ordered(&gate),
+            claim_ordered_probing: ordered("true"),
+            // Pending rows in seq order and due retries, each by its own
+            // partial index; locked rows past the limit are dropped by the
+            // store (and stay locked, unused, until the claim ends).
             claim_unordered: format!(
-                "SELECT {COLUMNS}, \
-                 set_config('idle_in_transaction_session_timeout', $2, true) AS claim_timeout \
-                 FROM {t} \
-                 WHERE status IN ({claimable}) AND {due} \
-                 ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED"
+                "WITH l AS ( \
+                   SELECT {COLUMNS} FROM {t} WHERE status IN ({pending}) \
+                   ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED \
+                 ), r AS ( \
+                   SELECT {COLUMNS} FROM {t} \
+                   WHERE status IN ({retry}) AND next_attempt_at <= now() \
+                   ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED \
+                 ) \
+                 SELECT k.*, \
+                   set_config('idle_in_transaction_session_timeout', $2, true) AS claim_timeout \
+                 FROM (SELECT * FROM l UNION ALL SELECT * FROM r) k \
+                 ORDER BY k.seq LIMIT $1"
             ),
             mark_sent: if keep_sent {
                 format!(
@@ -106,14 +184,69 @@ impl Sql {
                  WHERE t.seq = u.seq AND t.status IN ({from})",
                 from = literals(Transition::Retry.from()),
             ),
+            hold: format!(
+                "UPDATE {t} SET status = '{to}' WHERE seq IN ( \
+                   SELECT seq FROM {t} WHERE seq = ANY($1) AND status IN ({from}) \
+                   FOR UPDATE SKIP LOCKED)",
+                to = Transition::Hold.to().as_str(),
+                from = literals(Transition::Hold.from()),
+            ),
+            release: format!(
+                "UPDATE {t} AS t SET status = '{to}' \
+                 FROM (SELECT DISTINCT a.aggregate_type, a.aggregate_id \
+                       FROM UNNEST($1::text[], $2::text[]) AS a(aggregate_type, aggregate_id)) a \
+                 WHERE t.aggregate_type = a.aggregate_type AND t.aggregate_id = a.aggregate_id \
+                   AND {release_where}",
+                to = Transition::Release.to().as_str(),
+            ),
+            release_all: format!(
+                "UPDATE {t} AS t SET status = '{to}' WHERE {release_where}",
+                to = Transition::Release.to().as_str(),
+            ),
+            release_orphans: format!(
+                "WITH RECURSIVE a AS ( \
+                   (SELECT aggregate_type, aggregate_id, seq FROM {t} WHERE status IN ({held}) \
+                    ORDER BY aggregate_type, aggregate_id, seq LIMIT 1) \
+                   UNION ALL \
+                   SELECT n.aggregate_type, n.aggregate_id, n.seq FROM a, LATERAL ( \
+                     SELECT aggregate_type, aggregate_id, seq FROM {t} \
+                     WHERE status IN ({held}) \
+                       AND (aggregate_type, aggregate_id) > (a.aggregate_type, a.aggregate_id) \
+                     ORDER BY aggregate_type, aggregate_id, seq LIMIT 1) n \
+                 ), orphans AS ( \
+                   SELECT a.aggregate_type, a.aggregate_id FROM a WHERE NOT EXISTS ( \
+                     SELECT 1 FROM {t} b \
+                     WHERE b.aggregate_type = a.aggregate_type AND b.aggregate_id = a.aggregate_id \
+                       AND b.seq < a.seq AND b.status IN ({heads})) \
+                 ) \
+                 UPDATE {t} AS t SET status = '{to}' FROM orphans o \
+                 WHERE t.aggregate_type = o.aggregate_type AND t.aggregate_id = o.aggregate_id \
+                   AND {release_where}",
+                to = Transition::Release.to().as_str(),
+            ),
+            release_unordered: format!(
+                "UPDATE {t} SET status = '{to}' WHERE status IN ({held})",
+                to = Transition::Release.to().as_str(),
+            ),
+            kill_malformed: format!(
+                "UPDATE {t} SET status = '{to}', last_error = $2 WHERE seq = $1",
+                to = Transition::Kill.to().as_str(),
+            ),
+            many_blocking: format!(
+                "SELECT count(*) > $1 AS many FROM ( \
+                   SELECT 1 FROM {t} WHERE status IN ({heads}) LIMIT $1 + 1) b"
+            ),
             stats: format!(
                 "SELECT \
                    (SELECT count(*) FROM {t} WHERE status IN ({unsent})) AS backlog, \
-                   (SELECT extract(epoch FROM now() - occurred_at)::float8 FROM {t} \
-                      WHERE status IN ({unsent}) ORDER BY seq LIMIT 1) AS oldest_age, \
+                   (SELECT extract(epoch FROM now() - min(o))::float8 FROM ( \
+                      (SELECT occurred_at AS o FROM {t} WHERE status IN ({pending}) \
+                       ORDER BY seq LIMIT 1) \
+                      UNION ALL (SELECT min(occurred_at) FROM {t} WHERE status IN ({retry}, {held})) \
+                    ) AS oldest) AS oldest_age, \
                    (SELECT count(*) FROM {t} WHERE status IN ({dead})) AS dead, \
                    (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM {t} \
-                      WHERE status IN ({dead}, {retry})) AS b) AS blocked, \
+                      WHERE status IN ({heads})) AS b) AS blocked, \
                    (SELECT delivery_order FROM {settings}) AS delivery_order"
             ),
             purge: format!(
@@ -122,23 +255,31 @@ impl Sql {
                      AND coalesce(published_at, occurred_at) < $1 ORDER BY seq LIMIT $2)",
                 done = literals(&[EventStatus::Sent, EventStatus::Skipped]),
             ),
-            replay_id: format!("{} AND id = $1", replay(&t)),
+            replay_id: format!("{} AND id = $1 {RETURNING}", replay(&t)),
             replay_aggregate: format!(
-                "{} AND aggregate_type = $1 AND aggregate_id = $2",
+                "{} AND aggregate_type = $1 AND aggregate_id = $2 {RETURNING}",
                 replay(&t)
             ),
-            replay_all: replay(&t),
+            replay_all: format!("{} {RETURNING}", replay(&t)),
             skip: format!(
-                "UPDATE {t} SET status = '{to}' WHERE id = $1 AND status IN ({from})",
+                "UPDATE {t} SET status = '{to}' WHERE id = $1 AND status IN ({from}) {RETURNING}",
                 to = Transition::Skip.to().as_str(),
                 from = literals(Transition::Skip.from()),
             ),
             get_order: format!("SELECT delivery_order FROM {settings}"),
             set_order: format!("UPDATE {settings} SET delivery_order = $1"),
+            schema_version: format!(
+                "SELECT coalesce(max(version), 0) AS version FROM {}",
+                schema.table("outbox_schema_version")
+            ),
             prepare,
         }
     }
 }
+
+/// What replay and skip return: the aggregates whose held events they may
+/// release.
+const RETURNING: &str = "RETURNING aggregate_type, aggregate_id";
 
 fn replay(t: &str) -> String {
     format!(

@@ -38,7 +38,11 @@ impl TestDb {
         let mut schema = format!("t_{}_{}_{n}", test, std::process::id());
         schema.truncate(63);
         let applied = outbox_diesel::migrate(&mut conn, &schema).await.unwrap();
-        assert_eq!(applied, vec![1], "a fresh schema gets every migration");
+        assert_eq!(
+            applied,
+            vec![1, 2, 3],
+            "a fresh schema gets every migration"
+        );
         TestDb {
             pool: outbox_diesel::pool(&url, 6).unwrap(),
             outbox: Outbox::new(&schema).unwrap(),
