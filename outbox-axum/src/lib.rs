@@ -123,7 +123,10 @@
 //!    writes the staged events with one `INSERT` in the request's
 //!    transaction, commits, then wakes the relay ([`OutboxLayer::relay`]).
 //!    If writing or committing fails, the client gets a `500` instead, never
-//!    a 2xx for a change that was rolled back.
+//!    a 2xx for a change that was rolled back: also when the handler left
+//!    the transaction aborted (it caught a failed statement's error) or a
+//!    nested transaction open (a cancelled `tx.transaction(..)`), where a
+//!    plain `COMMIT` would have rolled back or only released a savepoint.
 //! 5. On any other response, an inner service error, a panic or a dropped
 //!    request future: rolls back and drops the staged events.
 //!
@@ -158,7 +161,7 @@
 //! | status | when |
 //! |---|---|
 //! | `503` + `Retry-After` | [`Tx`] could not get a connection or `BEGIN` in time ([`TxRejection::Unavailable`]) |
-//! | `500` | writing the events or `COMMIT` failed; events staged but never written; a [`Tx`] kept alive after the handler; [`Tx`] extracted twice; an extractor used without the layer |
+//! | `500` | writing the events or `COMMIT` failed; the transaction was aborted by a failed statement, or a nested transaction was left open, so no real `COMMIT` could happen; events staged but never written; a [`Tx`] kept alive after the handler; [`Tx`] extracted twice; an extractor used without the layer |
 //!
 #![doc = include_str!("../docs/layer-order.md")]
 #![doc = include_str!("../docs/transaction-scope.md")]

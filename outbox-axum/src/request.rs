@@ -81,7 +81,9 @@ impl RequestScope {
                         %status,
                         events = staged.len(),
                         "writing the outbox or committing the request's transaction failed; \
-                         answering 500 instead"
+                         answering 500 instead, nothing of the request is stored (\"current \
+                         transaction is aborted\": a statement of the handler failed and the \
+                         handler still answered success)"
                     );
                     return json_error(
                         StatusCode::INTERNAL_SERVER_ERROR,

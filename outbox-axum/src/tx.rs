@@ -176,31 +176,47 @@ impl Held {
         self.lent.as_mut().map(|lent| lent.conn())
     }
 
-    /// Writes `envelopes` (one `INSERT`, none if empty) and commits. On any
-    /// error the connection is discarded; the outcome of a `COMMIT` that
-    /// fails mid-way is PostgreSQL's (committed or rolled back, never half).
+    /// Writes `envelopes` (one `INSERT`, none if empty) and commits with
+    /// [`outbox_diesel::commit_top_level`]: only a real top-level `COMMIT`
+    /// of a healthy transaction counts (not a savepoint release left by a
+    /// cancelled nested transaction, nor the silent rollback of an aborted
+    /// one). On any error the connection is discarded; the outcome of a
+    /// `COMMIT` that fails mid-way is PostgreSQL's (committed or rolled
+    /// back, never half).
     pub(crate) async fn commit(
         mut self,
         outbox: &Outbox,
         envelopes: &[EventEnvelope],
     ) -> Result<(), outbox_diesel::Error> {
         if let Some(conn) = self.conn() {
-            outbox.record_envelopes(conn, envelopes).await?;
-            AnsiTransactionManager::commit_transaction(conn).await?;
+            // Not at the top level, `commit_top_level` refuses and says why;
+            // the events would only go into a savepoint.
+            if outbox_diesel::in_top_level_transaction(conn) {
+                outbox.record_envelopes(conn, envelopes).await?;
+            }
+            outbox_diesel::commit_top_level(conn).await?;
         }
         // Back to the pool, outside any transaction.
         drop(self.lent.take());
         Ok(())
     }
 
-    /// Rolls back and returns the connection; if `ROLLBACK` fails, the
-    /// connection is discarded (which rolls back as well).
+    /// Rolls back and returns the connection; if a nested transaction
+    /// (savepoint) is still open or `ROLLBACK` fails, the connection is
+    /// discarded (which rolls back all of it).
     pub(crate) async fn rollback(mut self) {
-        if let Some(conn) = self.conn()
-            && let Err(error) = AnsiTransactionManager::rollback_transaction(conn).await
-        {
-            tracing::warn!(%error, "ROLLBACK failed; closing the connection instead");
-            return; // `self` is dropped: discarded
+        if let Some(conn) = self.conn() {
+            if !outbox_diesel::in_top_level_transaction(conn) {
+                tracing::warn!(
+                    "a nested transaction (savepoint) of the request is still open (its \
+                     future was dropped mid-way); closing the connection to roll back"
+                );
+                return; // `self` is dropped: discarded
+            }
+            if let Err(error) = AnsiTransactionManager::rollback_transaction(conn).await {
+                tracing::warn!(%error, "ROLLBACK failed; closing the connection instead");
+                return;
+            }
         }
         drop(self.lent.take());
     }

@@ -289,3 +289,48 @@ async fn extracting_tx_twice_is_a_clear_500_not_a_deadlock() {
     let reply = oneshot(&app, request("/orders", &Cmd::named("after"))).await;
     assert_eq!(reply.status, StatusCode::CREATED);
 }
+
+/// A handler that misbehaves on its transaction (`path`) and still answers
+/// 201: the layer must answer 500, store nothing and close the connection
+/// rather than pool it; with or without staged events.
+async fn misbehaving_handler_is_a_5xx(db: &TestDb, path: &str) {
+    let (router, gate) = routes(db);
+    let app = router.layer(OutboxLayer::new(db.pool.clone()).outbox(db.outbox.clone()));
+    for raise in [false, true] {
+        let cmd = Cmd {
+            raise,
+            ..Cmd::named("phantom")
+        };
+        let reply = oneshot(&app, request(path, &cmd)).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{path}, events staged: {raise}: not a phantom 2xx"
+        );
+        assert!(
+            reply.error().contains("could not be committed"),
+            "{}",
+            reply.error()
+        );
+        assert_eq!(db.counts().await, (0, 0), "{path}, events staged: {raise}");
+        let pid = gate.backend.lock().unwrap().take().unwrap();
+        db.assert_backend_closed(pid).await;
+    }
+    db.assert_no_open_transaction().await;
+    // The pool still serves healthy requests.
+    let reply = oneshot(&app, request("/orders", &Cmd::named("after"))).await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    assert_eq!(db.counts().await, (1, 1));
+}
+
+#[tokio::test]
+async fn a_cancelled_nested_transaction_is_a_5xx_not_a_savepoint_release() {
+    let db = TestDb::new("nested_cancelled").await;
+    misbehaving_handler_is_a_5xx(&db, "/nested-cancelled").await;
+}
+
+#[tokio::test]
+async fn a_swallowed_database_error_is_a_5xx_not_a_silent_rollback() {
+    let db = TestDb::new("swallowed").await;
+    misbehaving_handler_is_a_5xx(&db, "/swallowed-error").await;
+}

@@ -31,6 +31,18 @@ pub enum Error {
         #[source]
         source: diesel::ConnectionError,
     },
+    /// A commit was refused because it would not have been a real top-level
+    /// `COMMIT` of a healthy transaction (a nested transaction left open, an
+    /// aborted transaction): nothing was committed. See
+    /// [`commit_top_level`](crate::commit_top_level).
+    #[error("transaction not committed, nothing of it is stored: {reason}")]
+    NotCommitted {
+        /// What was wrong, and what to change.
+        reason: String,
+        /// The probe's error, for an aborted transaction.
+        #[source]
+        source: Option<diesel::result::Error>,
+    },
     /// A setting is invalid (e.g. a schema name PostgreSQL cannot hold).
     #[error("invalid outbox configuration: {0}")]
     Config(String),

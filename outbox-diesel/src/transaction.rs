@@ -1,12 +1,140 @@
 //! [`PgTransaction`]: a pooled connection with an open transaction that
-//! rolls back (by closing the connection) when dropped.
+//! rolls back (by closing the connection) when dropped; and
+//! [`commit_top_level`], the one checked commit every transaction this
+//! workspace finishes goes through.
 
 use std::ops::{Deref, DerefMut};
 
+use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
-use diesel_async::{AnsiTransactionManager, AsyncPgConnection, TransactionManager};
+use diesel_async::{
+    AnsiTransactionManager, AsyncConnection, AsyncPgConnection, SimpleAsyncConnection,
+    TransactionManager,
+};
 
 use crate::{Error, Result};
+
+/// The probe and the `COMMIT`, in one simple-query message (one round
+/// trip). In an aborted transaction every statement but `COMMIT`/`ROLLBACK`
+/// fails (SQLSTATE 25P02), and PostgreSQL skips the rest of a message after
+/// a failed statement: the `COMMIT`, which would have rolled back without
+/// an error, never runs.
+const PROBE_AND_COMMIT: &str = "SELECT 1; COMMIT";
+
+/// Commits the transaction open on `conn`, but only if that is a real
+/// top-level `COMMIT` of a healthy transaction; otherwise commits nothing and
+/// returns [`Error::NotCommitted`] with what went wrong.
+///
+/// `AnsiTransactionManager::commit_transaction` (and so a plain
+/// `COMMIT` through diesel) does not guarantee that:
+/// - when a nested `conn.transaction(..)` was cancelled mid-way (its
+///   future dropped by a timeout or `select!`), diesel's depth stays above
+///   1 and a "commit" only releases a savepoint, leaving the transaction
+///   open;
+/// - when a statement failed and the caller went on anyway (caught the
+///   error and returned success), PostgreSQL has aborted the transaction
+///   and turns `COMMIT` into `ROLLBACK` *without an error*.
+///
+/// This checks diesel's transaction depth is exactly 1 (no round trip),
+/// then sends `SELECT 1; COMMIT` as one message: the `SELECT 1` fails in an
+/// aborted transaction and the `COMMIT` is then skipped. Cost: no extra
+/// round trip, one trivial statement parsed and run by the server (about
+/// 10 µs; measured in the crate docs, "Checked commits").
+///
+/// The Axum layer, [`PgTransaction::commit`] (the inbox consumer's and the
+/// relay's transactions) use it. Call it yourself where you hold a
+/// transaction open across API boundaries. After an error the connection
+/// may still be inside the (aborted or nested) transaction: close it
+/// rather than pooling it (deadpool: `Object::take`), which rolls back.
+///
+/// ```no_run
+/// use diesel_async::{AnsiTransactionManager, AsyncPgConnection, TransactionManager};
+///
+/// # async fn run(conn: &mut AsyncPgConnection) -> Result<(), outbox_diesel::Error> {
+/// AnsiTransactionManager::begin_transaction(conn).await?;
+/// // ... the business change and `outbox_diesel::record(conn, ..)` ...
+/// outbox_diesel::commit_top_level(conn).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// [`Error::NotCommitted`] if no transaction is open, a nested one
+/// (savepoint) is still open, diesel's transaction manager is broken, or
+/// the transaction is aborted: nothing was committed. [`Error::Database`]
+/// if the `COMMIT` itself fails (e.g. a deferred constraint): PostgreSQL has
+/// rolled the transaction back.
+pub async fn commit_top_level(conn: &mut AsyncPgConnection) -> Result<()> {
+    let status = AnsiTransactionManager::transaction_manager_status_mut(conn);
+    match status.transaction_depth() {
+        Ok(Some(depth)) if depth.get() == 1 => {}
+        Ok(Some(depth)) => {
+            let nested = depth.get() - 1;
+            return Err(Error::NotCommitted {
+                reason: format!(
+                    "{nested} nested transaction(s) (savepoints) still open: a \
+                     `transaction(..)` future on this connection was dropped before it \
+                     finished (cancelled by a timeout, `select!` or an early return), so its \
+                     work may be half done; await nested transactions to the end, or fail \
+                     when one is cancelled"
+                ),
+                source: None,
+            });
+        }
+        Ok(None) => {
+            return Err(Error::NotCommitted {
+                reason: "no transaction is open on the connection (was it committed or \
+                         rolled back by hand?)"
+                    .into(),
+                source: None,
+            });
+        }
+        Err(source) => {
+            return Err(Error::NotCommitted {
+                reason: "diesel's transaction manager is broken (an earlier COMMIT or \
+                         ROLLBACK failed)"
+                    .into(),
+                source: Some(source),
+            });
+        }
+    }
+    if let Err(error) = conn.batch_execute(PROBE_AND_COMMIT).await {
+        return Err(classify_failed_commit(conn, error).await);
+    }
+    // The server left the transaction; tell diesel.
+    if let TransactionManagerStatus::Valid(valid) =
+        AnsiTransactionManager::transaction_manager_status_mut(conn)
+    {
+        valid.change_transaction_depth(TransactionDepthChange::DecreaseDepth)?;
+    }
+    Ok(())
+}
+
+/// Which statement of [`PROBE_AND_COMMIT`] failed. Runs on the failure path
+/// only: a transaction that the probe found aborted is still open, so a
+/// second probe fails again; after a failed `COMMIT` the session is outside
+/// any transaction and it succeeds. (The SQLSTATE would say it directly, but
+/// diesel does not expose it.)
+async fn classify_failed_commit(
+    conn: &mut AsyncPgConnection,
+    error: diesel::result::Error,
+) -> Error {
+    use diesel::result::{DatabaseErrorKind, Error as Diesel};
+    match conn.batch_execute("SELECT 1").await {
+        Err(Diesel::DatabaseError(DatabaseErrorKind::Unknown, _)) => Error::NotCommitted {
+            reason: "the transaction was aborted by an earlier statement that failed, and \
+                     the code went on as if it had not (e.g. a handler that caught a database \
+                     error and still returned success); PostgreSQL rolls such a transaction \
+                     back at COMMIT. Fail when a statement fails, or run a statement that may \
+                     fail in a nested `transaction(..)` (a savepoint), which rolls back only \
+                     that statement"
+                .into(),
+            source: Some(error),
+        },
+        // `COMMIT` failed (the transaction is over, rolled back), or the
+        // connection is gone.
+        _ => Error::Database(error),
+    }
+}
 
 /// A transaction on a pooled connection, held across `await`s and API
 /// boundaries (a relay's claim, an inbox consumer's handler).
@@ -50,34 +178,61 @@ impl PgTransaction {
         Ok(PgTransaction { conn: Some(conn) })
     }
 
-    /// Commits and returns the connection to the pool.
+    /// Commits with [`commit_top_level`] and returns the connection to the
+    /// pool. If the commit is refused or fails, nothing is committed and the
+    /// connection is closed instead (so no pooled connection is left inside
+    /// a transaction).
     ///
     /// # Errors
-    /// [`Error::Database`] if the commit fails (the transaction is then
-    /// rolled back by PostgreSQL).
+    /// [`Error::NotCommitted`] if a nested transaction (savepoint) opened on
+    /// it is still open or the transaction is aborted (a statement failed and
+    /// the caller went on): the transaction is rolled back.
+    /// [`Error::Database`] if the `COMMIT` fails (PostgreSQL rolls back).
     pub async fn commit(mut self) -> Result<()> {
         if let Some(mut conn) = self.conn.take()
-            && let Err(err) = AnsiTransactionManager::commit_transaction(&mut *conn).await
+            && let Err(err) = commit_top_level(&mut conn).await
         {
             drop(Object::take(conn));
-            return Err(err.into());
+            return Err(err);
         }
         Ok(())
     }
 
-    /// Rolls back and returns the connection to the pool.
+    /// Rolls back and returns the connection to the pool. If a nested
+    /// transaction (savepoint) is still open on it, or the rollback fails,
+    /// the connection is closed instead, which rolls back all of it.
     ///
     /// # Errors
     /// [`Error::Database`] if the rollback fails (the connection is closed).
     pub async fn rollback(mut self) -> Result<()> {
-        if let Some(mut conn) = self.conn.take()
-            && let Err(err) = AnsiTransactionManager::rollback_transaction(&mut *conn).await
-        {
-            drop(Object::take(conn));
-            return Err(err.into());
+        if let Some(mut conn) = self.conn.take() {
+            if !in_top_level_transaction(&mut conn) {
+                // `ROLLBACK` would only roll back to the innermost
+                // savepoint and leave the transaction open.
+                drop(Object::take(conn));
+                return Ok(());
+            }
+            if let Err(err) = AnsiTransactionManager::rollback_transaction(&mut *conn).await {
+                drop(Object::take(conn));
+                return Err(err.into());
+            }
         }
         Ok(())
     }
+}
+
+/// `true` if exactly one transaction is open on `conn` as diesel counts
+/// (no nested transaction, i.e. savepoint, left open and the transaction
+/// manager not broken): only then does a `ROLLBACK` through diesel end the
+/// transaction. Otherwise roll back by closing the connection.
+pub fn in_top_level_transaction(conn: &mut AsyncPgConnection) -> bool {
+    matches!(
+        <AsyncPgConnection as AsyncConnection>::TransactionManager::transaction_manager_status_mut(
+            conn
+        )
+        .transaction_depth(),
+        Ok(Some(depth)) if depth.get() == 1
+    )
 }
 
 impl Deref for PgTransaction {

@@ -1143,3 +1143,89 @@ async fn a_queue_missing_while_reconnecting_is_waited_for_not_fatal() {
         .await;
     running.stop().await;
 }
+
+#[tokio::test]
+async fn an_original_routing_key_header_longer_than_amqp_allows_does_not_loop_forever() {
+    let broker = Broker::new("long_original_key").await;
+    let inbox = InMemoryInbox::new();
+    let calls = Calls::default();
+    let consumer = InboxConsumer::builder(
+        amqp_url(),
+        broker.queue(),
+        broker.consumer_name(),
+        inbox.clone(),
+        recording(&calls, |_, _| Err(HandlerError::permanent("refused"))),
+    )
+    .retry_delay(Duration::from_millis(100))
+    .build()
+    .unwrap();
+    let running = Running::start(consumer);
+
+    // Another publisher's header: 300 bytes cannot be a routing key (AMQP
+    // short strings hold 255), so the message cannot be dead-lettered with it.
+    let long = "k".repeat(300);
+    let with_long_header = |properties: BasicProperties| {
+        let mut headers = properties.headers().clone().unwrap_or_default();
+        headers.insert(
+            ORIGINAL_ROUTING_KEY_HEADER.into(),
+            AMQPValue::LongString(long.as_str().into()),
+        );
+        properties.with_headers(headers)
+    };
+    // 1. A valid event its handler refuses.
+    let refused = placed("o-1", 1);
+    broker
+        .publish_raw(
+            "order.placed",
+            refused.payload.as_bytes(),
+            with_long_header(wire::properties(&refused, "/tests")),
+        )
+        .await;
+    // 2. A message that cannot be decoded.
+    let undecodable_id = Uuid::now_v7().to_string();
+    broker
+        .publish_raw(
+            "order.placed",
+            b"not json {",
+            with_long_header(
+                wire::properties(&placed("o-2", 2), "/tests")
+                    .with_message_id(undecodable_id.as_str().into()),
+            ),
+        )
+        .await;
+
+    let dead = broker.dead_letters(2).await;
+    running.stop().await;
+
+    let by_id = |id: &str| {
+        dead.iter()
+            .find(|m| m.properties.message_id().as_ref().map(|m| m.as_str()) == Some(id))
+            .unwrap_or_else(|| panic!("no dead letter for {id}"))
+    };
+    for (id, reason) in [
+        (refused.id.to_string(), "refused"),
+        (undecodable_id, "not JSON"),
+    ] {
+        let message = by_id(&id);
+        assert!(
+            dead_reason(message).contains(reason),
+            "{}",
+            dead_reason(message)
+        );
+        assert_eq!(
+            message.routing_key.as_str(),
+            "order.placed",
+            "dead-lettered with the delivery's routing key"
+        );
+        let headers = message.properties.headers().as_ref().unwrap();
+        assert_eq!(
+            header_str(headers, ORIGINAL_ROUTING_KEY_HEADER),
+            Some("order.placed"),
+            "the unusable header is replaced"
+        );
+    }
+    let handled = calls.of(refused.id);
+    assert_eq!(handled.len(), 1, "a permanent error: one call");
+    assert_eq!(handled[0].event.routing_key, "order.placed");
+    assert_eq!(broker.ready(broker.queue()).await, 0, "nothing requeued");
+}

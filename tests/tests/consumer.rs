@@ -706,3 +706,165 @@ async fn events_recorded_by_the_handler_carry_causation_correlation_and_trace() 
         Some(traceparent)
     );
 }
+
+/// How [`Misbehaving`] treats its transaction.
+#[derive(Clone, Copy)]
+enum Misbehaviour {
+    /// A nested transaction (savepoint) whose future a timeout cancels
+    /// mid-way: diesel's depth stays at 2.
+    CancelledNestedTransaction,
+    /// A statement that fails, its error ignored: PostgreSQL aborted the
+    /// transaction and would turn `COMMIT` into `ROLLBACK` without an error.
+    SwallowedDatabaseError,
+}
+
+/// Writes the effect row, then misbehaves on its transaction and returns
+/// `Ok` anyway, for the first `times` calls; behaves after that.
+struct Misbehaving {
+    effect: WriteEffect,
+    how: Misbehaviour,
+    times: usize,
+}
+
+impl EventHandler<PgTransaction> for Misbehaving {
+    async fn handle(
+        &self,
+        tx: &mut PgTransaction,
+        event: &IncomingEvent,
+    ) -> Result<(), HandlerError> {
+        self.effect.handle(tx, event).await?;
+        if AtomicUsize::load(&self.effect.calls, Ordering::SeqCst) > self.times {
+            return Ok(());
+        }
+        let conn: &mut AsyncPgConnection = tx;
+        match self.how {
+            Misbehaviour::CancelledNestedTransaction => {
+                let schema = self.effect.schema.clone();
+                let id = event.id;
+                let nested = tokio::time::timeout(
+                    Duration::from_millis(200),
+                    diesel_async::AsyncConnection::transaction::<_, diesel::result::Error, _>(
+                        conn,
+                        async move |conn| {
+                            diesel::sql_query(format!(
+                                "UPDATE \"{schema}\".effects SET note = 'nested' \
+                                 WHERE event_id = $1"
+                            ))
+                            .bind::<diesel::sql_types::Uuid, _>(id)
+                            .execute(conn)
+                            .await?;
+                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                            Ok(())
+                        },
+                    ),
+                )
+                .await;
+                assert!(nested.is_err(), "the nested transaction was cancelled");
+            }
+            Misbehaviour::SwallowedDatabaseError => {
+                let failed = diesel::sql_query("SELECT 1 / 0").execute(conn).await;
+                assert!(failed.is_err(), "division by zero fails");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_nested_transaction_left_open_is_a_failed_attempt_not_an_ack() {
+    let env = Env::new("nested_open").await;
+    let (effect, calls) = WriteEffect::new(&env);
+    let handler = Misbehaving {
+        effect,
+        how: Misbehaviour::CancelledNestedTransaction,
+        times: 1,
+    };
+    let consumer = InboxConsumer::builder(
+        amqp_url(),
+        env.queue(),
+        env.consumer_name(),
+        env.database(),
+        handler,
+    )
+    .max_attempts(3)
+    .retry_delay(Duration::from_millis(100))
+    .build()
+    .unwrap();
+    let running = start(consumer);
+
+    let event = order_placed();
+    env.publish(&event).await;
+    // Acked after the first call, the event would be lost: no effect, ever.
+    env.wait_count(
+        "the effect of the retried attempt",
+        &format!(
+            "SELECT count(*) AS n FROM {{schema}}.effects WHERE event_id = '{}'",
+            event.id
+        ),
+        1,
+    )
+    .await;
+    stop(running).await;
+
+    assert_eq!(
+        AtomicUsize::load(&calls, Ordering::SeqCst),
+        2,
+        "the first attempt was not committed, the second was"
+    );
+    assert_eq!(env.inbox_rows().await, 1);
+    assert_eq!(
+        env.count("SELECT count(*) AS n FROM {schema}.effects WHERE note = 'call 2'")
+            .await,
+        1,
+        "the effect is the second attempt's"
+    );
+    assert_eq!(env.ready(env.queue()).await, 0);
+}
+
+#[tokio::test]
+async fn an_aborted_transaction_is_a_failed_attempt_and_dead_lettered_in_the_end() {
+    let env = Env::new("aborted").await;
+    let (effect, calls) = WriteEffect::new(&env);
+    let handler = Misbehaving {
+        effect,
+        how: Misbehaviour::SwallowedDatabaseError,
+        times: usize::MAX,
+    };
+    let consumer = InboxConsumer::builder(
+        amqp_url(),
+        env.queue(),
+        env.consumer_name(),
+        env.database(),
+        handler,
+    )
+    .max_attempts(2)
+    .retry_delay(Duration::from_millis(100))
+    .build()
+    .unwrap();
+    let running = start(consumer);
+
+    let event = order_placed();
+    env.publish(&event).await;
+    // Acked after the first call, the event would be lost: no dead letter.
+    let dead = env.dead_letter().await;
+    stop(running).await;
+
+    assert_eq!(
+        AtomicUsize::load(&calls, Ordering::SeqCst),
+        2,
+        "max_attempts calls"
+    );
+    assert_eq!(env.effects(event.id).await, 0, "every attempt rolled back");
+    assert_eq!(env.inbox_rows().await, 0, "inbox entries rolled back too");
+    let reason = wire::header_str(
+        dead.properties.headers().as_ref().unwrap(),
+        DEAD_REASON_HEADER,
+    )
+    .unwrap()
+    .to_owned();
+    assert!(
+        reason.contains("cannot commit") && reason.contains("aborted"),
+        "{reason}"
+    );
+    assert_eq!(dead.data, event.payload.as_bytes());
+}

@@ -161,6 +161,30 @@ impl TestDb {
         .n
     }
 
+    /// Waits (up to 5 s) until backend `pid` is gone: its connection was
+    /// closed, not pooled.
+    pub async fn assert_backend_closed(&self, pid: i32) {
+        #[derive(QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = BigInt)]
+            n: i64,
+        }
+        for _ in 0..100 {
+            let alive =
+                diesel::sql_query("SELECT count(*) AS n FROM pg_stat_activity WHERE pid = $1")
+                    .bind::<diesel::sql_types::Integer, _>(pid)
+                    .get_result::<Count>(&mut self.conn().await)
+                    .await
+                    .unwrap()
+                    .n;
+            if alive == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("backend {pid} is still connected: its connection went back to the pool");
+    }
+
     /// Waits (up to 5 s) until no session is left inside a transaction.
     pub async fn assert_no_open_transaction(&self) {
         for _ in 0..100 {
@@ -242,6 +266,8 @@ pub struct Cmd {
     pub rollback: bool,
     /// Sleep this long after the insert (for timeout layers).
     pub sleep_ms: u64,
+    /// Raise `order.placed` (`/nested-cancelled`, `/swallowed-error`).
+    pub raise: bool,
 }
 
 impl Cmd {
@@ -258,12 +284,15 @@ impl Cmd {
     }
 }
 
-/// Holds `/hold` handlers until released, and tells when they are dropped.
+/// Holds `/hold` handlers until released, and tells when they are dropped;
+/// `backend` is the PostgreSQL backend pid of the last misbehaving
+/// handler's transaction.
 #[derive(Default)]
 pub struct Gate {
     pub entered: Notify,
     pub release: Notify,
     pub dropped: Notify,
+    pub backend: std::sync::Mutex<Option<i32>>,
 }
 
 struct DropSignal(Arc<Gate>);
@@ -447,6 +476,75 @@ async fn hold(
     status_of(&cmd)
 }
 
+async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
+    #[derive(QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
+    diesel::sql_query("SELECT pg_backend_pid() AS pid")
+        .get_result::<Pid>(conn)
+        .await
+        .unwrap()
+        .pid
+}
+
+/// Inserts an order (and raises its event if asked), then runs a nested
+/// transaction (a savepoint) whose future a timeout cancels mid-way, and
+/// answers success anyway.
+async fn nested_cancelled(
+    State(app): State<AppState>,
+    mut tx: Tx,
+    events: Events,
+    Json(cmd): Json<Cmd>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    *app.gate.backend.lock().unwrap() = Some(backend_pid(&mut tx).await);
+    let id = insert_order(&mut tx, &app.schema, &cmd.name, None).await;
+    if cmd.raise {
+        events
+            .raise(OrderPlaced {
+                order_id: id,
+                name: cmd.name.clone(),
+            })
+            .unwrap();
+    }
+    let schema = app.schema.clone();
+    let nested = tokio::time::timeout(
+        Duration::from_millis(200),
+        tx.transaction::<_, diesel::result::Error, _>(async move |conn| {
+            insert_order(conn, &schema, "nested", None).await;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(())
+        }),
+    )
+    .await;
+    assert!(nested.is_err(), "the nested transaction was cancelled");
+    (status_of(&cmd), Json(serde_json::json!({ "id": id })))
+}
+
+/// Inserts an order (and raises its event if asked), then runs a statement
+/// that fails, ignores the error and answers success anyway.
+async fn swallowed_error(
+    State(app): State<AppState>,
+    mut tx: Tx,
+    events: Events,
+    Json(cmd): Json<Cmd>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    *app.gate.backend.lock().unwrap() = Some(backend_pid(&mut tx).await);
+    let id = insert_order(&mut tx, &app.schema, &cmd.name, None).await;
+    if cmd.raise {
+        events
+            .raise(OrderPlaced {
+                order_id: id,
+                name: cmd.name.clone(),
+            })
+            .unwrap();
+    }
+    let failed = diesel::sql_query("SELECT 1 / 0").execute(&mut tx).await;
+    assert!(failed.is_err(), "division by zero fails");
+    (status_of(&cmd), Json(serde_json::json!({ "id": id })))
+}
+
 /// No extractor of this crate: must work even when the database is down.
 async fn health() -> &'static str {
     "ok"
@@ -467,6 +565,8 @@ pub fn routes(db: &TestDb) -> (Router, Arc<Gate>) {
         .route("/own-tx", post(own_tx))
         .route("/twice", post(tx_twice))
         .route("/hold", post(hold))
+        .route("/nested-cancelled", post(nested_cancelled))
+        .route("/swallowed-error", post(swallowed_error))
         .route("/health", post(health))
         .with_state(state);
     (router, gate)

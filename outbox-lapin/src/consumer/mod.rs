@@ -47,7 +47,15 @@ pub const LAST_ERROR_HEADER: &str = "x-outbox-last-error";
 pub const DEAD_REASON_HEADER: &str = "x-outbox-dead-reason";
 /// Header: the routing key the message first arrived with (a retry travels
 /// through the default exchange, keyed by the queue name). The handler sees
-/// it as [`IncomingEvent::routing_key`](crate::IncomingEvent::routing_key).
+/// it as [`IncomingEvent::routing_key`](crate::IncomingEvent::routing_key),
+/// and a dead letter is published with it.
+///
+/// A header that cannot be a routing key (not text, or longer than AMQP's
+/// 255 bytes; the consumer never writes one, so another publisher did) is
+/// ignored with a warning: the delivery's own routing key is used instead,
+/// and replaces the header when the message is retried or dead-lettered.
+/// Such a message is handled, retried and dead-lettered like any other,
+/// never requeued forever.
 pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-outbox-original-routing-key";
 /// Header: the exchange the message first arrived through, for operators
 /// who move dead letters back.
@@ -120,7 +128,13 @@ pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
 ///    [`outbox_core::context::scope`] with `causation_id` = the incoming
 ///    event id plus its `correlation_id`, `traceparent` and `tracestate`, so
 ///    events the handler records carry them. Then **commit**, and only then
-///    **ack**.
+///    **ack**. With `outbox_diesel::PgInboxDatabase` the commit is a real
+///    top-level `COMMIT` of a healthy transaction or an error
+///    (`outbox_diesel::commit_top_level`): a handler that returned `Ok`
+///    after swallowing a failed statement (PostgreSQL aborted the
+///    transaction) or with a nested transaction left open is a failed
+///    attempt, retried like a handler error, never acked with its effects
+///    rolled back.
 ///
 /// A crash (or lost connection) after the commit and before the ack makes
 /// the broker redeliver the message; the inbox then says duplicate and the
@@ -136,8 +150,9 @@ pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
 /// the broker's confirm, and acks the original. After
 /// [`max_attempts`](InboxConsumerBuilder::max_attempts), or at once for a
 /// [permanent](HandlerError::permanent) error, it republishes to the
-/// dead-letter exchange instead (original routing key,
-/// `x-outbox-dead-reason`, `x-outbox-attempt`). If a republish is not
+/// dead-letter exchange instead (original routing key, see
+/// [`ORIGINAL_ROUTING_KEY_HEADER`], `x-outbox-dead-reason`,
+/// `x-outbox-attempt`). If a republish is not
 /// confirmed (nack, return, timeout, lost channel), the original is not
 /// acked but requeued after the delay: a message is never dropped.
 ///

@@ -116,9 +116,20 @@ where
         } = job;
         let empty = lapin::types::FieldTable::default();
         let headers = delivery.properties.headers().as_ref().unwrap_or(&empty);
-        let routing_key = header_str(headers, ORIGINAL_ROUTING_KEY_HEADER)
-            .unwrap_or(delivery.routing_key.as_str())
-            .to_owned();
+        let original = original_routing_key(headers);
+        if original.is_none() && headers.contains_key(ORIGINAL_ROUTING_KEY_HEADER) {
+            tracing::warn!(
+                consumer = %self.settings.name,
+                message_id = ?delivery.properties.message_id(),
+                routing_key = %delivery.routing_key,
+                "the message's {ORIGINAL_ROUTING_KEY_HEADER} header is not a routing key (not \
+                 text, or longer than AMQP's {} bytes; this consumer never writes such a \
+                 header): ignored, the delivery's routing key is used and replaces it when \
+                 the message is retried or dead-lettered",
+                EventEnvelope::MAX_SHORT_BYTES
+            );
+        }
+        let routing_key = original.unwrap_or(delivery.routing_key.as_str()).to_owned();
         let mut event = match decoded {
             Ok(event) => event,
             Err(error) => {
@@ -131,8 +142,14 @@ where
                 async {
                     tracing::warn!(%error, "undecodable message: dead-lettering it");
                     let reason = format!("cannot decode the message: {error}");
-                    let properties =
-                        with_headers(&delivery.properties, [(DEAD_REASON_HEADER, text(&reason))]);
+                    // Unchanged but for the reason, and an unusable origin
+                    // header replaced.
+                    let mut replaced = Vec::new();
+                    if headers.contains_key(ORIGINAL_ROUTING_KEY_HEADER) {
+                        replaced = origin_headers(&delivery, &routing_key);
+                    }
+                    replaced.push((DEAD_REASON_HEADER, text(&reason)));
+                    let properties = with_headers(&delivery.properties, replaced);
                     let result = republisher
                         .publish(
                             &self.settings.dead_letter_exchange,
@@ -292,11 +309,7 @@ where
         let reason = error.to_string();
         let max_attempts = i64::from(settings.max_attempts);
         let mut headers = vec![(ATTEMPT_HEADER, AMQPValue::LongLongInt(attempt))];
-        let properties = delivery.properties.headers().as_ref();
-        if properties.is_none_or(|h| !h.contains_key(ORIGINAL_ROUTING_KEY_HEADER)) {
-            headers.push((ORIGINAL_ROUTING_KEY_HEADER, text(routing_key)));
-            headers.push((ORIGINAL_EXCHANGE_HEADER, text(delivery.exchange.as_str())));
-        }
+        headers.extend(origin_headers(delivery, routing_key));
         if error.is_permanent() || attempt >= max_attempts {
             tracing::warn!(
                 error = %reason,
@@ -378,6 +391,36 @@ where
     fn count(&self, counter: &'static str) {
         ::metrics::counter!(counter, "consumer" => self.settings.name.clone()).increment(1);
     }
+}
+
+/// The routing key the message first arrived with, from its
+/// [`ORIGINAL_ROUTING_KEY_HEADER`], if that holds one: text of at most 255
+/// bytes (an AMQP short string). A longer one (the consumer only writes
+/// routing keys it received, so another publisher wrote it) could never be
+/// used to dead-letter the message: the message would go back to the queue
+/// forever.
+fn original_routing_key(headers: &lapin::types::FieldTable) -> Option<&str> {
+    header_str(headers, ORIGINAL_ROUTING_KEY_HEADER)
+        .filter(|key| key.len() <= EventEnvelope::MAX_SHORT_BYTES)
+}
+
+/// The origin headers to put on a republished copy of `delivery`: none if it
+/// carries a usable [`ORIGINAL_ROUTING_KEY_HEADER`] already (a retry), else
+/// `routing_key` and the delivery's exchange, replacing an unusable header.
+fn origin_headers(delivery: &Delivery, routing_key: &str) -> Vec<(&'static str, AMQPValue)> {
+    let usable = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(original_routing_key)
+        .is_some();
+    if usable {
+        return Vec::new();
+    }
+    vec![
+        (ORIGINAL_ROUTING_KEY_HEADER, text(routing_key)),
+        (ORIGINAL_EXCHANGE_HEADER, text(delivery.exchange.as_str())),
+    ]
 }
 
 /// Headers the handler's recorded events inherit: causation = this event,
