@@ -187,7 +187,9 @@
 //!
 //! With the feature, a URL without `sslmode` is `prefer`: encrypted to a
 //! server that offers TLS, but unauthenticated. Production URLs should say
-//! `verify-full` (or at least `require`).
+//! `verify-full` (or at least `require`). Over a Unix socket PostgreSQL
+//! never offers TLS; libpq ignores `sslmode` there, this crate does not:
+//! use `disable` or `prefer` with a socket `host`.
 //!
 //! # Schema
 //! See [`schema`] for the tables, the indexes and why each
