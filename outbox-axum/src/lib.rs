@@ -149,10 +149,14 @@
 //! [`OutboxLayer::acquire_timeout`] (5 s), so a request never hangs on an
 //! exhausted pool or an unreachable database: [`Tx`] is rejected with
 //! `503 Service Unavailable`, a JSON body and `Retry-After`
-//! ([`OutboxLayer::retry_after`], 1 s). This needs nothing from the pool:
-//! `outbox_diesel::pool` builds a deadpool pool without a runtime, whose own
-//! `timeouts.wait` cannot be set (deadpool requires a runtime for timeouts,
-//! and diesel-async does not enable deadpool's `rt_tokio_1` feature).
+//! ([`OutboxLayer::retry_after`], 1 s). This bound is the layer's own and
+//! holds whatever the pool's settings. [`outbox_diesel::pool`] bounds its
+//! waits too, at [`POOL_WAIT_TIMEOUT`](outbox_diesel::POOL_WAIT_TIMEOUT)
+//! (30 s) for a free connection and
+//! [`POOL_CONNECT_TIMEOUT`](outbox_diesel::POOL_CONNECT_TIMEOUT) (10 s) for a
+//! new one, both longer than the layer's default: a request gets the
+//! layer's `503` first. Whichever bound is shorter ends the wait; a pool's
+//! own timeout error is answered `503` as well.
 //!
 //! # Error responses
 //! Every response the layer makes itself is JSON, `{"error": "..."}`, with

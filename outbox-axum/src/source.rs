@@ -33,7 +33,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// connection for each request:
 ///
 /// ```no_run
-/// use diesel_async::{AsyncConnection, AsyncPgConnection};
+/// use diesel_async::AsyncPgConnection;
 /// use outbox_axum::{BoxError, ConnectionSource, OutboxLayer};
 ///
 /// #[derive(Debug)]
@@ -43,7 +43,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///     type Connection = Box<AsyncPgConnection>;
 ///
 ///     async fn connection(&self) -> Result<Self::Connection, BoxError> {
-///         Ok(Box::new(AsyncPgConnection::establish(&self.0).await?))
+///         // `outbox_diesel::connect` honours `sslmode` and `sslrootcert`.
+///         Ok(Box::new(outbox_diesel::connect(&self.0).await?))
 ///     }
 ///     // `discard` keeps its default: dropping the connection closes it.
 /// }

@@ -120,7 +120,7 @@ impl Env {
     }
 
     pub(crate) async fn conn(&self) -> Result<AsyncPgConnection, BoxError> {
-        Ok(AsyncPgConnection::establish(&database_url()).await?)
+        Ok(outbox::postgres::connect(&database_url()).await?)
     }
 
     pub(crate) async fn exec(&self, sql: &str) -> Result<(), BoxError> {

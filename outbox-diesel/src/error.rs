@@ -43,6 +43,16 @@ pub enum Error {
         #[source]
         source: Option<diesel::result::Error>,
     },
+    /// The connection URL asks for TLS this build cannot give (no
+    /// `postgres-tls` feature), or its TLS settings are unusable (an
+    /// unreadable `sslrootcert`, `verify-full` without one).
+    #[error("TLS to PostgreSQL at {url}: {reason}")]
+    Tls {
+        /// The URL, with any password redacted.
+        url: String,
+        /// What is wrong and what to do.
+        reason: String,
+    },
     /// A setting is invalid (e.g. a schema name PostgreSQL cannot hold).
     #[error("invalid outbox configuration: {0}")]
     Config(String),

@@ -168,6 +168,49 @@
 //! [`PgOutboxStoreBuilder::listen`] a **direct** URL. Migrations use a
 //! transaction-scoped advisory lock and work through PgBouncer.
 //!
+//! # TLS
+//! Every connection this crate opens, [`pool`], [`connect`], the relay's
+//! `LISTEN` connection ([`PgOutboxStoreBuilder::listen`]) and migrations
+//! ([`migrate_url`]), reads `sslmode` and `sslrootcert` from the URL (query
+//! parameters of a `postgres://` URL, or keys of a libpq `key=value`
+//! string) with libpq's meanings. TLS itself needs the `postgres-tls`
+//! feature (rustls with ring; no OpenSSL):
+//!
+//! | `sslmode` | with `postgres-tls` | without it |
+//! |---|---|---|
+//! | `disable` | plaintext | plaintext |
+//! | `allow` | plaintext; TLS if the server refuses plaintext | plaintext only |
+//! | `prefer`, **the default** when the URL has no `sslmode` | TLS if the server offers it (certificate checked only against a given `sslrootcert`), else plaintext | **plaintext, always, even when the server offers TLS**; a `WARN` is logged once if the URL names `prefer` or `allow` |
+//! | `require` | TLS or no connection; the certificate is not checked unless `sslrootcert` is given (then its chain is, as libpq does) | refused with [`Error::Tls`], which names the feature: never a silent plaintext connection |
+//! | `verify-ca` | TLS; the server's certificate must chain to a CA in `sslrootcert` (its name is not checked) | refused, as above |
+//! | `verify-full` | as `verify-ca`, and the certificate must be for the host name (`host`, also when `hostaddr` says where to connect) | refused, as above |
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), outbox_diesel::Error> {
+//! let url = "postgres://app@db.internal/shop?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem";
+//! let pool = outbox_diesel::pool(url, 16)?; // every connection verified
+//! outbox_diesel::migrate_url(url, "public").await?;
+//! # Ok(()) }
+//! ```
+//!
+//! `sslrootcert=<path>` is a PEM file with the certificate(s) of the CA that
+//! signed the server's certificate; `verify-ca` and `verify-full` need it
+//! ([`Error::Tls`] otherwise, before connecting). It is read when [`pool`] is
+//! built (a new root needs a new pool) or [`connect`] is called. Unlike
+//! libpq, `~/.postgresql/root.crt` is never read implicitly,
+//! `sslrootcert=system` and the `PGSSLMODE`/`PGSSLROOTCERT` variables are
+//! not supported, and client certificates (`sslcert`, `sslkey`) are not:
+//! the driver refuses those keys. A certificate that fails its check ends in
+//! [`Error::Connect`] (from [`pool`], when a connection is opened) with the
+//! reason, e.g. `invalid peer certificate: UnknownIssuer` (not signed by a
+//! CA in `sslrootcert`) or `certificate not valid for name "db.internal"`.
+//!
+//! With the feature, a URL without `sslmode` is `prefer`: encrypted to a
+//! server that offers TLS, but unauthenticated. Production URLs should say
+//! `verify-full` (or at least `require`). Over a Unix socket PostgreSQL
+//! never offers TLS; libpq ignores `sslmode` there, this crate does not:
+//! use `disable` or `prefer` with a socket `host`.
+//!
 //! # Schema
 //! See [`schema`] for the tables, the indexes and why each
 //! exists; [`ddl`] returns the DDL for teams that run their own migrations.
@@ -176,7 +219,9 @@
 //! | feature | default | enables |
 //! |---|---|---|
 //! | `sync` | yes | recording on sync `diesel::PgConnection` (links libpq) |
+//! | `postgres-tls` | no | TLS to PostgreSQL (rustls with ring, no OpenSSL) for every connection the crate opens, honouring `sslmode` and `sslrootcert`; see [TLS](#tls). Without it, connections are plaintext and a URL asking for `require` or `verify-*` is refused |
 
+mod connect;
 mod error;
 mod inbox;
 mod migrate;
@@ -196,11 +241,12 @@ pub use schema::{
 pub use store::{PgClaim, PgOutboxStore, PgOutboxStoreBuilder};
 pub use transaction::{PgTransaction, commit_top_level, in_top_level_transaction};
 
+use diesel_async::AsyncPgConnection;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
-use diesel_async::{AsyncConnection, AsyncPgConnection};
+use futures_util::FutureExt as _;
 use outbox_core::DomainEvent;
 use uuid::Uuid;
 
@@ -228,12 +274,18 @@ pub async fn record_all<E: DomainEvent + Sync>(
     Outbox::default().record_all(conn, events).await
 }
 
-/// Opens a direct connection.
+/// Opens a direct connection, honouring `sslmode` and `sslrootcert` in
+/// `url` (see [TLS](crate#tls)).
 ///
 /// # Errors
-/// [`Error::Connect`], naming the (redacted) URL and how to start PostgreSQL.
+/// [`Error::Tls`] if `url` asks for TLS this build cannot give (no
+/// `postgres-tls` feature) or its TLS settings are unusable;
+/// [`Error::Config`] if it cannot be read; [`Error::Connect`], naming the
+/// (redacted) URL, if the server cannot be reached or refuses the
+/// connection (a certificate that does not verify included).
 pub async fn connect(url: &str) -> Result<AsyncPgConnection> {
-    AsyncPgConnection::establish(url)
+    connect::Connector::new(url)?
+        .connect()
         .await
         .map_err(|source| Error::Connect {
             url: error::redact_url(url),
@@ -265,11 +317,21 @@ pub const POOL_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_
 /// crate docs). A query on a connection that broke silently fails once with
 /// [`Error::Database`]; the relay and the inbox consumer retry it.
 ///
+/// Each connection honours `sslmode` and `sslrootcert` in `url` as
+/// [`connect`] does (see [TLS](crate#tls)); the root certificate file is
+/// read once, here.
+///
 /// # Errors
-/// [`Error::Config`] if the pool cannot be built.
+/// [`Error::Tls`] as [`connect`]; [`Error::Config`] if the pool cannot be
+/// built.
 pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncPgConnection>> {
+    let connector = std::sync::Arc::new(connect::Connector::new(url)?);
     let mut config = ManagerConfig::default();
     config.recycling_method = RecyclingMethod::Fast;
+    config.custom_setup = Box::new(move |_url| {
+        let connector = std::sync::Arc::clone(&connector);
+        async move { connector.connect().await }.boxed()
+    });
     Pool::builder(AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(url, config))
         .max_size(max_size)
         .runtime(deadpool::Runtime::Tokio1)

@@ -244,9 +244,50 @@ impl Schema {
         format!("{}.{table}", self.quoted)
     }
 
-    /// The `NOTIFY` channel for new events in this schema's outbox.
+    /// The `NOTIFY` channel for new events in this schema's outbox:
+    /// `outbox_events.<schema>`, which recording (`pg_notify`) and the
+    /// relay's `LISTEN` both use.
+    ///
+    /// PostgreSQL channel names are identifiers of at most 63 bytes
+    /// (`pg_notify` refuses longer ones, `LISTEN` truncates them). For a
+    /// schema name longer than 49 bytes the channel is shortened, stably:
+    /// `outbox_events.`, the first bytes of the name (at most 32, cut at a
+    /// character boundary), `~` and the 64-bit FNV-1a hash of the whole name
+    /// in hex, 63 bytes at most. So long names sharing a prefix still get
+    /// channels of their own, every process derives the same one, and short
+    /// names keep the channel they always had. (A shortened channel could
+    /// only coincide with that of a 49-byte schema whose name is literally
+    /// such a prefix, `~` and that hash; the cost would be extra wakeups,
+    /// never a missed event.)
+    ///
+    /// ```
+    /// use outbox_diesel::Schema;
+    ///
+    /// assert_eq!(Schema::new("billing")?.channel(), "outbox_events.billing");
+    /// let long = Schema::new(&"s".repeat(63))?.channel();
+    /// assert!(long.len() <= 63 && long.starts_with("outbox_events.sss"));
+    /// # Ok::<(), outbox_diesel::Error>(())
+    /// ```
     pub fn channel(&self) -> String {
-        format!("outbox_events.{}", self.name)
+        /// PostgreSQL's `NAMEDATALEN - 1`.
+        const MAX: usize = 63;
+        const PREFIX: &str = "outbox_events.";
+        let full = format!("{PREFIX}{}", self.name);
+        if full.len() <= MAX {
+            return full;
+        }
+        // FNV-1a: stable across builds and platforms (std's hasher is not).
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in self.name.as_bytes() {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let suffix = format!("~{hash:016x}");
+        let mut keep = MAX - PREFIX.len() - suffix.len();
+        while !self.name.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        format!("{PREFIX}{}{suffix}", &self.name[..keep])
     }
 
     /// The channel as a quoted identifier, for `LISTEN`.

@@ -195,3 +195,49 @@ async fn lost_notification_is_recovered_by_the_rescan_after_reconnect() {
         published.len() as i64 + 1
     );
 }
+
+/// A schema name of 63 bytes, the most PostgreSQL takes: its channel
+/// `outbox_events.<schema>` would be 77 bytes, which `pg_notify` refuses (so
+/// every `record` failed) and `LISTEN` truncates. Recording works and each
+/// commit wakes the relay through its `LISTEN`.
+#[tokio::test(flavor = "multi_thread")]
+async fn longest_schema_name_records_and_wakes_the_relay() {
+    let db = TestDb::new_long("listen_long").await;
+    assert_eq!(db.schema.len(), 63);
+    let (handle, publisher, task) = start_relay(&db);
+    // The listener's application name is truncated for such a schema: find
+    // it by its LISTEN statement instead.
+    let listen = format!("LISTEN {}", db.outbox.schema().quoted_channel());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        #[derive(diesel::QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let listening: Count = diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE state = 'idle' AND query = $1",
+        )
+        .bind::<diesel::sql_types::Text, _>(&listen)
+        .get_result(&mut db.sync_conn())
+        .unwrap();
+        if listening.n == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no session ran {listen}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let mut conn = db.conn().await;
+    for n in 1..=3 {
+        let id = record(&db, &mut conn, n).await;
+        tokio::time::timeout(PUBLISH_BOUND, publisher.wait_for(n as usize))
+            .await
+            .unwrap_or_else(|_| panic!("event {n} was not published within {PUBLISH_BOUND:?}"));
+        assert_eq!(publisher.published_ids().last(), Some(&id));
+    }
+    stop_relay(handle, task).await;
+    assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 3);
+    let channel = db.outbox.schema().channel();
+    assert!(channel.len() <= 63, "{channel}");
+}

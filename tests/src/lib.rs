@@ -16,7 +16,9 @@
 //! - [`RelayProcess`]: a relay as a real child process, SIGKILLed at random
 //!   or at a named failpoint;
 //! - [`Tap`] (records every message) and [`Inbox`] (the library's inbox
-//!   consumer, whose effects must happen exactly once).
+//!   consumer, whose effects must happen exactly once);
+//! - [`TestPki`]: a throwaway CA and server certificate, for
+//!   [`PrivatePostgres::start_tls`].
 //!
 //! ```no_run
 //! # async fn scenario() {
@@ -38,11 +40,13 @@
 //! # }
 //! ```
 
+pub mod pki;
 pub mod relay_process;
 mod scenario;
 pub mod servers;
 mod traffic;
 
+pub use pki::TestPki;
 pub use relay_process::RelayProcess;
 pub use scenario::{Committed, Scenario, Servers, Summary, connect_amqp, connect_db};
 pub use servers::{PrivatePostgres, PrivateRabbit};

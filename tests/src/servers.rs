@@ -156,6 +156,7 @@ pub struct PrivatePostgres {
     dir: ServerDir,
     bin: PathBuf,
     port: u16,
+    tls: bool,
 }
 
 impl PrivatePostgres {
@@ -163,6 +164,18 @@ impl PrivatePostgres {
     /// `postgres` on 127.0.0.1 only; `fsync` off, since only the server
     /// process (never the machine) goes down in these tests.
     pub fn start() -> PrivatePostgres {
+        Self::start_with(None)
+    }
+
+    /// As [`PrivatePostgres::start`], with `ssl = on` serving `pki`'s server
+    /// certificate, and TLS only: a plaintext connection over TCP is
+    /// rejected (`hostnossl ... reject`), so a client that connects at all
+    /// connected encrypted.
+    pub fn start_tls(pki: &crate::pki::TestPki) -> PrivatePostgres {
+        Self::start_with(Some(pki))
+    }
+
+    fn start_with(pki: Option<&crate::pki::TestPki>) -> PrivatePostgres {
         let bin = postgres_bin();
         let dir = server_dir("pg", "postgres");
         let data = dir.join("data");
@@ -181,10 +194,33 @@ impl PrivatePostgres {
                 .arg(&data),
             "initdb",
         );
+        if let Some(pki) = pki {
+            for (from, to) in [
+                (pki.server_cert(), "server.crt"),
+                (pki.server_key(), "server.key"),
+            ] {
+                let to = dir.join(to);
+                std::fs::copy(&from, &to)
+                    .unwrap_or_else(|e| panic!("cannot copy {}: {e}", from.display()));
+                // PostgreSQL refuses a key others may read.
+                run(Command::new("chmod").arg("600").arg(&to), "chmod");
+                if running_as_root() {
+                    run(Command::new("chown").arg("postgres").arg(&to), "chown");
+                }
+            }
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\n\
+                 hostssl all all 127.0.0.1/32 trust\n\
+                 hostnossl all all 127.0.0.1/32 reject\n",
+            )
+            .unwrap_or_else(|e| panic!("cannot write pg_hba.conf: {e}"));
+        }
         let pg = PrivatePostgres {
             dir,
             bin,
             port: free_port(),
+            tls: pki.is_some(),
         };
         pg.pg_ctl_start();
         pg
@@ -195,6 +231,11 @@ impl PrivatePostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// The port it listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     fn pg_ctl(&self) -> Command {
         let mut cmd = as_service_user("postgres", &self.bin.join("pg_ctl"));
         cmd.arg("-D").arg(self.dir.join("data"));
@@ -202,11 +243,18 @@ impl PrivatePostgres {
     }
 
     fn pg_ctl_start(&self) {
-        let options = format!(
+        let mut options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off -c max_connections=100",
             self.port,
             self.dir.display()
         );
+        if self.tls {
+            options.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                self.dir.join("server.crt").display(),
+                self.dir.join("server.key").display()
+            ));
+        }
         run(
             self.pg_ctl()
                 .args(["-w", "-t", "60", "-l"])

@@ -3,7 +3,7 @@
 //!
 //! | variable | default | used by |
 //! |---|---|---|
-//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/ecommerce` (created if missing) | every role |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/ecommerce` (created if missing); TLS (`sslmode`, `sslrootcert`) with the `postgres-tls` feature | every role |
 //! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | every role |
 //! | `BIND` | `127.0.0.1:3000` | `api`, `all` |
 //! | `EXCHANGE` | `ecommerce.events` | every role |

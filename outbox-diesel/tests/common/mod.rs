@@ -29,7 +29,7 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 impl TestDb {
     pub async fn new(test: &str) -> TestDb {
         let url = database_url();
-        let mut conn = outbox_diesel::connect(&url).await.unwrap_or_else(|e| {
+        let conn = outbox_diesel::connect(&url).await.unwrap_or_else(|e| {
             panic!(
                 "{e}\n(this test needs PostgreSQL: run scripts/dev-services, or set DATABASE_URL)"
             )
@@ -37,6 +37,24 @@ impl TestDb {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let mut schema = format!("t_{}_{}_{n}", test, std::process::id());
         schema.truncate(63);
+        Self::with_schema(url, conn, schema).await
+    }
+
+    /// As [`TestDb::new`], with a schema name of the longest length
+    /// PostgreSQL takes, 63 bytes (the name is padded with `x`).
+    pub async fn new_long(test: &str) -> TestDb {
+        let url = database_url();
+        let conn = outbox_diesel::connect(&url).await.unwrap();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let mut schema = format!("t_{}_{}_{n}_", test, std::process::id());
+        schema.truncate(63);
+        while schema.len() < 63 {
+            schema.push('x');
+        }
+        Self::with_schema(url, conn, schema).await
+    }
+
+    async fn with_schema(url: String, mut conn: AsyncPgConnection, schema: String) -> TestDb {
         let applied = outbox_diesel::migrate(&mut conn, &schema).await.unwrap();
         assert_eq!(
             applied,

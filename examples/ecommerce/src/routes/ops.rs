@@ -39,9 +39,38 @@ impl fmt::Debug for Health {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthReport {
     /// PostgreSQL: a `SELECT 1` on a pooled connection.
-    pub database: Result<(), String>,
+    pub database: Result<(), ProbeError>,
     /// RabbitMQ: opening and closing a channel.
-    pub broker: Result<(), String>,
+    pub broker: Result<(), ProbeError>,
+}
+
+/// Why a probe failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeError {
+    /// No answer within [`PROBE_TIMEOUT`].
+    Timeout,
+    /// The dependency answered with an error (the driver's text, which may
+    /// name hosts, users and server versions: for logs, not for clients).
+    Failed(String),
+}
+
+impl ProbeError {
+    /// The short reason `/healthz` shows to anonymous clients.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ProbeError::Timeout => "timeout",
+            ProbeError::Failed(_) => "unreachable",
+        }
+    }
+}
+
+impl fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProbeError::Timeout => write!(f, "no answer within {PROBE_TIMEOUT:?}"),
+            ProbeError::Failed(detail) => f.write_str(detail),
+        }
+    }
 }
 
 impl HealthReport {
@@ -102,19 +131,24 @@ impl Health {
     }
 }
 
-async fn bounded(probe: impl Future<Output = Result<(), String>>) -> Result<(), String> {
-    tokio::time::timeout(PROBE_TIMEOUT, probe)
-        .await
-        .unwrap_or_else(|_| Err(format!("no answer within {PROBE_TIMEOUT:?}")))
+async fn bounded(probe: impl Future<Output = Result<(), String>>) -> Result<(), ProbeError> {
+    match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(detail)) => Err(ProbeError::Failed(detail)),
+        Err(_) => Err(ProbeError::Timeout),
+    }
 }
 
 /// `GET /healthz`: `200 {"status":"ok","database":"ok","broker":"ok"}` when
-/// both are reachable, else `503` with an `error` naming what is down.
+/// both are reachable, else `503` with an `error` naming what is down and a
+/// short reason per dependency (`unreachable` or `timeout`). The endpoint
+/// is anonymous: the drivers' error texts (hosts, users, versions) go to the
+/// log (a `WARN`), never into the response.
 pub async fn healthz(State(state): State<AppState>) -> Response {
     let report = state.health.check().await;
-    let show = |probe: &Result<(), String>| match probe {
-        Ok(()) => "ok".to_owned(),
-        Err(reason) => format!("unreachable: {reason}"),
+    let show = |probe: &Result<(), ProbeError>| match probe {
+        Ok(()) => "ok",
+        Err(err) => err.reason(),
     };
     let database = show(&report.database);
     let broker = show(&report.broker);
@@ -129,7 +163,15 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
     .into_iter()
     .filter_map(|(name, down)| down.then_some(name))
     .collect();
-    tracing::warn!(%database, %broker, "health check failed");
+    let detail = |probe: &Result<(), ProbeError>| match probe {
+        Ok(()) => "ok".to_owned(),
+        Err(err) => err.to_string(),
+    };
+    tracing::warn!(
+        database = %detail(&report.database),
+        broker = %detail(&report.broker),
+        "health check failed"
+    );
     (
         StatusCode::SERVICE_UNAVAILABLE,
         Json(serde_json::json!({
@@ -158,33 +200,37 @@ mod tests {
     use super::*;
 
     /// Nothing listens on port 1: both probes fail fast, and `/healthz`
-    /// says which dependency is down.
+    /// says which dependency is down, with a short reason and none of the
+    /// drivers' error text (which names hosts, ports and users).
     #[tokio::test]
-    async fn healthz_is_503_naming_what_is_unreachable() {
-        let pool = crate::db::pool("postgres://postgres@127.0.0.1:1/nothing", 1).unwrap();
+    async fn healthz_is_503_naming_what_is_unreachable_without_error_text() {
+        let pool = crate::db::pool("postgres://health_user@127.0.0.1:1/nothing", 1).unwrap();
+        let health = Health::new(pool, "amqp://guest:guest@127.0.0.1:1/%2f");
+        let report = health.check().await;
+        assert!(
+            matches!(&report.database, Err(ProbeError::Failed(detail)) if !detail.is_empty()),
+            "the detail is kept for the log: {report:?}"
+        );
         let state = AppState {
-            health: std::sync::Arc::new(Health::new(pool, "amqp://guest:guest@127.0.0.1:1/%2f")),
+            health: std::sync::Arc::new(health),
             metrics: PrometheusBuilder::new().build_recorder().handle(),
         };
         let response = healthz(State(state)).await;
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let body: serde_json::Value =
-            serde_json::from_slice(&to_bytes(response.into_body(), 4096).await.unwrap()).unwrap();
-        assert_eq!(body["error"], "unavailable: database, broker");
-        assert_eq!(body["status"], "unavailable");
-        assert!(
-            body["database"]
-                .as_str()
-                .unwrap()
-                .starts_with("unreachable: "),
-            "{body}"
+        let body = to_bytes(response.into_body(), 4096).await.unwrap();
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "error": "unavailable: database, broker",
+                "status": "unavailable",
+                "database": "unreachable",
+                "broker": "unreachable",
+            })
         );
-        assert!(
-            body["broker"]
-                .as_str()
-                .unwrap()
-                .starts_with("unreachable: "),
-            "{body}"
-        );
+        for leak in ["127.0.0.1", "health_user", "refused"] {
+            assert!(!text.contains(leak), "{leak:?} in {text}");
+        }
     }
 }

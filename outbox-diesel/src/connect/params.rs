@@ -1,0 +1,321 @@
+//! `sslmode` and `sslrootcert` taken out of a connection string before
+//! tokio-postgres reads it: it knows only `disable`, `prefer` and `require`,
+//! and no `sslrootcert` at all.
+
+use std::fmt;
+
+/// libpq's `sslmode`, with libpq's meanings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SslMode {
+    /// Plaintext only.
+    Disable,
+    /// Plaintext first; TLS if the server refuses plaintext.
+    Allow,
+    /// TLS if the server offers it, else plaintext (libpq's default).
+    Prefer,
+    /// TLS or nothing; the certificate checked only against a given root.
+    Require,
+    /// TLS, the server's certificate chain checked against the root.
+    VerifyCa,
+    /// As `VerifyCa`, and the certificate must name the host.
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Option<SslMode> {
+        Some(match value {
+            "disable" => SslMode::Disable,
+            "allow" => SslMode::Allow,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            _ => return None,
+        })
+    }
+
+    /// Whether this mode refuses a plaintext connection.
+    pub(crate) fn requires_tls(self) -> bool {
+        matches!(
+            self,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull
+        )
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SslMode::Disable => "disable",
+            SslMode::Allow => "allow",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        })
+    }
+}
+
+/// A connection string split into what tokio-postgres reads and the TLS
+/// settings this crate handles itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConnString {
+    /// The string without `sslmode` and `sslrootcert`, every other
+    /// parameter kept as written.
+    pub(crate) rest: String,
+    /// `sslmode` as written; `None` means libpq's default, `prefer`.
+    pub(crate) ssl_mode: Option<SslMode>,
+    /// `sslrootcert`: the path of a PEM file with the trusted root(s).
+    pub(crate) root_cert: Option<String>,
+}
+
+impl ConnString {
+    /// The mode in effect.
+    pub(crate) fn mode(&self) -> SslMode {
+        self.ssl_mode.unwrap_or(SslMode::Prefer)
+    }
+}
+
+/// Splits `url` (a `postgres://` URL or a libpq `key=value` string). The
+/// last `sslmode` or `sslrootcert` wins, as in libpq. A string this parser
+/// cannot read is passed through whole: tokio-postgres then reports what is
+/// wrong with it.
+///
+/// # Errors
+/// An `sslmode` value libpq does not know, as a sentence to show.
+pub(crate) fn parse(url: &str) -> Result<ConnString, String> {
+    let split = match ["postgres://", "postgresql://"]
+        .iter()
+        .find_map(|prefix| url.strip_prefix(prefix).map(|body| (prefix.len(), body)))
+    {
+        Some((prefix, body)) => split_url(url, prefix, body),
+        None => split_key_values(url),
+    };
+    let Some((rest, ssl_mode, root_cert)) = split else {
+        return Ok(ConnString {
+            rest: url.to_owned(),
+            ssl_mode: None,
+            root_cert: None,
+        });
+    };
+    let ssl_mode = match ssl_mode {
+        Some(value) => Some(SslMode::parse(&value).ok_or_else(|| {
+            format!(
+                "sslmode={value:?} is not one of disable, allow, prefer, require, verify-ca, \
+                 verify-full"
+            )
+        })?),
+        None => None,
+    };
+    Ok(ConnString {
+        rest,
+        ssl_mode,
+        root_cert,
+    })
+}
+
+type Split = (String, Option<String>, Option<String>);
+
+/// `postgres://user:pw@host:port/db?key=value&...`: the query parameters
+/// (after the first `?` that follows the credentials, as tokio-postgres
+/// reads it), keys and values percent-decoded.
+fn split_url(url: &str, prefix: usize, body: &str) -> Option<Split> {
+    let after_credentials = body.find('@').map_or(0, |at| at + 1);
+    let Some(question) = body[after_credentials..].find('?') else {
+        return Some((url.to_owned(), None, None));
+    };
+    let head = &url[..prefix + after_credentials + question];
+    let query = &body[after_credentials + question + 1..];
+    let (mut ssl_mode, mut root_cert) = (None, None);
+    let mut kept = Vec::new();
+    for param in query.split('&') {
+        let Some((key, value)) = param.split_once('=') else {
+            kept.push(param);
+            continue;
+        };
+        match percent_decode(key)?.as_str() {
+            "sslmode" => ssl_mode = Some(percent_decode(value)?),
+            "sslrootcert" => root_cert = Some(percent_decode(value)?),
+            _ => kept.push(param),
+        }
+    }
+    let rest = if kept.is_empty() {
+        head.to_owned()
+    } else {
+        format!("{head}?{}", kept.join("&"))
+    };
+    Some((rest, ssl_mode, root_cert))
+}
+
+/// `%XX` decoded; `None` for a result that is not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |at: usize| {
+            bytes
+                .get(at)
+                .and_then(|b| char::from(*b).to_digit(16))
+                .and_then(|d| u8::try_from(d).ok())
+        };
+        match (bytes[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push(hi * 16 + lo);
+                i += 3;
+            }
+            (byte, _, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// libpq's `key = value ...` form: values bare or single-quoted, a
+/// backslash escaping the next character. The kept parameters are copied as
+/// written, separated by one space.
+fn split_key_values(text: &str) -> Option<Split> {
+    let (mut ssl_mode, mut root_cert) = (None, None);
+    let mut kept = Vec::new();
+    let mut chars = text.char_indices().peekable();
+    let skip_spaces = |chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>| {
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+    };
+    loop {
+        skip_spaces(&mut chars);
+        let Some(&(start, _)) = chars.peek() else {
+            break;
+        };
+        let mut key_end = text.len();
+        while let Some(&(at, c)) = chars.peek() {
+            if c == '=' || c.is_whitespace() {
+                key_end = at;
+                break;
+            }
+            chars.next();
+        }
+        let key = &text[start..key_end];
+        skip_spaces(&mut chars);
+        if chars.next().map(|(_, c)| c) != Some('=') || key.is_empty() {
+            return None;
+        }
+        skip_spaces(&mut chars);
+        let mut value = String::new();
+        let quoted = chars.next_if(|(_, c)| *c == '\'').is_some();
+        let mut end = text.len();
+        let mut closed = !quoted;
+        while let Some(&(at, c)) = chars.peek() {
+            if !quoted && c.is_whitespace() {
+                end = at;
+                break;
+            }
+            chars.next();
+            match c {
+                '\\' => value.push(chars.next()?.1),
+                '\'' if quoted => {
+                    closed = true;
+                    end = at + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        if !closed {
+            return None;
+        }
+        match key {
+            "sslmode" => ssl_mode = Some(value),
+            "sslrootcert" => root_cert = Some(value),
+            _ => kept.push(&text[start..end]),
+        }
+    }
+    Some((kept.join(" "), ssl_mode, root_cert))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ConnString, SslMode, parse};
+
+    fn split(url: &str) -> ConnString {
+        parse(url).unwrap()
+    }
+
+    #[test]
+    fn urls_lose_their_tls_parameters_and_keep_the_rest() {
+        assert_eq!(
+            split("postgres://u:p@db:5432/shop?sslmode=verify-full&sslrootcert=/etc/ca.pem"),
+            ConnString {
+                rest: "postgres://u:p@db:5432/shop".into(),
+                ssl_mode: Some(SslMode::VerifyFull),
+                root_cert: Some("/etc/ca.pem".into()),
+            }
+        );
+        assert_eq!(
+            split("postgresql://db/shop?application_name=a&sslmode=verify-ca&connect_timeout=5"),
+            ConnString {
+                rest: "postgresql://db/shop?application_name=a&connect_timeout=5".into(),
+                ssl_mode: Some(SslMode::VerifyCa),
+                root_cert: None,
+            }
+        );
+        // Percent-encoded keys and values, a `?` in the password, the last
+        // value wins.
+        assert_eq!(
+            split(
+                "postgres://u:p?w@db?sslmode=prefer&ssl%6dode=require&sslrootcert=%2Fca%20dir%2Fca.pem"
+            ),
+            ConnString {
+                rest: "postgres://u:p?w@db".into(),
+                ssl_mode: Some(SslMode::Require),
+                root_cert: Some("/ca dir/ca.pem".into()),
+            }
+        );
+        let plain = split("postgres://postgres@127.0.0.1:5432/postgres");
+        assert_eq!(plain.rest, "postgres://postgres@127.0.0.1:5432/postgres");
+        assert_eq!(plain.ssl_mode, None);
+        assert_eq!(plain.mode(), SslMode::Prefer, "libpq's default");
+    }
+
+    #[test]
+    fn key_value_strings_lose_their_tls_parameters_and_keep_the_rest() {
+        assert_eq!(
+            split(
+                "host=db  sslmode = verify-full user=app sslrootcert='/c a/ca.pem' password='x\\'y'"
+            ),
+            ConnString {
+                rest: "host=db user=app password='x\\'y'".into(),
+                ssl_mode: Some(SslMode::VerifyFull),
+                root_cert: Some("/c a/ca.pem".into()),
+            }
+        );
+        assert_eq!(
+            split("host=db sslmode=allow").ssl_mode,
+            Some(SslMode::Allow)
+        );
+        assert_eq!(split("dbname=x").rest, "dbname=x");
+        // Unreadable strings go through whole for tokio-postgres to judge.
+        assert_eq!(split("host=db sslmode").rest, "host=db sslmode");
+        assert_eq!(split("host='db").rest, "host='db");
+    }
+
+    #[test]
+    fn unknown_sslmodes_are_refused() {
+        let err = parse("postgres://db?sslmode=verify_full").unwrap_err();
+        assert!(err.contains("verify-full"), "{err}");
+        assert!(parse("host=db sslmode=on").is_err());
+        for mode in [
+            "disable",
+            "allow",
+            "prefer",
+            "require",
+            "verify-ca",
+            "verify-full",
+        ] {
+            let parsed = split(&format!("postgres://db?sslmode={mode}"));
+            assert_eq!(parsed.mode().to_string(), mode);
+            assert_eq!(parsed.rest, "postgres://db");
+        }
+    }
+}
