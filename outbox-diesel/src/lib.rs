@@ -215,6 +215,29 @@
 //! See [`schema`] for the tables, the indexes and why each
 //! exists; [`ddl`] returns the DDL for teams that run their own migrations.
 //!
+//! # Upgrading with data in place
+//! Migrations are expand/contract, safe on a table of millions of rows
+//! while producers and relays run (measured: migrating 1,000,000 rows to
+//! migration 2 with a producer recording meanwhile, see
+//! `outbox-diesel/tests/upgrade.rs`):
+//! 1. Deploy the new version; [`migrate`] applies the *expand* migrations:
+//!    no table rewrite, a constraint swapped `NOT VALID` and validated
+//!    without blocking writes, indexes built `CONCURRENTLY`. Producers of
+//!    the old and the new version record side by side.
+//! 2. **Relays:** stop the old ones before starting new ones on the same
+//!    outbox (relays only delay delivery while none runs). A new relay
+//!    refuses an outbox not yet migrated, or migrated past what it knows
+//!    ([`Error::SchemaVersion`]), so a rolled-back deploy cannot run an old
+//!    relay on a newer table. A relay before 0.2 knows nothing of `held`
+//!    events: beside new relays it could publish an event before the held
+//!    ones of its aggregate.
+//! 3. Once no relay of an earlier version runs, [`migrate_contract`] drops
+//!    what only those used (for 0.2: the index `outbox_events_unsent`, one
+//!    more index entry per recorded event until then).
+//!
+//! A new outbox gets every migration, contract ones included, from
+//! [`migrate`].
+//!
 //! # Feature flags
 //! | feature | default | enables |
 //! |---|---|---|

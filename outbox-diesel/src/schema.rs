@@ -10,20 +10,32 @@
 #![doc = include_str!("../sql/001_outbox.sql")]
 //! ```
 //!
+//! Later migrations (`sql/002_held.sql`, `sql/003_drop_unsent.sql`) add
+//! the `held` status and the indexes below; see [`migrate`](crate::migrate)
+//! for how they are applied to a table in use.
+//!
 //! # Why these indexes
 //! - **`outbox_events_pkey (seq)`**: the order of events; purges walk it.
 //! - **`outbox_events_id_key (id)`**: event ids are unique; operators look
 //!   events up by id (replay, skip).
-//! - **`outbox_events_unsent (seq) WHERE status IN ('pending','retry')`**: the
-//!   claim scans it in `seq` order. It holds only unsent rows, so a claim
-//!   costs the same with millions of sent rows kept for audit (each sent row
-//!   leaves the index when it is marked).
+//! - **`outbox_events_pending (seq) WHERE status = 'pending'`**: the claim
+//!   reads its window from it in `seq` order. It holds only pending rows, so
+//!   a claim costs the same with millions of sent rows kept for audit, and
+//!   with any number of rows held behind blocked aggregates.
+//! - **`outbox_events_retry_due (next_attempt_at) WHERE status = 'retry'`**:
+//!   the retries that are due, without walking those that are not.
 //! - **`outbox_events_blocking (aggregate_type, aggregate_id, seq) WHERE
-//!   status IN ('retry','dead')`**: per-aggregate order asks "does an earlier
-//!   event of this aggregate wait for a retry or lie dead?" for each
-//!   candidate; this index answers it and stays near-empty while the broker
-//!   is healthy, so it costs recording nothing.
+//!   status IN ('retry','dead')`**: the events that hold their aggregate
+//!   back. The claim hashes the aggregates in it and probes it for the rows
+//!   of those; it stays near-empty while the broker is healthy, so it costs
+//!   recording nothing.
+//! - **`outbox_events_held (aggregate_type, aggregate_id, seq) WHERE status
+//!   = 'held'`**: the ordering probe and the release of held events.
 //! - **`inbox_events_pkey (consumer, event_id)`**: the dedup decision itself.
+//!
+//! `outbox_events_unsent (seq) WHERE status IN ('pending','retry')`, which
+//! relays before migration 2 scan, is dropped by the contract migration 3
+//! ([`migrate_contract`](crate::migrate_contract)).
 
 use std::fmt::Write as _;
 

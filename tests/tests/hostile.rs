@@ -895,7 +895,7 @@ async fn wildcard_characters_in_aggregate_ids_match_only_themselves() {
     let held = env.stored(second[3]).await;
     assert_eq!(
         (held.status.as_str(), held.attempts),
-        ("pending", 0),
+        ("held", 0),
         "`%` is held back by its own dead event"
     );
 

@@ -400,7 +400,7 @@ async fn a_missing_exchange_costs_attempts_only_for_its_events() {
                 assert_eq!((status.as_str(), attempts), ("dead", 2));
                 assert!(last_error.unwrap().contains("404"));
             }
-            ("o-7", _) => assert_eq!((status.as_str(), attempts), ("pending", 0), "held back"),
+            ("o-7", _) => assert_eq!((status.as_str(), attempts), ("held", 0), "held back"),
             _ => assert_eq!((status.as_str(), attempts), ("sent", 0), "{aggregate} {n}"),
         }
     }

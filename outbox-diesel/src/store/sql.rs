@@ -67,7 +67,6 @@ impl Sql {
         let retry = literals(&[EventStatus::Retry]);
         let dead = literals(&[EventStatus::Dead]);
         let held = literals(&[EventStatus::Held]);
-        let unsent = literals(&[EventStatus::Pending, EventStatus::Retry, EventStatus::Held]);
         let heads = literals(&[EventStatus::Retry, EventStatus::Dead]);
         // Whether an earlier event of the window row's aggregate holds it
         // back: a dead one, a retry not yet due, or a held one. Two probes,
@@ -236,13 +235,18 @@ impl Sql {
                 "SELECT count(*) > $1 AS many FROM ( \
                    SELECT 1 FROM {t} WHERE status IN ({heads}) LIMIT $1 + 1) b"
             ),
+            // Each count and minimum matches one partial index (a list of
+            // statuses matching none would scan the table).
             stats: format!(
                 "SELECT \
-                   (SELECT count(*) FROM {t} WHERE status IN ({unsent})) AS backlog, \
+                   (SELECT count(*) FROM {t} WHERE status IN ({pending})) \
+                   + (SELECT count(*) FROM {t} WHERE status IN ({retry})) \
+                   + (SELECT count(*) FROM {t} WHERE status IN ({held})) AS backlog, \
                    (SELECT extract(epoch FROM now() - min(o))::float8 FROM ( \
                       (SELECT occurred_at AS o FROM {t} WHERE status IN ({pending}) \
                        ORDER BY seq LIMIT 1) \
-                      UNION ALL (SELECT min(occurred_at) FROM {t} WHERE status IN ({retry}, {held})) \
+                      UNION ALL (SELECT min(occurred_at) FROM {t} WHERE status IN ({retry})) \
+                      UNION ALL (SELECT min(occurred_at) FROM {t} WHERE status IN ({held})) \
                     ) AS oldest) AS oldest_age, \
                    (SELECT count(*) FROM {t} WHERE status IN ({dead})) AS dead, \
                    (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM {t} \

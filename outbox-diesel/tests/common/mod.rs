@@ -54,6 +54,37 @@ impl TestDb {
         Self::with_schema(url, conn, schema).await
     }
 
+    /// A schema as the first released version left it: migration 1 only.
+    pub async fn at_version_1(test: &str) -> TestDb {
+        use diesel_async::SimpleAsyncConnection;
+        let url = database_url();
+        let mut conn = outbox_diesel::connect(&url).await.unwrap();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let mut name = format!("t_{}_{}_{n}", test, std::process::id());
+        name.truncate(63);
+        let schema = outbox_diesel::Schema::new(&name).unwrap();
+        let first = &outbox_diesel::MIGRATIONS[0];
+        assert_eq!(first.version, 1);
+        conn.batch_execute(&format!(
+            "CREATE SCHEMA {q};
+             CREATE TABLE {q}.outbox_schema_version (
+                 version integer PRIMARY KEY, name text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now());
+             {sql}
+             INSERT INTO {q}.outbox_schema_version (version, name) VALUES (1, 'v1');",
+            q = schema.quoted(),
+            sql = schema.render(first),
+        ))
+        .await
+        .unwrap();
+        TestDb {
+            pool: outbox_diesel::pool(&url, 6).unwrap(),
+            outbox: Outbox::new(&name).unwrap(),
+            url,
+            schema: name,
+        }
+    }
+
     async fn with_schema(url: String, mut conn: AsyncPgConnection, schema: String) -> TestDb {
         let applied = outbox_diesel::migrate(&mut conn, &schema).await.unwrap();
         assert_eq!(
