@@ -12,8 +12,7 @@ pub enum PublishOutcome {
     /// marked `Sent`.
     Acked,
     /// The broker refused this message (nack, unroutable return, a channel
-    /// closed by the broker because of it) or did not confirm it in time.
-    /// Spends an attempt.
+    /// closed by the broker because of it). Spends an attempt.
     Rejected {
         /// A reason a person can act on, stored as the event's `last_error`.
         reason: String,
@@ -30,6 +29,17 @@ pub enum PublishOutcome {
     /// known about it. Spends no attempt: the relay pauses and tries again.
     ConnectionLost {
         /// What happened to the connection.
+        reason: String,
+    },
+    /// The message was sent but the broker did not confirm it in time (or
+    /// its confirm cannot be trusted). A broker answers a bad message with
+    /// a nack, a return or a channel error, never with silence, so this is
+    /// never the message's fault and spends no attempt: a whole wave
+    /// unconfirmed across destinations pauses the relay (broker
+    /// unavailable); otherwise the event is released with a capped backoff
+    /// behind a circuit breaker for its [destination](Publisher::destination).
+    Unconfirmed {
+        /// What was waited for, and how long.
         reason: String,
     },
 }
@@ -55,6 +65,13 @@ impl PublishOutcome {
             reason: reason.into(),
         }
     }
+
+    /// A [`PublishOutcome::Unconfirmed`] with `reason`.
+    pub fn unconfirmed(reason: impl Into<String>) -> Self {
+        PublishOutcome::Unconfirmed {
+            reason: reason.into(),
+        }
+    }
 }
 
 /// Sends events to a broker and reports one [`PublishOutcome`] per event.
@@ -72,4 +89,14 @@ pub trait Publisher: Send + Sync + 'static {
         &self,
         events: &[&EventEnvelope],
     ) -> impl Future<Output = Vec<PublishOutcome>> + Send;
+
+    /// Where `event` goes, as a name: the key of the relay's circuit
+    /// breaker for [`PublishOutcome::Unconfirmed`] messages, so that one
+    /// destination that stops confirming (a stuck queue) delays only the
+    /// events sent there. Events with the same destination should reach the
+    /// same queues (for RabbitMQ: exchange and routing key). Default: the
+    /// event type.
+    fn destination(&self, event: &EventEnvelope) -> String {
+        event.event_type.clone()
+    }
 }

@@ -297,6 +297,173 @@ async fn replay_publishes_in_original_order_and_skip_unblocks() {
     assert_eq!(store.get(a0).unwrap().attempts, 0, "replay resets attempts");
 }
 
+/// An event of another type (another destination for the relay's breakers).
+#[derive(Serialize)]
+struct Stuck {
+    aggregate: String,
+}
+
+impl DomainEvent for Stuck {
+    fn aggregate_type(&self) -> &'static str {
+        "thing"
+    }
+    fn event_type(&self) -> &'static str {
+        "thing.stuck"
+    }
+    fn aggregate_id(&self) -> String {
+        self.aggregate.clone()
+    }
+}
+
+fn record_stuck(store: &InMemoryStore, aggregate: &str) -> Uuid {
+    store
+        .record(&Stuck {
+            aggregate: aggregate.into(),
+        })
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wave_unconfirmed_across_destinations_pauses_and_spends_nothing() {
+    let store = InMemoryStore::new();
+    for n in 0..4 {
+        record(&store, &format!("a{n}"), n);
+        record_stuck(&store, &format!("s{n}"));
+    }
+    let calls: Arc<Mutex<Vec<tokio::time::Instant>>> = Arc::default();
+    let publisher = RecordingPublisher::with_behaviour({
+        let calls = Arc::clone(&calls);
+        move |_| {
+            let mut calls = calls.lock().unwrap();
+            calls.push(tokio::time::Instant::now());
+            // The first two waves (8 messages each) go unconfirmed.
+            if calls.len() <= 16 {
+                PublishOutcome::unconfirmed("no publisher confirm within 10s")
+            } else {
+                PublishOutcome::Acked
+            }
+        }
+    });
+    let (relay, _) = new_relay(&store, &publisher, instant_retries(2));
+    run_until(relay, &store, all_sent).await;
+    for record in store.records() {
+        assert_eq!(record.attempts, 0, "silence spends no attempt");
+        assert_eq!(
+            record.last_error, None,
+            "released unmarked, as for a lost connection"
+        );
+    }
+    let calls = calls.lock().unwrap();
+    assert!(
+        calls[8] - calls[0] >= Duration::from_millis(50),
+        "the relay paused after the first wave"
+    );
+    assert!(
+        calls[16] - calls[8] >= Duration::from_millis(100),
+        "and longer after the second"
+    );
+}
+
+#[tokio::test]
+async fn partly_unconfirmed_events_wait_behind_their_destinations_breaker_only() {
+    let store = InMemoryStore::new();
+    let stuck: Vec<Uuid> = (0..3)
+        .map(|n| record_stuck(&store, &format!("s{n}")))
+        .collect();
+    let fine: Vec<Uuid> = (0..6)
+        .map(|n| record(&store, &format!("a{n}"), n))
+        .collect();
+    let queue_stuck = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let publisher = RecordingPublisher::with_behaviour({
+        let queue_stuck = Arc::clone(&queue_stuck);
+        move |event| {
+            if event.event_type == "thing.stuck"
+                && queue_stuck.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                PublishOutcome::unconfirmed("no publisher confirm within 10s")
+            } else {
+                PublishOutcome::Acked
+            }
+        }
+    });
+    let retry = RetryPolicy::default()
+        .base_delay(Duration::from_millis(300))
+        .max_delay(Duration::from_millis(300))
+        .max_attempts(2)
+        .deterministic();
+    let (relay, handle) = new_relay(&store, &publisher, retry);
+    let task = tokio::spawn(relay.run());
+    let wait = |what: &'static str, done: Box<dyn Fn(&InMemoryStore) -> bool>| {
+        let store = store.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while !done(&store) {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{what}: {:?}",
+                    store.records()
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    };
+    let status = |store: &InMemoryStore, id: Uuid| store.get(id).unwrap().status;
+    {
+        let (stuck, fine) = (stuck.clone(), fine.clone());
+        wait(
+            "the other destination flows, the stuck one is released",
+            Box::new(move |s| {
+                fine.iter().all(|id| status(s, *id) == EventStatus::Sent)
+                    && stuck.iter().all(|id| status(s, *id) == EventStatus::Retry)
+            }),
+        )
+        .await;
+    }
+    for id in &stuck {
+        let record = store.get(*id).unwrap();
+        assert_eq!(record.attempts, 0, "no attempt spent");
+        assert!(
+            record.next_attempt_at.unwrap() > chrono::Utc::now(),
+            "released with a delay"
+        );
+        assert!(record.last_error.unwrap().contains("no attempt spent"));
+    }
+    // While the breaker is open, a new event for that destination is held
+    // back without being sent; others still flow.
+    let later = record_stuck(&store, "s-later");
+    let other = record(&store, "a-later", 0);
+    handle.notify();
+    {
+        wait(
+            "held by the open breaker",
+            Box::new(move |s| {
+                status(s, later) == EventStatus::Retry && status(s, other) == EventStatus::Sent
+            }),
+        )
+        .await;
+    }
+    assert!(
+        publisher.attempts().iter().all(|a| a.id != later),
+        "held back without being sent"
+    );
+    assert!(
+        store
+            .get(later)
+            .unwrap()
+            .last_error
+            .unwrap()
+            .contains("circuit breaker open")
+    );
+    // The queue recovers: once the breaker's delay is over, all is sent.
+    queue_stuck.store(false, std::sync::atomic::Ordering::SeqCst);
+    wait("delivered after recovery", Box::new(all_sent)).await;
+    handle.shutdown();
+    task.await.unwrap();
+    for record in store.records() {
+        assert_eq!(record.attempts, 0, "{record:?}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn store_errors_are_retried() {
     let store = InMemoryStore::new();

@@ -6,6 +6,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
+
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::protocol::AMQPErrorKind;
 use lapin::types::FieldTable;
@@ -48,11 +50,19 @@ pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
 ///   is over 255 bytes) is [`PublishOutcome::Unpublishable`] without being
 ///   sent: the relay marks it `Dead` at once.
 /// - Only `basic.ack` without a return is [`PublishOutcome::Acked`]. A return
-///   (`312 NO_ROUTE`), a `basic.nack`, a missing confirm and a channel closed
-///   by the broker because of a message (404 no such exchange, 406, a message
-///   too large) are [`PublishOutcome::Rejected`], which spends an attempt. On a
-///   channel error the batch is narrowed down (bisected) on fresh channels so
-///   only the message that causes it is rejected.
+///   (`312 NO_ROUTE`), a `basic.nack` and a channel closed by the broker
+///   because of a message (404 no such exchange, 406, a message too large)
+///   are [`PublishOutcome::Rejected`], which spends an attempt. On a channel
+///   error the batch is narrowed down (bisected) on fresh channels so only
+///   the message that causes it is rejected.
+/// - A message not confirmed within the
+///   [`confirm_timeout`](LapinPublisherBuilder::confirm_timeout) is
+///   [`PublishOutcome::Unconfirmed`]: the broker is stalled or a queue is
+///   stuck, so no attempt is spent (the relay pauses, or holds that exchange
+///   and routing key back behind a circuit breaker). The channel is not
+///   used again, and an ack seen only after the timeout is not trusted (a
+///   `basic.return` for it may have come with a confirm that was already
+///   given up), so nothing unroutable is ever taken as sent.
 /// - A lost connection (or a broker that blocks publishers because of a
 ///   resource alarm) is [`PublishOutcome::ConnectionLost`] for every message
 ///   not yet confirmed: the relay pauses, spends no attempts, and the next
@@ -230,9 +240,10 @@ impl LapinPublisherBuilder {
         self
     }
 
-    /// How long to wait for a batch's confirms; a message unconfirmed by then
-    /// is a per-message failure (it spends an attempt and is published
-    /// again). Keep it below the store's claim timeout. Default 10 s.
+    /// How long to wait for a batch's confirms (sending included); a message
+    /// unconfirmed by then is [`PublishOutcome::Unconfirmed`]: no attempt
+    /// is spent, and it is published again after the relay's pause or its
+    /// destination's circuit breaker. Default 10 s.
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
         self
@@ -530,15 +541,26 @@ impl LapinPublisher {
     }
 
     /// Awaits the confirms of a [`send`](Self::send) of `events`, until
-    /// `deadline`. Returns each event's round, and whether the
-    /// channel is clean (every message answered, none timed out or closed
-    /// the channel) and may serve another batch.
+    /// `deadline`. Returns each event's round, and whether the channel is
+    /// clean (every message answered, none timed out or closed the channel)
+    /// and may serve another batch.
     ///
     /// Unroutable messages are matched by their returned `message_id`, not
     /// by the confirm a return came with: lapin hands a `basic.return` to
     /// whichever confirm completes next, which with a broker's multiple-ack
     /// may be an earlier message's. Every return precedes its own message's
-    /// ack, so once all confirms are in, all returns are known.
+    /// ack, so a return is attached to a confirm that completed no later
+    /// than its message's own.
+    ///
+    /// At the deadline no confirm is dropped unseen (a return attached to
+    /// a dropped confirm would be lost, and its message could be taken as
+    /// sent): every confirm still pending is polled once (what is complete
+    /// counts), then those still pending are polled once more, only to
+    /// collect returns (whatever completes then is
+    /// [`Unconfirmed`](PublishOutcome::Unconfirmed): its return may sit on
+    /// a confirm seen pending a moment before). What is left is
+    /// `Unconfirmed`, and the channel is not used again, so no later ack on
+    /// it is ever trusted.
     async fn confirm(
         &self,
         connection: &ConnectionStatus,
@@ -546,68 +568,98 @@ impl LapinPublisher {
         pending: Vec<lapin::Result<PublisherConfirm>>,
         deadline: Instant,
     ) -> (Vec<Round>, bool) {
-        let mut rounds = Vec::with_capacity(pending.len());
-        let mut returned: HashMap<String, String> = HashMap::new();
         let mut clean = true;
-        let mut note_return = |message: Option<lapin::message::BasicReturnMessage>| {
-            if let Some(message) = message
-                && let Some(id) = message.properties.message_id()
-            {
-                returned.insert(
-                    id.to_string(),
-                    format!(
-                        "returned by the broker as unroutable: {} {} (no queue is bound for \
-                         this routing key on exchange `{}`)",
-                        message.reply_code, message.reply_text, message.exchange
-                    ),
-                );
-            }
-        };
+        let mut returned: HashMap<String, String> = HashMap::new();
+        let mut rounds: Vec<Option<Round>> = Vec::with_capacity(pending.len());
+        let mut confirms: Vec<Option<PublisherConfirm>> = Vec::with_capacity(pending.len());
         for sent in pending {
-            let outcome = match sent {
+            match sent {
+                Ok(confirm) => {
+                    rounds.push(None);
+                    confirms.push(Some(confirm));
+                }
                 Err(err) => {
                     clean = false;
-                    classify(connection, &err)
+                    rounds.push(Some(classify(connection, &err)));
+                    confirms.push(None);
                 }
-                Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
-                    Err(_) => {
-                        clean = false;
-                        Round::Done(PublishOutcome::rejected(format!(
-                            "no publisher confirm within {:?}",
-                            self.inner.confirm_timeout
-                        )))
-                    }
-                    Ok(Err(err)) => {
-                        clean = false;
-                        classify(connection, &err)
-                    }
-                    Ok(Ok(Confirmation::Ack(message))) => {
-                        note_return(message);
-                        Round::Done(PublishOutcome::Acked)
-                    }
-                    Ok(Ok(Confirmation::Nack(message))) => {
-                        note_return(message);
-                        Round::Done(PublishOutcome::rejected(
-                            "negatively acknowledged (basic.nack) by the broker",
-                        ))
-                    }
-                    Ok(Ok(Confirmation::NotRequested)) => {
-                        clean = false;
-                        Round::Done(PublishOutcome::rejected(
-                            "the channel is not in confirm mode",
-                        ))
-                    }
-                },
-            };
-            rounds.push(outcome);
-        }
-        for (round, event) in rounds.iter_mut().zip(events) {
-            if let Some(reason) = returned.get(&event.id.to_string())
-                && matches!(round, Round::Done(_))
-            {
-                *round = Round::Done(PublishOutcome::rejected(reason.clone()));
             }
         }
+        let mut answer = |answered: lapin::Result<Confirmation>, clean: &mut bool| match answered {
+            Err(err) => {
+                *clean = false;
+                classify(connection, &err)
+            }
+            Ok(Confirmation::Ack(message)) => {
+                note_return(&mut returned, message);
+                Round::Done(PublishOutcome::Acked)
+            }
+            Ok(Confirmation::Nack(message)) => {
+                note_return(&mut returned, message);
+                Round::Done(PublishOutcome::rejected(
+                    "negatively acknowledged (basic.nack) by the broker",
+                ))
+            }
+            Ok(Confirmation::NotRequested) => {
+                *clean = false;
+                Round::Done(PublishOutcome::rejected(
+                    "the channel is not in confirm mode",
+                ))
+            }
+        };
+        let mut timed_out = false;
+        for (round, slot) in rounds.iter_mut().zip(confirms.iter_mut()) {
+            let Some(confirm) = slot.as_mut() else {
+                continue;
+            };
+            // By reference: a confirm still pending at the deadline is kept.
+            match tokio::time::timeout_at(deadline, confirm).await {
+                Ok(answered) => {
+                    *slot = None;
+                    *round = Some(answer(answered, &mut clean));
+                }
+                Err(_) => {
+                    timed_out = true;
+                    break;
+                }
+            }
+        }
+        if timed_out {
+            clean = false;
+            // What is complete now counts.
+            for (round, slot) in rounds.iter_mut().zip(confirms.iter_mut()) {
+                if let Some(answered) = slot.as_mut().and_then(FutureExt::now_or_never) {
+                    *slot = None;
+                    *round = Some(answer(answered, &mut clean));
+                }
+            }
+            // Completed since: only their returns count.
+            for slot in &mut confirms {
+                if let Some(Ok(Confirmation::Ack(message) | Confirmation::Nack(message))) =
+                    slot.as_mut().and_then(FutureExt::now_or_never)
+                {
+                    note_return(&mut returned, message);
+                }
+            }
+        }
+        let rounds: Vec<Round> = rounds
+            .into_iter()
+            .map(|round| {
+                round.unwrap_or_else(|| {
+                    Round::Done(PublishOutcome::unconfirmed(format!(
+                        "no publisher confirm in time (confirm timeout {:?})",
+                        self.inner.confirm_timeout
+                    )))
+                })
+            })
+            .zip(events)
+            .map(|(round, event)| match returned.get(&event.id.to_string()) {
+                Some(reason) if matches!(round, Round::Done(_)) => {
+                    Round::Done(PublishOutcome::rejected(reason.clone()))
+                }
+                _ => round,
+            })
+            .collect();
         (rounds, clean)
     }
 
@@ -711,6 +763,25 @@ struct Checkout {
     /// Opened for this batch (not reused): a channel error on it can only
     /// come from this batch's messages.
     fresh: bool,
+}
+
+/// Notes a `basic.return` by the message id it carries.
+fn note_return(
+    returned: &mut HashMap<String, String>,
+    message: Option<lapin::message::BasicReturnMessage>,
+) {
+    if let Some(message) = message
+        && let Some(id) = message.properties.message_id()
+    {
+        returned.insert(
+            id.to_string(),
+            format!(
+                "returned by the broker as unroutable: {} {} (no queue is bound for this \
+                 routing key on exchange `{}`)",
+                message.reply_code, message.reply_text, message.exchange
+            ),
+        );
+    }
 }
 
 /// Sorts a lapin error into "connection lost" (spends nothing) or "the
@@ -847,5 +918,16 @@ impl Publisher for LapinPublisher {
             .into_iter()
             .map(|o| o.unwrap_or_else(|| PublishOutcome::connection_lost("not published")))
             .collect()
+    }
+
+    /// The exchange and routing key: the relay's circuit breaker for
+    /// unconfirmed messages works per exchange and routing key, so one
+    /// stuck queue delays only the events routed to it.
+    fn destination(&self, event: &EventEnvelope) -> String {
+        format!(
+            "exchange `{}` routing key `{}`",
+            self.exchange(event),
+            self.routing_key(event)
+        )
     }
 }

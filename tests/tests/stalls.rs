@@ -17,7 +17,11 @@ use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use outbox::rabbitmq::LapinPublisher;
-use outbox::{DomainEvent, EventEnvelope, PublishOutcome, Publisher};
+use outbox::testing::InMemoryStore;
+use outbox::{
+    DomainEvent, EventEnvelope, EventStatus, OutboxStore, PublishOutcome, Publisher, Relay,
+    RetryPolicy,
+};
 use outbox_tests::{PrivateRabbit, connect_amqp};
 use uuid::Uuid;
 
@@ -217,10 +221,15 @@ async fn a_frozen_broker_holds_no_publish_beyond_its_timeouts() {
         .await
         .expect("publishes to a frozen broker return within their timeouts, not after the thaw");
     let outcomes: Vec<&PublishOutcome> = smalls.iter().flatten().chain(&large_outcomes).collect();
-    assert!(
-        outcomes.iter().all(|o| **o != PublishOutcome::Acked),
-        "nothing is confirmed by a frozen broker"
-    );
+    for outcome in &outcomes {
+        assert!(
+            matches!(
+                outcome,
+                PublishOutcome::Unconfirmed { .. } | PublishOutcome::ConnectionLost { .. }
+            ),
+            "a frozen broker confirms nothing and spends no attempt: {outcome:?}"
+        );
+    }
     tokio::time::sleep(Duration::from_secs(10)).await;
     drop(frozen);
 
@@ -237,4 +246,161 @@ async fn a_frozen_broker_holds_no_publish_beyond_its_timeouts() {
     }
     assert!(acked, "the publisher recovers after the thaw");
     assert!(topology.delivered().await.contains(&after.id));
+}
+
+/// The relay's view of one stall.
+enum Fault {
+    /// The node frozen (SIGSTOP) for this long.
+    Freeze(Duration),
+    /// A memory alarm (every publishing connection blocked) for this long.
+    MemoryAlarm(Duration),
+}
+
+/// Runs a relay (in-memory store, the library's publisher on a private
+/// node) through `fault`, raised while it drains a backlog of large events
+/// and producers keep recording, some of an event type no queue is bound
+/// for. Then checks: no routable event spent an attempt; nothing unroutable
+/// was marked sent; everything marked sent was delivered; every routable
+/// event was delivered after the broker came back.
+async fn relay_through(test: &str, fault: Fault) {
+    logs();
+    let rabbit = private_rabbit().await;
+    let topology = Topology::new(&rabbit, test, "thing.changed").await;
+    let store = InMemoryStore::new();
+    let mut n = 0u32;
+    let mut record = move |store: &InMemoryStore, padding: usize| {
+        n += 1;
+        let kind = if n.is_multiple_of(10) {
+            "thing.ignored"
+        } else {
+            "thing.changed"
+        };
+        store
+            .record(&event(&format!("a{}", n % 40), n, padding, kind))
+            .unwrap();
+    };
+    for _ in 0..2000 {
+        record(&store, 8 * 1024);
+    }
+    let publisher = LapinPublisher::builder(rabbit.url())
+        .exchange(&topology.exchange)
+        .connection_name(format!("{test}.relay"))
+        .confirm_timeout(Duration::from_secs(3))
+        .operation_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let relay = Relay::builder(store.clone(), publisher)
+        .batch_size(50)
+        .poll_interval(Duration::from_millis(50))
+        .pause(Duration::from_millis(100), Duration::from_secs(2))
+        .retry(
+            RetryPolicy::default()
+                .base_delay(Duration::from_millis(200))
+                .max_delay(Duration::from_secs(2))
+                .max_attempts(1000),
+        )
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let running = tokio::spawn(relay.run());
+    // The fault comes while batches are in flight.
+    while store
+        .records()
+        .iter()
+        .all(|r| r.status != EventStatus::Sent)
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let producing = {
+        let store = store.clone();
+        let stop = handle.clone();
+        tokio::spawn(async move {
+            while !stop.is_shutdown() {
+                record(&store, 1024);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    match fault {
+        Fault::Freeze(how_long) => {
+            let rabbit = Arc::clone(&rabbit);
+            let frozen = tokio::task::spawn_blocking(move || Frozen::new(&rabbit))
+                .await
+                .unwrap();
+            tokio::time::sleep(how_long).await;
+            drop(frozen);
+        }
+        Fault::MemoryAlarm(how_long) => {
+            let ctl = |args: &'static [&'static str]| {
+                let rabbit = Arc::clone(&rabbit);
+                tokio::task::spawn_blocking(move || rabbit.ctl(args))
+            };
+            ctl(&["set_vm_memory_high_watermark", "0.0001"])
+                .await
+                .unwrap();
+            tokio::time::sleep(how_long).await;
+            ctl(&["set_vm_memory_high_watermark", "0.4"]).await.unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    producing.abort();
+    let _ = producing.await;
+    let routable = |r: &outbox::OutboxRecord| r.envelope.event_type == "thing.changed";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !store
+        .records()
+        .iter()
+        .filter(|r| routable(r))
+        .all(|r| r.status == EventStatus::Sent)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "routable events still unsent 120 s after the fault: {:?}",
+            store.stats().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    handle.shutdown();
+    running.await.unwrap();
+
+    let records = store.records();
+    let delivered = topology.delivered().await;
+    let spent: Vec<_> = records
+        .iter()
+        .filter(|r| routable(r) && r.attempts > 0)
+        .map(|r| (r.id(), r.attempts, r.last_error.clone()))
+        .collect();
+    assert!(
+        spent.is_empty(),
+        "a stalled broker spent attempts of {} routable events, e.g. {:?}",
+        spent.len(),
+        spent.first()
+    );
+    for record in &records {
+        if routable(record) {
+            assert!(
+                delivered.contains(&record.id()),
+                "routable event {} was marked sent but never delivered",
+                record.id()
+            );
+        } else {
+            assert_ne!(
+                record.status,
+                EventStatus::Sent,
+                "an unroutable event was marked sent: {:?}",
+                record.last_error
+            );
+        }
+    }
+    assert!(records.len() > 2000, "producers kept recording");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_frozen_for_30_s_spends_no_attempt_and_loses_nothing() {
+    relay_through("stall_freeze", Fault::Freeze(Duration::from_secs(30))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_alarm_raised_mid_batch_spends_no_attempt_and_loses_nothing() {
+    relay_through("stall_alarm", Fault::MemoryAlarm(Duration::from_secs(10))).await;
 }

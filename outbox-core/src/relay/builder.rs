@@ -157,6 +157,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             pause_max: self.pause_max,
             busy: std::sync::atomic::AtomicUsize::new(0),
             batch_done: tokio::sync::Notify::new(),
+            breakers: super::breaker::Breakers::default(),
         })
     }
 }
