@@ -1,6 +1,7 @@
 //! The broker side: [`Publisher`] and the per-message [`PublishOutcome`].
 
 use std::future::Future;
+use std::time::Instant;
 
 use crate::EventEnvelope;
 
@@ -77,17 +78,23 @@ impl PublishOutcome {
 /// Sends events to a broker and reports one [`PublishOutcome`] per event.
 ///
 /// Implementations publish the whole slice pipelined (without waiting for one
-/// confirm before sending the next message) and then wait for every confirm.
+/// confirm before sending the next message) and then wait for every confirm,
+/// at most until the shorter of their own confirm timeout and `deadline`:
+/// the relay passes its claim's [`valid_until`](crate::Claim::valid_until),
+/// after which the claim may lapse and nothing could be marked. A message
+/// not confirmed by then is [`PublishOutcome::Unconfirmed`].
 /// The returned vector has one outcome per input event, in input order; the
 /// relay treats a missing outcome as `ConnectionLost` (nothing is marked).
 ///
 /// Implementation: `outbox-lapin`'s `LapinPublisher` (RabbitMQ); for tests,
 /// `testing::RecordingPublisher` (feature `test-util`).
 pub trait Publisher: Send + Sync + 'static {
-    /// Publishes `events` and waits for their confirms.
+    /// Publishes `events` and waits for their confirms, until `deadline`
+    /// at the latest (`None`: the publisher's own confirm timeout only).
     fn publish(
         &self,
         events: &[&EventEnvelope],
+        deadline: Option<Instant>,
     ) -> impl Future<Output = Vec<PublishOutcome>> + Send;
 
     /// Where `event` goes, as a name: the key of the relay's circuit

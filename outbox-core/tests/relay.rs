@@ -465,6 +465,208 @@ async fn partly_unconfirmed_events_wait_behind_their_destinations_breaker_only()
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_waves_confirm_wait_ends_at_the_claims_deadline() {
+    /// A broker that never confirms: waits for as long as it may.
+    struct Silent(Arc<std::sync::atomic::AtomicUsize>);
+    impl outbox_core::Publisher for Silent {
+        async fn publish(
+            &self,
+            events: &[&EventEnvelope],
+            deadline: Option<std::time::Instant>,
+        ) -> Vec<PublishOutcome> {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                None => std::future::pending().await,
+            }
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            events
+                .iter()
+                .map(|_| PublishOutcome::unconfirmed("no confirm"))
+                .collect()
+        }
+    }
+    let store = InMemoryStore::new().with_claim_timeout(Duration::from_secs(5));
+    for n in 0..4 {
+        record(&store, &format!("a{n}"), n);
+        record_stuck(&store, &format!("s{n}"));
+    }
+    let returned = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let relay = Relay::builder(store.clone(), Silent(Arc::clone(&returned)))
+        .concurrency(1)
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    let started = tokio::time::Instant::now();
+    while returned.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the wave waited beyond its claim's deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.shutdown();
+    task.await.unwrap();
+    assert_eq!(store.claimed(), 0);
+    for record in store.records() {
+        assert_eq!((record.status, record.attempts), (EventStatus::Pending, 0));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_claims_deadline_is_passed_to_each_wave() {
+    let store = InMemoryStore::new().with_claim_timeout(Duration::from_secs(30));
+    for n in 0..3 {
+        record(&store, "a", n);
+    }
+    let publisher = RecordingPublisher::new();
+    let before = std::time::Instant::now();
+    let (relay, _) = new_relay(&store, &publisher, RetryPolicy::default());
+    run_until(relay, &store, all_sent).await;
+    let deadlines = publisher.deadlines();
+    assert_eq!(deadlines.len(), 3, "one wave per event of the aggregate");
+    for deadline in deadlines {
+        let deadline = deadline.expect("the claim's valid_until");
+        assert!(
+            deadline > before && deadline <= std::time::Instant::now() + Duration::from_secs(30)
+        );
+    }
+}
+
+/// A store whose first claim holds rows for a while and then finds nothing
+/// to take (as an ordered claim that locked rows and kept none of them);
+/// claims made meanwhile skip the held rows and find nothing either.
+#[derive(Clone)]
+struct FirstClaimHolds {
+    inner: InMemoryStore,
+    first: Arc<std::sync::atomic::AtomicU8>,
+}
+
+impl OutboxStore for FirstClaimHolds {
+    type Error = <InMemoryStore as OutboxStore>::Error;
+    type Claim = <InMemoryStore as OutboxStore>::Claim;
+
+    async fn claim(&self, limit: usize) -> Result<Option<Self::Claim>, Self::Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        match self.first.compare_exchange(0, 1, SeqCst, SeqCst) {
+            Ok(_) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                self.first.store(2, SeqCst);
+                Ok(None)
+            }
+            Err(1) => Ok(None),
+            Err(_) => self.inner.claim(limit).await,
+        }
+    }
+
+    async fn stats(&self) -> Result<outbox_core::OutboxStats, Self::Error> {
+        self.inner.stats().await
+    }
+
+    async fn purge_sent(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> Result<u64, Self::Error> {
+        self.inner.purge_sent(before, limit).await
+    }
+
+    async fn replay_dead(&self, selector: DeadSelector) -> Result<u64, Self::Error> {
+        self.inner.replay_dead(selector).await
+    }
+
+    async fn skip_dead(&self, id: Uuid) -> Result<bool, Self::Error> {
+        self.inner.skip_dead(id).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_claim_that_held_rows_wakes_the_loops_that_skipped_them() {
+    let inner = InMemoryStore::new();
+    record(&inner, "a", 0);
+    let store = FirstClaimHolds {
+        inner: inner.clone(),
+        first: Arc::default(),
+    };
+    let publisher = RecordingPublisher::new();
+    // No wakeups and no polls (an hour): only the end of the empty claim
+    // can send the other loop back to claim.
+    let relay = Relay::builder(store, publisher.clone())
+        .concurrency(2)
+        .poll_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    let published = tokio::time::timeout(Duration::from_secs(60), publisher.wait_for(1)).await;
+    handle.shutdown();
+    task.await.unwrap();
+    assert!(
+        published.is_ok(),
+        "the loop that skipped the held rows claimed again when the empty claim ended"
+    );
+}
+
+/// Counts claims; each takes 10 ms and finds nothing.
+#[derive(Clone, Default)]
+struct EmptyClaims {
+    inner: InMemoryStore,
+    claims: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl OutboxStore for EmptyClaims {
+    type Error = <InMemoryStore as OutboxStore>::Error;
+    type Claim = <InMemoryStore as OutboxStore>::Claim;
+
+    async fn claim(&self, _: usize) -> Result<Option<Self::Claim>, Self::Error> {
+        self.claims
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok(None)
+    }
+
+    async fn stats(&self) -> Result<outbox_core::OutboxStats, Self::Error> {
+        self.inner.stats().await
+    }
+
+    async fn purge_sent(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> Result<u64, Self::Error> {
+        self.inner.purge_sent(before, limit).await
+    }
+
+    async fn replay_dead(&self, selector: DeadSelector) -> Result<u64, Self::Error> {
+        self.inner.replay_dead(selector).await
+    }
+
+    async fn skip_dead(&self, id: Uuid) -> Result<bool, Self::Error> {
+        self.inner.skip_dead(id).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_loops_whose_empty_claims_overlap_do_not_wake_each_other_forever() {
+    let store = EmptyClaims::default();
+    let relay = Relay::builder(store.clone(), RecordingPublisher::new())
+        .concurrency(2)
+        .poll_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    handle.shutdown();
+    task.await.unwrap();
+    let claims = store.claims.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        claims <= 6,
+        "idle loops claimed {claims} times in 10 s without a poll"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn store_errors_are_retried() {
     let store = InMemoryStore::new();
     for n in 0..20 {
@@ -482,8 +684,12 @@ async fn missing_outcomes_are_not_marked_sent() {
     #[derive(Clone)]
     struct Truncating(RecordingPublisher);
     impl outbox_core::Publisher for Truncating {
-        async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
-            let mut outcomes = self.0.publish(events).await;
+        async fn publish(
+            &self,
+            events: &[&EventEnvelope],
+            deadline: Option<std::time::Instant>,
+        ) -> Vec<PublishOutcome> {
+            let mut outcomes = self.0.publish(events, deadline).await;
             outcomes.truncate(1);
             outcomes
         }
@@ -518,9 +724,13 @@ async fn shutdown_finishes_the_batch_in_flight() {
     #[derive(Clone)]
     struct Slow(RecordingPublisher);
     impl outbox_core::Publisher for Slow {
-        async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+        async fn publish(
+            &self,
+            events: &[&EventEnvelope],
+            deadline: Option<std::time::Instant>,
+        ) -> Vec<PublishOutcome> {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            self.0.publish(events).await
+            self.0.publish(events, deadline).await
         }
     }
     let store = InMemoryStore::unordered();
@@ -550,7 +760,11 @@ async fn shutdown_releases_a_batch_that_overruns_the_grace_period() {
     #[derive(Clone)]
     struct Stuck;
     impl outbox_core::Publisher for Stuck {
-        async fn publish(&self, _: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+        async fn publish(
+            &self,
+            _: &[&EventEnvelope],
+            _: Option<std::time::Instant>,
+        ) -> Vec<PublishOutcome> {
             std::future::pending().await
         }
     }

@@ -243,7 +243,11 @@ impl LapinPublisherBuilder {
     /// How long to wait for a batch's confirms (sending included); a message
     /// unconfirmed by then is [`PublishOutcome::Unconfirmed`]: no attempt
     /// is spent, and it is published again after the relay's pause or its
-    /// destination's circuit breaker. Default 10 s.
+    /// destination's circuit breaker. The relay also passes its claim's
+    /// deadline ([`Claim::valid_until`](outbox_core::Claim::valid_until)) to
+    /// each publish, and the wait ends at whichever comes first, so a wave
+    /// started late in a claim never outlives it, whatever this setting.
+    /// Default 10 s.
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
         self
@@ -647,7 +651,8 @@ impl LapinPublisher {
             .map(|round| {
                 round.unwrap_or_else(|| {
                     Round::Done(PublishOutcome::unconfirmed(format!(
-                        "no publisher confirm in time (confirm timeout {:?})",
+                        "no publisher confirm in time (confirm timeout {:?}, or the claim's \
+                         deadline if sooner)",
                         self.inner.confirm_timeout
                     )))
                 })
@@ -808,7 +813,14 @@ fn classify(connection: &ConnectionStatus, err: &lapin::Error) -> Round {
 }
 
 impl Publisher for LapinPublisher {
-    async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+    async fn publish(
+        &self,
+        events: &[&EventEnvelope],
+        deadline: Option<std::time::Instant>,
+    ) -> Vec<PublishOutcome> {
+        // Confirms are awaited until the confirm timeout, or the claim's
+        // deadline if that comes first (past it, nothing could be marked).
+        let claim_deadline = deadline.map(Instant::from_std);
         let mut outcomes: Vec<Option<PublishOutcome>> = vec![None; events.len()];
         // What cannot go on the wire at all is rejected without sending.
         let mut targets: Vec<(String, String)> = Vec::with_capacity(events.len());
@@ -853,7 +865,10 @@ impl Publisher for LapinPublisher {
             let batch_targets: Vec<&(String, String)> =
                 group.iter().map(|&i| &targets[i]).collect();
             // Sending and confirming share one deadline.
-            let deadline = Instant::now() + self.inner.confirm_timeout;
+            let deadline = claim_deadline
+                .map_or(Instant::now() + self.inner.confirm_timeout, |claim| {
+                    claim.min(Instant::now() + self.inner.confirm_timeout)
+                });
             let pending = self
                 .send(&checkout.channel, &batch, &batch_targets, deadline)
                 .await;

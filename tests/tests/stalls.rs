@@ -199,7 +199,23 @@ async fn a_frozen_broker_holds_no_publish_beyond_its_timeouts() {
         .build()
         .unwrap();
     let warm = envelope(0, 10);
-    assert_eq!(publisher.publish(&[&warm]).await, [PublishOutcome::Acked]);
+    assert_eq!(
+        publisher.publish(&[&warm], None).await,
+        [PublishOutcome::Acked]
+    );
+
+    // A publisher with a long confirm timeout, for the claim's deadline.
+    let patient = LapinPublisher::builder(rabbit.url())
+        .exchange(&topology.exchange)
+        .connection_name("stall_calls.patient")
+        .confirm_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let warm = envelope(0, 10);
+    assert_eq!(
+        patient.publish(&[&warm], None).await,
+        [PublishOutcome::Acked]
+    );
 
     let frozen = Frozen::new(&rabbit);
     // Several batches at once, as the relay's loops do: one takes the idle
@@ -211,12 +227,13 @@ async fn a_frozen_broker_holds_no_publish_beyond_its_timeouts() {
     let publishing = async {
         let smalls = futures_util::future::join_all(small.iter().map(|e| {
             let publisher = publisher.clone();
-            async move { publisher.publish(&[e]).await }
+            async move { publisher.publish(&[e], None).await }
         }));
         let large_refs: Vec<&EventEnvelope> = large.iter().collect();
-        tokio::join!(smalls, publisher.publish(&large_refs))
+        tokio::join!(smalls, publisher.publish(&large_refs, None))
     };
-    // The node stays frozen for 30 s; every call must be back well before.
+    // The node stays frozen until every call is back: each must return
+    // within its own timeouts, not wait for a thaw.
     let (smalls, large_outcomes) = tokio::time::timeout(Duration::from_secs(20), publishing)
         .await
         .expect("publishes to a frozen broker return within their timeouts, not after the thaw");
@@ -230,7 +247,21 @@ async fn a_frozen_broker_holds_no_publish_beyond_its_timeouts() {
             "a frozen broker confirms nothing and spends no attempt: {outcome:?}"
         );
     }
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // The relay passes its claim's deadline: the confirm wait ends there,
+    // not after the 60 s confirm timeout.
+    let claim_ends = std::time::Instant::now() + Duration::from_secs(1);
+    let deadline_bound = envelope(500, 10);
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(8),
+        patient.publish(&[&deadline_bound], Some(claim_ends)),
+    )
+    .await
+    .expect("the claim's deadline bounds the confirm wait");
+    assert!(
+        matches!(outcome[..], [PublishOutcome::Unconfirmed { .. }]),
+        "{outcome:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
     drop(frozen);
 
     // Once it answers again, publishing works again (after the connection
@@ -238,7 +269,7 @@ async fn a_frozen_broker_holds_no_publish_beyond_its_timeouts() {
     let after = envelope(1000, 10);
     let mut acked = false;
     for _ in 0..60 {
-        if publisher.publish(&[&after]).await == [PublishOutcome::Acked] {
+        if publisher.publish(&[&after], None).await == [PublishOutcome::Acked] {
             acked = true;
             break;
         }

@@ -118,6 +118,10 @@ pub struct Relay<S, P> {
     busy: std::sync::atomic::AtomicUsize,
     /// Notified (all waiters) whenever a batch ends, releasing its rows.
     batch_done: tokio::sync::Notify,
+    /// Notified (all waiters) whenever a claim ends empty (it may have
+    /// locked rows for a moment), after counting it in `empty_claims`.
+    empty_claim_done: tokio::sync::Notify,
+    empty_claims: std::sync::atomic::AtomicU64,
     /// Per destination, for unconfirmed messages.
     breakers: breaker::Breakers,
 }
@@ -203,6 +207,15 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         // aggregate), which nothing else announces. Completes when any
         // batch ends after that claim started.
         let mut follow: Option<Pin<Box<tokio::sync::futures::Notified<'_>>>> = None;
+        // Likewise when another loop's claim ends empty: it may have held
+        // rows for a moment (locked, then left). Two loops whose empty
+        // claims overlap would wake each other forever, so a loop woken by
+        // an empty claim that finds nothing again stops following empty
+        // claims until something else wakes it.
+        // (`Some(n)`: wake once more than `n` empty claims have ended.)
+        let mut follow_empty: Option<u64> = None;
+        let mut chase_empty = true;
+        let mut woken_by_empty = false;
         while !self.handle.is_shutdown() {
             if wait {
                 let batch_ended = async {
@@ -211,14 +224,32 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         None => std::future::pending().await,
                     }
                 };
+                let claim_ended = async {
+                    let Some(threshold) = follow_empty else {
+                        return std::future::pending().await;
+                    };
+                    loop {
+                        let ended = self.empty_claim_done.notified();
+                        if self.empty_claims.load(Ordering::SeqCst) > threshold {
+                            return;
+                        }
+                        ended.await;
+                    }
+                };
+                woken_by_empty = false;
                 tokio::select! {
                     () = self.handle.notified() => {}
                     () = batch_ended => {}
+                    () = claim_ended => woken_by_empty = true,
                     () = tokio::time::sleep_until(polls.next_after(tokio::time::Instant::now())) => {}
                     () = self.handle.shutdown_requested() => break,
                 }
+                if !woken_by_empty {
+                    chase_empty = true;
+                }
             }
             follow = None;
+            follow_empty = None;
             // A lost connection pauses every loop of the relay.
             if let Some(until) = pause.until() {
                 tokio::select! {
@@ -232,15 +263,30 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             // Armed before the claim, so a batch that ends while it runs
             // still counts.
             let batch_ended = Box::pin(self.batch_done.notified());
+            let empty_before = self.empty_claims.load(Ordering::SeqCst);
             let others_before = self.busy.fetch_add(1, Ordering::SeqCst) > 0;
             let claimed = self.store.claim(self.batch_size).await;
-            if others_before || self.busy.load(Ordering::SeqCst) > 1 {
+            let others_busy = others_before || self.busy.load(Ordering::SeqCst) > 1;
+            if others_busy {
                 follow = Some(batch_ended);
             }
             let claim = match claimed {
                 Ok(Some(claim)) => claim,
                 Ok(None) => {
                     self.busy.fetch_sub(1, Ordering::SeqCst);
+                    // An empty claim may have locked rows for a moment
+                    // (and released them): a loop whose claim skipped them
+                    // meanwhile claims again.
+                    self.empty_claims.fetch_add(1, Ordering::SeqCst);
+                    self.empty_claim_done.notify_waiters();
+                    if woken_by_empty {
+                        chase_empty = false;
+                    }
+                    if others_busy && chase_empty {
+                        // Wake for any other empty claim that ended during
+                        // this one or ends later (this one counts once).
+                        follow_empty = Some(empty_before + 1);
+                    }
                     wait = true;
                     continue;
                 }
@@ -254,6 +300,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 }
             };
             failpoints::hit(failpoints::AFTER_CLAIM);
+            chase_empty = true;
             let claimed = claim.records().len();
             let span = tracing::info_span!(
                 "outbox.relay.batch",
@@ -356,7 +403,11 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 }
                 let envelopes: Vec<&EventEnvelope> =
                     sending.iter().map(|(i, _)| &records[*i].envelope).collect();
-                let mut outcomes = self.publisher.publish(&envelopes).await.into_iter();
+                let mut outcomes = self
+                    .publisher
+                    .publish(&envelopes, deadline)
+                    .await
+                    .into_iter();
                 let mut unconfirmed: Vec<(usize, &str, String)> = Vec::new();
                 for (i, destination) in &sending {
                     let i = *i;
