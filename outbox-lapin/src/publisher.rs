@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
-use lapin::protocol::AMQPErrorKind;
+use lapin::protocol::{AMQPErrorKind, AMQPHardError};
 use lapin::types::FieldTable;
 use lapin::{
     Channel, Confirmation, Connection, ConnectionStatus, ErrorKind, ExchangeKind, PublisherConfirm,
@@ -46,9 +46,18 @@ pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
 ///   batch is in (lapin attaches a return to whichever confirm completes
 ///   next, which may be another message's).
 /// - An event that cannot go on the wire (it breaks
-///   [`EventEnvelope::validate_wire`], or its exchange name or routing key
-///   is over 255 bytes) is [`PublishOutcome::Unpublishable`] without being
-///   sent: the relay marks it `Dead` at once.
+///   [`EventEnvelope::validate_wire`], its exchange name or routing key
+///   is over 255 bytes, or its content header frame, encoded exactly as it
+///   would be sent, exceeds the `frame_max` negotiated on the connection)
+///   is [`PublishOutcome::Unpublishable`] without being sent: the relay
+///   marks it `Dead` at once. (Sent, an oversized frame makes RabbitMQ close
+///   the whole connection.)
+/// - A connection closed by the broker is sorted by its reply code: 501
+///   (frame error), 502 (syntax error) and 505 (unexpected frame) are about
+///   a frame sent for a message, so the batch is narrowed down to it like
+///   a channel error (it ends [`PublishOutcome::Rejected`]); 320 (forced),
+///   other codes and I/O errors are the broker's
+///   ([`PublishOutcome::ConnectionLost`]).
 /// - Only `basic.ack` without a return is [`PublishOutcome::Acked`]. A return
 ///   (`312 NO_ROUTE`), a `basic.nack` and a channel closed by the broker
 ///   because of a message (404 no such exchange, 406, a message too large)
@@ -789,10 +798,53 @@ fn note_return(
     }
 }
 
+/// Checks that `envelope`'s content header frame (its properties, headers
+/// included, exactly as they are sent) fits `frame_max`.
+fn header_frame_fits(
+    envelope: &EventEnvelope,
+    source: &str,
+    frame_max: u32,
+) -> std::result::Result<(), String> {
+    let properties = wire::properties(envelope, source);
+    let encoded = lapin::protocol::basic::gen_properties(&properties)(Vec::new().into())
+        .map(|written| written.position)
+        .map_err(|err| format!("its properties cannot be encoded: {err}"))?;
+    // Frame type (1), channel (2), size (4), class (2), weight (2), body
+    // size (8), the properties, frame end (1).
+    let frame = encoded.saturating_add(20);
+    if frame > u64::from(frame_max) {
+        return Err(format!(
+            "its header frame (properties and headers) is {frame} bytes; the connection's \
+             frame_max is {frame_max}: fewer or shorter headers are needed"
+        ));
+    }
+    Ok(())
+}
+
 /// Sorts a lapin error into "connection lost" (spends nothing) or "the
-/// broker closed the channel" (a message caused it: narrow it down).
+/// broker closed the channel" (a message caused it: narrow it down). A
+/// connection closed by the broker is sorted by its reply code: 501
+/// (frame error), 502 (syntax error) and 505 (unexpected frame) are about
+/// a frame this publisher sent, so about a message (narrow it down, as for
+/// a channel error); 320 (forced), any other code and an I/O error are the
+/// broker's (connection lost).
 fn classify(connection: &ConnectionStatus, err: &lapin::Error) -> Round {
     let lost = |reason: String| Round::Done(PublishOutcome::connection_lost(reason));
+    if let ErrorKind::ProtocolError(amqp) = err.kind()
+        && let AMQPErrorKind::Hard(hard) = amqp.kind()
+    {
+        return match hard {
+            AMQPHardError::FRAMEERROR
+            | AMQPHardError::SYNTAXERROR
+            | AMQPHardError::UNEXPECTEDFRAME => Round::ChannelClosed(format!(
+                "the broker closed the connection because of a frame sent for this message: \
+                 {} {}",
+                amqp.get_id(),
+                amqp.get_message()
+            )),
+            _ => lost(format!("connection closed by the broker: {amqp}")),
+        };
+    }
     if !connection.connected() {
         return lost(format!("connection to RabbitMQ lost: {err}"));
     }
@@ -845,7 +897,6 @@ impl Publisher for LapinPublisher {
             if group.is_empty() {
                 continue;
             }
-            let batch: Vec<&EventEnvelope> = group.iter().map(|&i| events[i]).collect();
             // Each batch in flight has a channel of its own, so the relay's
             // concurrent batches overlap (one sends while another awaits
             // confirms) and a message that makes the broker close a channel
@@ -862,6 +913,24 @@ impl Publisher for LapinPublisher {
                     break;
                 }
             };
+            // The header frame must fit the frame size negotiated on this
+            // connection: a larger one makes RabbitMQ close the whole
+            // connection (501), for every batch on it.
+            let frame_max = checkout.connection.configuration().frame_max();
+            let (group, oversized): (Vec<usize>, Vec<usize>) = group.into_iter().partition(|&i| {
+                header_frame_fits(events[i], &self.inner.source, frame_max).is_ok()
+            });
+            for i in oversized {
+                if let Err(reason) = header_frame_fits(events[i], &self.inner.source, frame_max) {
+                    tracing::warn!(event_id = %events[i].id, %reason, "event cannot be published");
+                    outcomes[i] = Some(PublishOutcome::unpublishable(reason));
+                }
+            }
+            if group.is_empty() {
+                self.checkin(checkout, true);
+                continue;
+            }
+            let batch: Vec<&EventEnvelope> = group.iter().map(|&i| events[i]).collect();
             let batch_targets: Vec<&(String, String)> =
                 group.iter().map(|&i| &targets[i]).collect();
             // Sending and confirming share one deadline.

@@ -366,6 +366,41 @@ async fn an_event_over_the_wire_limits_is_unpublishable_and_never_sent() {
     broker.cleanup().await;
 }
 
+#[tokio::test]
+async fn an_event_whose_header_frame_exceeds_frame_max_is_unpublishable_and_the_connection_lives() {
+    let broker = Broker::new("frame_max").await;
+    // A connection that negotiates a small frame (4 KiB is AMQP's minimum
+    // maximum): headers that pass the envelope's checks no longer fit.
+    let url = format!("{}?frame_max=8192", amqp_url());
+    let publisher = LapinPublisher::builder(url)
+        .exchange(&broker.exchange)
+        .connection_name("outbox-test-frame-max")
+        .build()
+        .unwrap();
+    let mut wide = envelope("o-1", 1);
+    for i in 0..40 {
+        wide.headers.insert(format!("h{i}"), "v".repeat(256));
+    }
+    wide.validate().expect("well within the envelope's limits");
+    let fine = envelope("o-2", 1);
+    let outcomes = publish_until_settled(&publisher, &[&wide, &fine]).await;
+    assert!(
+        matches!(&outcomes[0], PublishOutcome::Unpublishable { reason } if reason.contains("frame_max")),
+        "{:?}",
+        outcomes[0]
+    );
+    assert_eq!(outcomes[1], PublishOutcome::Acked, "its neighbour is sent");
+    assert_eq!(broker.received_ids().await, [fine.id.to_string()]);
+    // The connection was never closed for it: the next publish goes out on
+    // it at once.
+    let next = envelope("o-3", 1);
+    assert_eq!(
+        publisher.publish(&[&next], None).await,
+        [PublishOutcome::Acked]
+    );
+    broker.cleanup().await;
+}
+
 /// Publishes `events` and, like the relay, publishes again those that come
 /// back `ConnectionLost` (no attempt spent): a channel error can take the
 /// connection down with it (see the `LapinPublisher` docs), so this loops
