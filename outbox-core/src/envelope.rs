@@ -194,10 +194,29 @@ impl EventEnvelope {
     /// id, in bytes: they become AMQP short strings (`type` property, header
     /// names, `correlation_id` property, routing key), which hold 255.
     pub const MAX_SHORT_BYTES: usize = 255;
-    /// The most header bytes (names and values together). AMQP carries all
-    /// message properties in one frame (128 KiB by default in RabbitMQ); a
-    /// larger one makes the broker close the whole connection.
+    /// The largest encoded size of the headers, as an AMQP field table:
+    /// each header costs its name and value plus
+    /// [`HEADER_ENTRY_OVERHEAD`](Self::HEADER_ENTRY_OVERHEAD) bytes of
+    /// framing. AMQP carries all message properties in one frame (at most
+    /// the negotiated `frame_max`, 128 KiB by default in RabbitMQ); a larger
+    /// one makes the broker close the whole connection. Half of the default
+    /// frame is left for the other properties and the headers a publisher
+    /// adds (the aggregate id twice, the CloudEvents attributes).
     pub const MAX_HEADERS_BYTES: usize = 64 * 1024;
+    /// Framing bytes of one header entry in an AMQP field table: the name's
+    /// length (1), the value's type tag (1) and the long string's length (4).
+    pub const HEADER_ENTRY_OVERHEAD: usize = 6;
+
+    /// The encoded size of the headers as an AMQP field table (names,
+    /// values and [`HEADER_ENTRY_OVERHEAD`](Self::HEADER_ENTRY_OVERHEAD)
+    /// per entry), the figure [`MAX_HEADERS_BYTES`](Self::MAX_HEADERS_BYTES)
+    /// limits.
+    pub fn encoded_headers_bytes(&self) -> usize {
+        self.headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + Self::HEADER_ENTRY_OVERHEAD)
+            .sum()
+    }
 
     /// Checks the invariants every store and publisher relies on:
     /// aggregate type, aggregate id and event type are not empty and hold no
@@ -244,7 +263,7 @@ impl EventEnvelope {
     /// The part of [`validate`](Self::validate) that AMQP imposes: the
     /// aggregate type, event type, header names and correlation id fit an
     /// AMQP short string ([`MAX_SHORT_BYTES`](Self::MAX_SHORT_BYTES)) and
-    /// the headers fit [`MAX_HEADERS_BYTES`](Self::MAX_HEADERS_BYTES).
+    /// the headers, encoded, fit [`MAX_HEADERS_BYTES`](Self::MAX_HEADERS_BYTES).
     /// Publishers check it before sending an event, whoever stored it.
     ///
     /// # Errors
@@ -262,10 +281,13 @@ impl EventEnvelope {
                 )));
             }
         }
-        let header_bytes: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let header_bytes = self.encoded_headers_bytes();
         if header_bytes > Self::MAX_HEADERS_BYTES {
             return Err(self.invalid(format!(
-                "the headers are {header_bytes} bytes long; at most {} are allowed",
+                "the headers are {header_bytes} bytes long encoded ({} headers, {} bytes of \
+                 framing each); at most {} are allowed",
+                self.headers.len(),
+                Self::HEADER_ENTRY_OVERHEAD,
                 Self::MAX_HEADERS_BYTES
             )));
         }
@@ -535,6 +557,16 @@ mod tests {
         let big = env().with_header("note", "n".repeat(EventEnvelope::MAX_HEADERS_BYTES));
         assert!(big.validate().is_err());
         assert!(big.validate_wire().is_err(), "a publisher refuses it too");
+        // Many small headers: their names and values fit, but AMQP's
+        // per-entry framing doubles them past the limit.
+        let many: Headers = (0..10_000).map(|i| (format!("h{i:04}"), "v")).collect();
+        let raw: usize = many.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(raw <= EventEnvelope::MAX_HEADERS_BYTES, "{raw}");
+        let mut crowded = env();
+        crowded.headers = many;
+        assert!(crowded.encoded_headers_bytes() > EventEnvelope::MAX_HEADERS_BYTES);
+        assert!(crowded.validate().is_err(), "counted with its framing");
+        assert!(crowded.validate_wire().is_err());
         // The aggregate id limit is the store's, not the wire's.
         let mut long_id = env();
         long_id.aggregate_id = "i".repeat(EventEnvelope::MAX_AGGREGATE_ID_BYTES + 1);

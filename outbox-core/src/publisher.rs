@@ -1,6 +1,7 @@
 //! The broker side: [`Publisher`] and the per-message [`PublishOutcome`].
 
 use std::future::Future;
+use std::time::Instant;
 
 use crate::EventEnvelope;
 
@@ -12,8 +13,7 @@ pub enum PublishOutcome {
     /// marked `Sent`.
     Acked,
     /// The broker refused this message (nack, unroutable return, a channel
-    /// closed by the broker because of it) or did not confirm it in time.
-    /// Spends an attempt.
+    /// closed by the broker because of it). Spends an attempt.
     Rejected {
         /// A reason a person can act on, stored as the event's `last_error`.
         reason: String,
@@ -30,6 +30,17 @@ pub enum PublishOutcome {
     /// known about it. Spends no attempt: the relay pauses and tries again.
     ConnectionLost {
         /// What happened to the connection.
+        reason: String,
+    },
+    /// The message was sent but the broker did not confirm it in time (or
+    /// its confirm cannot be trusted). A broker answers a bad message with
+    /// a nack, a return or a channel error, never with silence, so this is
+    /// never the message's fault and spends no attempt: a whole wave
+    /// unconfirmed across destinations pauses the relay (broker
+    /// unavailable); otherwise the event is released with a capped backoff
+    /// behind a circuit breaker for its [destination](Publisher::destination).
+    Unconfirmed {
+        /// What was waited for, and how long.
         reason: String,
     },
 }
@@ -55,21 +66,44 @@ impl PublishOutcome {
             reason: reason.into(),
         }
     }
+
+    /// A [`PublishOutcome::Unconfirmed`] with `reason`.
+    pub fn unconfirmed(reason: impl Into<String>) -> Self {
+        PublishOutcome::Unconfirmed {
+            reason: reason.into(),
+        }
+    }
 }
 
 /// Sends events to a broker and reports one [`PublishOutcome`] per event.
 ///
 /// Implementations publish the whole slice pipelined (without waiting for one
-/// confirm before sending the next message) and then wait for every confirm.
+/// confirm before sending the next message) and then wait for every confirm,
+/// at most until the shorter of their own confirm timeout and `deadline`:
+/// the relay passes its claim's [`valid_until`](crate::Claim::valid_until),
+/// after which the claim may lapse and nothing could be marked. A message
+/// not confirmed by then is [`PublishOutcome::Unconfirmed`].
 /// The returned vector has one outcome per input event, in input order; the
 /// relay treats a missing outcome as `ConnectionLost` (nothing is marked).
 ///
 /// Implementation: `outbox-lapin`'s `LapinPublisher` (RabbitMQ); for tests,
 /// `testing::RecordingPublisher` (feature `test-util`).
 pub trait Publisher: Send + Sync + 'static {
-    /// Publishes `events` and waits for their confirms.
+    /// Publishes `events` and waits for their confirms, until `deadline`
+    /// at the latest (`None`: the publisher's own confirm timeout only).
     fn publish(
         &self,
         events: &[&EventEnvelope],
+        deadline: Option<Instant>,
     ) -> impl Future<Output = Vec<PublishOutcome>> + Send;
+
+    /// Where `event` goes, as a name: the key of the relay's circuit
+    /// breaker for [`PublishOutcome::Unconfirmed`] messages, so that one
+    /// destination that stops confirming (a stuck queue) delays only the
+    /// events sent there. Events with the same destination should reach the
+    /// same queues (for RabbitMQ: exchange and routing key). Default: the
+    /// event type.
+    fn destination(&self, event: &EventEnvelope) -> String {
+        event.event_type.clone()
+    }
 }

@@ -151,8 +151,13 @@ pub trait Claim: Send {
     /// The ordering setting in force for this batch.
     fn delivery_order(&self) -> DeliveryOrder;
 
-    /// The instant after which the claim may have lapsed (lease designs); the
-    /// relay publishes nothing from this batch after it. `None`: no deadline.
+    /// The last instant at which the relay may still publish from this
+    /// batch and mark it: stores set it with a margin before the claim may
+    /// lapse, so that marking still fits (the PostgreSQL store: 80 % of its
+    /// claim timeout). The relay starts no wave after it, and passes it to
+    /// [`Publisher::publish`](crate::Publisher::publish) so that a wave's
+    /// confirm wait ends by then too (the shorter of the publisher's
+    /// confirm timeout and the time left). `None`: no deadline.
     fn valid_until(&self) -> Option<Instant> {
         None
     }

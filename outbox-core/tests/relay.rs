@@ -297,6 +297,375 @@ async fn replay_publishes_in_original_order_and_skip_unblocks() {
     assert_eq!(store.get(a0).unwrap().attempts, 0, "replay resets attempts");
 }
 
+/// An event of another type (another destination for the relay's breakers).
+#[derive(Serialize)]
+struct Stuck {
+    aggregate: String,
+}
+
+impl DomainEvent for Stuck {
+    fn aggregate_type(&self) -> &'static str {
+        "thing"
+    }
+    fn event_type(&self) -> &'static str {
+        "thing.stuck"
+    }
+    fn aggregate_id(&self) -> String {
+        self.aggregate.clone()
+    }
+}
+
+fn record_stuck(store: &InMemoryStore, aggregate: &str) -> Uuid {
+    store
+        .record(&Stuck {
+            aggregate: aggregate.into(),
+        })
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wave_unconfirmed_across_destinations_pauses_and_spends_nothing() {
+    let store = InMemoryStore::new();
+    for n in 0..4 {
+        record(&store, &format!("a{n}"), n);
+        record_stuck(&store, &format!("s{n}"));
+    }
+    let calls: Arc<Mutex<Vec<tokio::time::Instant>>> = Arc::default();
+    let publisher = RecordingPublisher::with_behaviour({
+        let calls = Arc::clone(&calls);
+        move |_| {
+            let mut calls = calls.lock().unwrap();
+            calls.push(tokio::time::Instant::now());
+            // The first two waves (8 messages each) go unconfirmed.
+            if calls.len() <= 16 {
+                PublishOutcome::unconfirmed("no publisher confirm within 10s")
+            } else {
+                PublishOutcome::Acked
+            }
+        }
+    });
+    let (relay, _) = new_relay(&store, &publisher, instant_retries(2));
+    run_until(relay, &store, all_sent).await;
+    for record in store.records() {
+        assert_eq!(record.attempts, 0, "silence spends no attempt");
+        assert_eq!(
+            record.last_error, None,
+            "released unmarked, as for a lost connection"
+        );
+    }
+    let calls = calls.lock().unwrap();
+    assert!(
+        calls[8] - calls[0] >= Duration::from_millis(50),
+        "the relay paused after the first wave"
+    );
+    assert!(
+        calls[16] - calls[8] >= Duration::from_millis(100),
+        "and longer after the second"
+    );
+}
+
+#[tokio::test]
+async fn partly_unconfirmed_events_wait_behind_their_destinations_breaker_only() {
+    let store = InMemoryStore::new();
+    let stuck: Vec<Uuid> = (0..3)
+        .map(|n| record_stuck(&store, &format!("s{n}")))
+        .collect();
+    let fine: Vec<Uuid> = (0..6)
+        .map(|n| record(&store, &format!("a{n}"), n))
+        .collect();
+    let queue_stuck = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let publisher = RecordingPublisher::with_behaviour({
+        let queue_stuck = Arc::clone(&queue_stuck);
+        move |event| {
+            if event.event_type == "thing.stuck"
+                && queue_stuck.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                PublishOutcome::unconfirmed("no publisher confirm within 10s")
+            } else {
+                PublishOutcome::Acked
+            }
+        }
+    });
+    let retry = RetryPolicy::default()
+        .base_delay(Duration::from_millis(300))
+        .max_delay(Duration::from_millis(300))
+        .max_attempts(2)
+        .deterministic();
+    let (relay, handle) = new_relay(&store, &publisher, retry);
+    let task = tokio::spawn(relay.run());
+    let wait = |what: &'static str, done: Box<dyn Fn(&InMemoryStore) -> bool>| {
+        let store = store.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while !done(&store) {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{what}: {:?}",
+                    store.records()
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    };
+    let status = |store: &InMemoryStore, id: Uuid| store.get(id).unwrap().status;
+    {
+        let (stuck, fine) = (stuck.clone(), fine.clone());
+        wait(
+            "the other destination flows, the stuck one is released",
+            Box::new(move |s| {
+                fine.iter().all(|id| status(s, *id) == EventStatus::Sent)
+                    && stuck.iter().all(|id| status(s, *id) == EventStatus::Retry)
+            }),
+        )
+        .await;
+    }
+    for id in &stuck {
+        let record = store.get(*id).unwrap();
+        assert_eq!(record.attempts, 0, "no attempt spent");
+        assert!(
+            record.next_attempt_at.unwrap() > chrono::Utc::now(),
+            "released with a delay"
+        );
+        assert!(record.last_error.unwrap().contains("no attempt spent"));
+    }
+    // While the breaker is open, a new event for that destination is held
+    // back without being sent; others still flow.
+    let later = record_stuck(&store, "s-later");
+    let other = record(&store, "a-later", 0);
+    handle.notify();
+    {
+        wait(
+            "held by the open breaker",
+            Box::new(move |s| {
+                status(s, later) == EventStatus::Retry && status(s, other) == EventStatus::Sent
+            }),
+        )
+        .await;
+    }
+    assert!(
+        publisher.attempts().iter().all(|a| a.id != later),
+        "held back without being sent"
+    );
+    assert!(
+        store
+            .get(later)
+            .unwrap()
+            .last_error
+            .unwrap()
+            .contains("circuit breaker open")
+    );
+    // The queue recovers: once the breaker's delay is over, all is sent.
+    queue_stuck.store(false, std::sync::atomic::Ordering::SeqCst);
+    wait("delivered after recovery", Box::new(all_sent)).await;
+    handle.shutdown();
+    task.await.unwrap();
+    for record in store.records() {
+        assert_eq!(record.attempts, 0, "{record:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waves_confirm_wait_ends_at_the_claims_deadline() {
+    /// A broker that never confirms: waits for as long as it may.
+    struct Silent(Arc<std::sync::atomic::AtomicUsize>);
+    impl outbox_core::Publisher for Silent {
+        async fn publish(
+            &self,
+            events: &[&EventEnvelope],
+            deadline: Option<std::time::Instant>,
+        ) -> Vec<PublishOutcome> {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                None => std::future::pending().await,
+            }
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            events
+                .iter()
+                .map(|_| PublishOutcome::unconfirmed("no confirm"))
+                .collect()
+        }
+    }
+    let store = InMemoryStore::new().with_claim_timeout(Duration::from_secs(5));
+    for n in 0..4 {
+        record(&store, &format!("a{n}"), n);
+        record_stuck(&store, &format!("s{n}"));
+    }
+    let returned = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let relay = Relay::builder(store.clone(), Silent(Arc::clone(&returned)))
+        .concurrency(1)
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    let started = tokio::time::Instant::now();
+    while returned.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the wave waited beyond its claim's deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.shutdown();
+    task.await.unwrap();
+    assert_eq!(store.claimed(), 0);
+    for record in store.records() {
+        assert_eq!((record.status, record.attempts), (EventStatus::Pending, 0));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_claims_deadline_is_passed_to_each_wave() {
+    let store = InMemoryStore::new().with_claim_timeout(Duration::from_secs(30));
+    for n in 0..3 {
+        record(&store, "a", n);
+    }
+    let publisher = RecordingPublisher::new();
+    let before = std::time::Instant::now();
+    let (relay, _) = new_relay(&store, &publisher, RetryPolicy::default());
+    run_until(relay, &store, all_sent).await;
+    let deadlines = publisher.deadlines();
+    assert_eq!(deadlines.len(), 3, "one wave per event of the aggregate");
+    for deadline in deadlines {
+        let deadline = deadline.expect("the claim's valid_until");
+        assert!(
+            deadline > before && deadline <= std::time::Instant::now() + Duration::from_secs(30)
+        );
+    }
+}
+
+/// A store whose first claim holds rows for a while and then finds nothing
+/// to take (as an ordered claim that locked rows and kept none of them);
+/// claims made meanwhile skip the held rows and find nothing either.
+#[derive(Clone)]
+struct FirstClaimHolds {
+    inner: InMemoryStore,
+    first: Arc<std::sync::atomic::AtomicU8>,
+}
+
+impl OutboxStore for FirstClaimHolds {
+    type Error = <InMemoryStore as OutboxStore>::Error;
+    type Claim = <InMemoryStore as OutboxStore>::Claim;
+
+    async fn claim(&self, limit: usize) -> Result<Option<Self::Claim>, Self::Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        match self.first.compare_exchange(0, 1, SeqCst, SeqCst) {
+            Ok(_) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                self.first.store(2, SeqCst);
+                Ok(None)
+            }
+            Err(1) => Ok(None),
+            Err(_) => self.inner.claim(limit).await,
+        }
+    }
+
+    async fn stats(&self) -> Result<outbox_core::OutboxStats, Self::Error> {
+        self.inner.stats().await
+    }
+
+    async fn purge_sent(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> Result<u64, Self::Error> {
+        self.inner.purge_sent(before, limit).await
+    }
+
+    async fn replay_dead(&self, selector: DeadSelector) -> Result<u64, Self::Error> {
+        self.inner.replay_dead(selector).await
+    }
+
+    async fn skip_dead(&self, id: Uuid) -> Result<bool, Self::Error> {
+        self.inner.skip_dead(id).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_claim_that_held_rows_wakes_the_loops_that_skipped_them() {
+    let inner = InMemoryStore::new();
+    record(&inner, "a", 0);
+    let store = FirstClaimHolds {
+        inner: inner.clone(),
+        first: Arc::default(),
+    };
+    let publisher = RecordingPublisher::new();
+    // No wakeups and no polls (an hour): only the end of the empty claim
+    // can send the other loop back to claim.
+    let relay = Relay::builder(store, publisher.clone())
+        .concurrency(2)
+        .poll_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    let published = tokio::time::timeout(Duration::from_secs(60), publisher.wait_for(1)).await;
+    handle.shutdown();
+    task.await.unwrap();
+    assert!(
+        published.is_ok(),
+        "the loop that skipped the held rows claimed again when the empty claim ended"
+    );
+}
+
+/// Counts claims; each takes 10 ms and finds nothing.
+#[derive(Clone, Default)]
+struct EmptyClaims {
+    inner: InMemoryStore,
+    claims: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl OutboxStore for EmptyClaims {
+    type Error = <InMemoryStore as OutboxStore>::Error;
+    type Claim = <InMemoryStore as OutboxStore>::Claim;
+
+    async fn claim(&self, _: usize) -> Result<Option<Self::Claim>, Self::Error> {
+        self.claims
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok(None)
+    }
+
+    async fn stats(&self) -> Result<outbox_core::OutboxStats, Self::Error> {
+        self.inner.stats().await
+    }
+
+    async fn purge_sent(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> Result<u64, Self::Error> {
+        self.inner.purge_sent(before, limit).await
+    }
+
+    async fn replay_dead(&self, selector: DeadSelector) -> Result<u64, Self::Error> {
+        self.inner.replay_dead(selector).await
+    }
+
+    async fn skip_dead(&self, id: Uuid) -> Result<bool, Self::Error> {
+        self.inner.skip_dead(id).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_loops_whose_empty_claims_overlap_do_not_wake_each_other_forever() {
+    let store = EmptyClaims::default();
+    let relay = Relay::builder(store.clone(), RecordingPublisher::new())
+        .concurrency(2)
+        .poll_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    handle.shutdown();
+    task.await.unwrap();
+    let claims = store.claims.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        claims <= 6,
+        "idle loops claimed {claims} times in 10 s without a poll"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn store_errors_are_retried() {
     let store = InMemoryStore::new();
@@ -315,8 +684,12 @@ async fn missing_outcomes_are_not_marked_sent() {
     #[derive(Clone)]
     struct Truncating(RecordingPublisher);
     impl outbox_core::Publisher for Truncating {
-        async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
-            let mut outcomes = self.0.publish(events).await;
+        async fn publish(
+            &self,
+            events: &[&EventEnvelope],
+            deadline: Option<std::time::Instant>,
+        ) -> Vec<PublishOutcome> {
+            let mut outcomes = self.0.publish(events, deadline).await;
             outcomes.truncate(1);
             outcomes
         }
@@ -351,9 +724,13 @@ async fn shutdown_finishes_the_batch_in_flight() {
     #[derive(Clone)]
     struct Slow(RecordingPublisher);
     impl outbox_core::Publisher for Slow {
-        async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+        async fn publish(
+            &self,
+            events: &[&EventEnvelope],
+            deadline: Option<std::time::Instant>,
+        ) -> Vec<PublishOutcome> {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            self.0.publish(events).await
+            self.0.publish(events, deadline).await
         }
     }
     let store = InMemoryStore::unordered();
@@ -383,7 +760,11 @@ async fn shutdown_releases_a_batch_that_overruns_the_grace_period() {
     #[derive(Clone)]
     struct Stuck;
     impl outbox_core::Publisher for Stuck {
-        async fn publish(&self, _: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+        async fn publish(
+            &self,
+            _: &[&EventEnvelope],
+            _: Option<std::time::Instant>,
+        ) -> Vec<PublishOutcome> {
             std::future::pending().await
         }
     }

@@ -631,11 +631,15 @@ struct SlowFor {
 }
 
 impl outbox_core::Publisher for SlowFor {
-    async fn publish(&self, events: &[&outbox_core::EventEnvelope]) -> Vec<PublishOutcome> {
+    async fn publish(
+        &self,
+        events: &[&outbox_core::EventEnvelope],
+        deadline: Option<std::time::Instant>,
+    ) -> Vec<PublishOutcome> {
         if events.iter().any(|e| e.id == self.slow) {
             tokio::time::sleep(Duration::from_millis(400)).await;
         }
-        self.inner.publish(events).await
+        self.inner.publish(events, deadline).await
     }
 }
 

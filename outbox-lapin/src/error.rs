@@ -38,6 +38,20 @@ pub enum Error {
         #[source]
         source: lapin::Error,
     },
+    /// The broker did not answer an operation in time: it is overloaded,
+    /// blocked by a resource alarm, paused, or the network drops packets.
+    /// The connection (or channel) involved is not used again.
+    #[error(
+        "RabbitMQ did not complete `{operation}` within {after:?}; the broker is unavailable \
+         (overloaded, blocked by a memory or disk alarm, or unreachable); it is retried on a new \
+         connection"
+    )]
+    Timeout {
+        /// What was being done (e.g. `open channel`).
+        operation: String,
+        /// How long it waited.
+        after: std::time::Duration,
+    },
     /// A setting is invalid.
     #[error("invalid RabbitMQ configuration: {0}")]
     Config(String),
@@ -47,6 +61,24 @@ impl Error {
     pub(crate) fn amqp(operation: impl Into<String>) -> impl FnOnce(lapin::Error) -> Error {
         let operation = operation.into();
         move |source| Error::Amqp { operation, source }
+    }
+}
+
+/// Runs one broker operation (`operation` names it in the error), bounded by
+/// `limit`: every await on the broker goes through here or an equivalent
+/// `tokio::time::timeout`, so a broker that keeps the connection alive but
+/// does not answer can stall nothing for longer than `limit`.
+pub(crate) async fn bounded<T>(
+    operation: &str,
+    limit: std::time::Duration,
+    call: impl std::future::Future<Output = lapin::Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(done) => done.map_err(Error::amqp(operation)),
+        Err(_) => Err(Error::Timeout {
+            operation: operation.to_owned(),
+            after: limit,
+        }),
     }
 }
 

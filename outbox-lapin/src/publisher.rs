@@ -6,8 +6,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
+
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
-use lapin::protocol::AMQPErrorKind;
+use lapin::protocol::{AMQPErrorKind, AMQPHardError};
 use lapin::types::FieldTable;
 use lapin::{
     Channel, Confirmation, Connection, ConnectionStatus, ErrorKind, ExchangeKind, PublisherConfirm,
@@ -16,7 +18,7 @@ use outbox_core::{EventEnvelope, PublishOutcome, Publisher, failpoints};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use crate::error::{connect, redact_url};
+use crate::error::{bounded, connect, redact_url};
 use crate::{Error, Result, wire};
 
 /// Computes the routing key of an event.
@@ -44,19 +46,45 @@ pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
 ///   batch is in (lapin attaches a return to whichever confirm completes
 ///   next, which may be another message's).
 /// - An event that cannot go on the wire (it breaks
-///   [`EventEnvelope::validate_wire`], or its exchange name or routing key
-///   is over 255 bytes) is [`PublishOutcome::Unpublishable`] without being
-///   sent: the relay marks it `Dead` at once.
+///   [`EventEnvelope::validate_wire`], its exchange name or routing key
+///   is over 255 bytes, or its content header frame, encoded exactly as it
+///   would be sent, exceeds the `frame_max` negotiated on the connection)
+///   is [`PublishOutcome::Unpublishable`] without being sent: the relay
+///   marks it `Dead` at once. (Sent, an oversized frame makes RabbitMQ close
+///   the whole connection.)
+/// - A connection closed by the broker is sorted by its reply code: 501
+///   (frame error), 502 (syntax error) and 505 (unexpected frame) are about
+///   a frame sent for a message, so the batch is narrowed down to it like
+///   a channel error (it ends [`PublishOutcome::Rejected`]); 320 (forced),
+///   other codes and I/O errors are the broker's
+///   ([`PublishOutcome::ConnectionLost`]).
 /// - Only `basic.ack` without a return is [`PublishOutcome::Acked`]. A return
-///   (`312 NO_ROUTE`), a `basic.nack`, a missing confirm and a channel closed
-///   by the broker because of a message (404 no such exchange, 406, a message
-///   too large) are [`PublishOutcome::Rejected`], which spends an attempt. On a
-///   channel error the batch is narrowed down (bisected) on fresh channels so
-///   only the message that causes it is rejected.
+///   (`312 NO_ROUTE`), a `basic.nack` and a channel closed by the broker
+///   because of a message (404 no such exchange, 406, a message too large)
+///   are [`PublishOutcome::Rejected`], which spends an attempt. On a channel
+///   error the batch is narrowed down (bisected) on fresh channels so only
+///   the message that causes it is rejected.
+/// - A message not confirmed within the
+///   [`confirm_timeout`](LapinPublisherBuilder::confirm_timeout) is
+///   [`PublishOutcome::Unconfirmed`]: the broker is stalled or a queue is
+///   stuck, so no attempt is spent (the relay pauses, or holds that exchange
+///   and routing key back behind a circuit breaker). The channel is not
+///   used again, and an ack seen only after the timeout is not trusted (a
+///   `basic.return` for it may have come with a confirm that was already
+///   given up), so nothing unroutable is ever taken as sent.
 /// - A lost connection (or a broker that blocks publishers because of a
 ///   resource alarm) is [`PublishOutcome::ConnectionLost`] for every message
 ///   not yet confirmed: the relay pauses, spends no attempts, and the next
 ///   batch reconnects.
+/// - Every broker call is bounded: connecting by
+///   [`CONNECT_TIMEOUT`](crate::CONNECT_TIMEOUT), opening a channel,
+///   `confirm.select`, declaring the exchange and closing a channel by
+///   [`operation_timeout`](LapinPublisherBuilder::operation_timeout), and
+///   sending a batch (`basic_publish` blocks under TCP backpressure, e.g. a
+///   resource alarm raised mid-batch) by the batch's confirm deadline. No
+///   lock is held across a broker call. A call that times out counts as
+///   "broker unavailable" ([`PublishOutcome::ConnectionLost`] for what was
+///   not sent: no attempt spent) and its connection is not used again.
 /// - Known behaviour of the client library: when the broker closes a
 ///   channel while later messages of the batch are still queued for it,
 ///   lapin may send them after acknowledging the close, and RabbitMQ then
@@ -94,14 +122,27 @@ struct Inner {
     routing_key: Option<Arc<RoutingKeyFn>>,
     exchange_for: Option<Arc<ExchangeFn>>,
     confirm_timeout: Duration,
+    operation_timeout: Duration,
     connection_name: String,
-    session: Mutex<Option<Session>>,
+    /// The connection and idle channels. Never held across an await: every
+    /// broker call runs outside it, bounded.
+    state: std::sync::Mutex<State>,
+    /// Serializes connecting (a bounded await), so concurrent batches open
+    /// one connection, not one each.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    session: Option<Session>,
+    /// Counts connections: a channel goes back to the idle ones only if it
+    /// belongs to the current one.
+    generation: u64,
 }
 
 struct Session {
-    connection: Connection,
-    /// Counts connections: a channel goes back to the idle ones only if it
-    /// belongs to the current one.
+    connection: Arc<Connection>,
+    /// The [`State::generation`] of this connection.
     generation: u64,
     /// Confirm-mode channels not in use by a batch right now.
     idle: Vec<Channel>,
@@ -118,6 +159,7 @@ impl fmt::Debug for LapinPublisher {
             .field("exchange", &inner.exchange)
             .field("source", &inner.source)
             .field("confirm_timeout", &inner.confirm_timeout)
+            .field("operation_timeout", &inner.operation_timeout)
             .field("connection_name", &inner.connection_name)
             .finish_non_exhaustive()
     }
@@ -133,6 +175,7 @@ impl fmt::Debug for LapinPublisher {
 /// | [`source`](Self::source) | `/outbox` (`cloudEvents:source`) |
 /// | [`routing_key`](Self::routing_key) | the event type |
 /// | [`confirm_timeout`](Self::confirm_timeout) | 10 s |
+/// | [`operation_timeout`](Self::operation_timeout) | 10 s |
 /// | [`connection_name`](Self::connection_name) | `outbox-relay` |
 #[must_use]
 pub struct LapinPublisherBuilder {
@@ -144,6 +187,7 @@ pub struct LapinPublisherBuilder {
     routing_key: Option<Arc<RoutingKeyFn>>,
     exchange_for: Option<Arc<ExchangeFn>>,
     confirm_timeout: Duration,
+    operation_timeout: Duration,
     connection_name: String,
 }
 
@@ -205,11 +249,27 @@ impl LapinPublisherBuilder {
         self
     }
 
-    /// How long to wait for a batch's confirms; a message unconfirmed by then
-    /// is a per-message failure (it spends an attempt and is published
-    /// again). Keep it below the store's claim timeout. Default 10 s.
+    /// How long to wait for a batch's confirms (sending included); a message
+    /// unconfirmed by then is [`PublishOutcome::Unconfirmed`]: no attempt
+    /// is spent, and it is published again after the relay's pause or its
+    /// destination's circuit breaker. The relay also passes its claim's
+    /// deadline ([`Claim::valid_until`](outbox_core::Claim::valid_until)) to
+    /// each publish, and the wait ends at whichever comes first, so a wave
+    /// started late in a claim never outlives it, whatever this setting.
+    /// Default 10 s.
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
+        self
+    }
+
+    /// How long the broker may take to answer any other operation (opening
+    /// a channel, `confirm.select`, declaring the exchange, closing a
+    /// channel); connecting is bounded by [`CONNECT_TIMEOUT`](crate::CONNECT_TIMEOUT).
+    /// A call not answered in time counts as "broker unavailable" (the
+    /// relay pauses, no attempt is spent) and its connection is not used
+    /// again. Default 10 s.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
         self
     }
 
@@ -225,7 +285,7 @@ impl LapinPublisherBuilder {
     ///
     /// # Errors
     /// [`Error::Config`] for an empty or over-long exchange name, or a zero
-    /// confirm timeout.
+    /// confirm or operation timeout.
     pub fn build(self) -> Result<LapinPublisher> {
         if self.exchange.len() > 255 {
             return Err(Error::Config("exchange name longer than 255 bytes".into()));
@@ -239,6 +299,9 @@ impl LapinPublisherBuilder {
         if self.confirm_timeout.is_zero() {
             return Err(Error::Config("confirm_timeout must be positive".into()));
         }
+        if self.operation_timeout.is_zero() {
+            return Err(Error::Config("operation_timeout must be positive".into()));
+        }
         Ok(LapinPublisher {
             inner: Arc::new(Inner {
                 url: self.url,
@@ -249,8 +312,10 @@ impl LapinPublisherBuilder {
                 routing_key: self.routing_key,
                 exchange_for: self.exchange_for,
                 confirm_timeout: self.confirm_timeout,
+                operation_timeout: self.operation_timeout,
                 connection_name: self.connection_name,
-                session: Mutex::new(None),
+                state: std::sync::Mutex::default(),
+                connecting: Mutex::new(()),
             }),
         })
     }
@@ -275,6 +340,7 @@ impl LapinPublisher {
             routing_key: None,
             exchange_for: None,
             confirm_timeout: Duration::from_secs(10),
+            operation_timeout: Duration::from_secs(10),
             connection_name: "outbox-relay".into(),
         }
     }
@@ -283,67 +349,114 @@ impl LapinPublisher {
     /// configuration errors show at start rather than at the first publish.
     ///
     /// # Errors
-    /// [`Error::Connect`] or [`Error::Amqp`].
+    /// [`Error::Connect`], [`Error::ConnectTimeout`], [`Error::Timeout`] or
+    /// [`Error::Amqp`].
     pub async fn connect(&self) -> Result<()> {
-        let mut session = self.inner.session.lock().await;
-        self.ensure_session(&mut session).await.map(|_| ())
+        self.connection().await.map(|_| ())
     }
 
-    async fn ensure_session<'a>(
-        &self,
-        session: &'a mut Option<Session>,
-    ) -> Result<&'a mut Session> {
-        let usable = session
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every update of the state is a single assignment or push: a
+        // panic elsewhere cannot leave it half-changed.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The current connection and its generation, if it is still open.
+    fn current(&self) -> Option<(Arc<Connection>, u64)> {
+        let mut state = self.state();
+        let usable = state
+            .session
             .as_ref()
             .is_some_and(|s| s.connection.status().connected());
         if !usable {
-            let previous = session.as_ref().map_or(0, |s| s.generation);
-            *session = None;
-            let connection = connect(&self.inner.url, &self.inner.connection_name).await?;
-            let channel = self.open_channel(&connection).await?;
-            if self.inner.declare {
-                channel
-                    .exchange_declare(
-                        self.inner.exchange.as_str().into(),
-                        self.inner.kind.clone(),
-                        ExchangeDeclareOptions {
-                            durable: true,
-                            ..ExchangeDeclareOptions::default()
-                        },
-                        FieldTable::default(),
-                    )
-                    .await
-                    .map_err(Error::amqp(format!(
-                        "declare exchange {}",
-                        self.inner.exchange
-                    )))?;
-            }
-            tracing::info!(
-                connection = %self.inner.connection_name,
-                exchange = %self.inner.exchange,
-                "outbox publisher connected"
-            );
-            let generation = previous + 1;
-            *session = Some(Session {
-                connection,
-                generation,
-                idle: vec![channel],
-            });
+            state.session = None;
+            return None;
         }
-        session
-            .as_mut()
-            .ok_or_else(|| Error::Config("session vanished".into()))
+        state
+            .session
+            .as_ref()
+            .map(|s| (Arc::clone(&s.connection), s.generation))
     }
 
+    /// The current connection, or a new one (with the exchange declared).
+    /// Every step is bounded, and the state lock is never held across one.
+    async fn connection(&self) -> Result<(Arc<Connection>, u64)> {
+        if let Some(current) = self.current() {
+            return Ok(current);
+        }
+        // One batch connects while the others wait for it (a bounded wait:
+        // connecting is bounded) and then use its connection.
+        let _connecting = self.inner.connecting.lock().await;
+        if let Some(current) = self.current() {
+            return Ok(current);
+        }
+        let connection = connect(&self.inner.url, &self.inner.connection_name).await?;
+        let channel = self.open_channel(&connection).await?;
+        if self.inner.declare {
+            bounded(
+                &format!("declare exchange {}", self.inner.exchange),
+                self.inner.operation_timeout,
+                channel.exchange_declare(
+                    self.inner.exchange.as_str().into(),
+                    self.inner.kind.clone(),
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                ),
+            )
+            .await?;
+        }
+        tracing::info!(
+            connection = %self.inner.connection_name,
+            exchange = %self.inner.exchange,
+            "outbox publisher connected"
+        );
+        let connection = Arc::new(connection);
+        let mut state = self.state();
+        state.generation += 1;
+        let generation = state.generation;
+        state.session = Some(Session {
+            connection: Arc::clone(&connection),
+            generation,
+            idle: vec![channel],
+        });
+        Ok((connection, generation))
+    }
+
+    /// Stops using connection `generation` (a call on it timed out): the
+    /// next batch connects anew. Batches still using it finish on it,
+    /// bounded; the last one to drop it closes it without waiting.
+    fn discard(&self, generation: u64, why: &str) {
+        let mut state = self.state();
+        if state
+            .session
+            .as_ref()
+            .is_some_and(|s| s.generation == generation)
+        {
+            tracing::warn!(
+                connection = %self.inner.connection_name,
+                reason = why,
+                "outbox publisher drops its RabbitMQ connection; the next batch reconnects"
+            );
+            state.session = None;
+        }
+    }
+
+    /// A new confirm-mode channel, each step bounded.
     async fn open_channel(&self, connection: &Connection) -> Result<Channel> {
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(Error::amqp("open channel"))?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(Error::amqp("confirm.select"))?;
+        let limit = self.inner.operation_timeout;
+        let channel = bounded("open channel", limit, connection.create_channel()).await?;
+        bounded(
+            "confirm.select",
+            limit,
+            channel.confirm_select(ConfirmSelectOptions::default()),
+        )
+        .await?;
         Ok(channel)
     }
 
@@ -389,31 +502,35 @@ impl LapinPublisher {
     /// A fresh channel after the broker closed the last one. While the old
     /// channel is still closing (another batch's message closed it a moment
     /// ago), lapin refuses to open one: retry for up to a second as long as
-    /// the connection is up.
-    async fn reopen_channel(
-        &self,
-        connection: &Connection,
-    ) -> std::result::Result<Channel, String> {
+    /// the connection is up. A call that times out ends it at once: the
+    /// broker is not answering.
+    async fn reopen_channel(&self, connection: &Connection) -> std::result::Result<Channel, Error> {
         let deadline = Instant::now() + Duration::from_secs(1);
         loop {
             match self.open_channel(connection).await {
                 Ok(channel) => return Ok(channel),
+                Err(err @ Error::Timeout { .. }) => return Err(err),
                 Err(err) if connection.status().connected() && Instant::now() < deadline => {
                     tracing::debug!(error = %err, "channel not reopened yet; retrying");
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                Err(err) => return Err(format!("cannot reopen a channel: {err}")),
+                Err(err) => return Err(err),
             }
         }
     }
 
     /// Sends `events` pipelined on `channel`; returns each publish's
-    /// confirm (or the error of sending it). Awaits no confirm.
+    /// confirm (or the error of sending it). Awaits no confirm. Sending is
+    /// bounded by `deadline`: under TCP backpressure (a broker that stopped
+    /// reading, e.g. for a resource alarm raised mid-batch) `basic_publish`
+    /// blocks, and the events not sent by then are left out (the result is
+    /// shorter than `events`).
     async fn send(
         &self,
         channel: &Channel,
         events: &[&EventEnvelope],
         targets: &[&(String, String)],
+        deadline: Instant,
     ) -> Vec<lapin::Result<PublisherConfirm>> {
         let options = BasicPublishOptions {
             mandatory: true,
@@ -421,118 +538,159 @@ impl LapinPublisher {
         };
         let mut pending = Vec::with_capacity(events.len());
         for (envelope, (exchange, routing_key)) in events.iter().zip(targets) {
-            let sent = channel
-                .basic_publish(
-                    exchange.as_str().into(),
-                    routing_key.as_str().into(),
-                    options,
-                    envelope.payload.as_bytes(),
-                    wire::properties(envelope, &self.inner.source),
-                )
-                .await;
-            pending.push(sent);
+            let publishing = channel.basic_publish(
+                exchange.as_str().into(),
+                routing_key.as_str().into(),
+                options,
+                envelope.payload.as_bytes(),
+                wire::properties(envelope, &self.inner.source),
+            );
+            match tokio::time::timeout_at(deadline, publishing).await {
+                Ok(sent) => pending.push(sent),
+                Err(_) => break,
+            }
         }
         pending
     }
 
-    /// Awaits the confirms of a [`send`](Self::send) of `events`, all within
-    /// one confirm timeout. Returns each event's round, and whether the
-    /// channel is clean (every message answered, none timed out or closed
-    /// the channel) and may serve another batch.
+    /// Awaits the confirms of a [`send`](Self::send) of `events`, until
+    /// `deadline`. Returns each event's round, and whether the channel is
+    /// clean (every message answered, none timed out or closed the channel)
+    /// and may serve another batch.
     ///
     /// Unroutable messages are matched by their returned `message_id`, not
     /// by the confirm a return came with: lapin hands a `basic.return` to
     /// whichever confirm completes next, which with a broker's multiple-ack
     /// may be an earlier message's. Every return precedes its own message's
-    /// ack, so once all confirms are in, all returns are known.
+    /// ack, so a return is attached to a confirm that completed no later
+    /// than its message's own.
+    ///
+    /// At the deadline no confirm is dropped unseen (a return attached to
+    /// a dropped confirm would be lost, and its message could be taken as
+    /// sent): every confirm still pending is polled once (what is complete
+    /// counts), then those still pending are polled once more, only to
+    /// collect returns (whatever completes then is
+    /// [`Unconfirmed`](PublishOutcome::Unconfirmed): its return may sit on
+    /// a confirm seen pending a moment before). What is left is
+    /// `Unconfirmed`, and the channel is not used again, so no later ack on
+    /// it is ever trusted.
     async fn confirm(
         &self,
         connection: &ConnectionStatus,
         events: &[&EventEnvelope],
         pending: Vec<lapin::Result<PublisherConfirm>>,
+        deadline: Instant,
     ) -> (Vec<Round>, bool) {
-        let deadline = Instant::now() + self.inner.confirm_timeout;
-        let mut rounds = Vec::with_capacity(pending.len());
-        let mut returned: HashMap<String, String> = HashMap::new();
         let mut clean = true;
-        let mut note_return = |message: Option<lapin::message::BasicReturnMessage>| {
-            if let Some(message) = message
-                && let Some(id) = message.properties.message_id()
-            {
-                returned.insert(
-                    id.to_string(),
-                    format!(
-                        "returned by the broker as unroutable: {} {} (no queue is bound for \
-                         this routing key on exchange `{}`)",
-                        message.reply_code, message.reply_text, message.exchange
-                    ),
-                );
-            }
-        };
+        let mut returned: HashMap<String, String> = HashMap::new();
+        let mut rounds: Vec<Option<Round>> = Vec::with_capacity(pending.len());
+        let mut confirms: Vec<Option<PublisherConfirm>> = Vec::with_capacity(pending.len());
         for sent in pending {
-            let outcome = match sent {
+            match sent {
+                Ok(confirm) => {
+                    rounds.push(None);
+                    confirms.push(Some(confirm));
+                }
                 Err(err) => {
                     clean = false;
-                    classify(connection, &err)
+                    rounds.push(Some(classify(connection, &err)));
+                    confirms.push(None);
                 }
-                Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
-                    Err(_) => {
-                        clean = false;
-                        Round::Done(PublishOutcome::rejected(format!(
-                            "no publisher confirm within {:?}",
-                            self.inner.confirm_timeout
-                        )))
-                    }
-                    Ok(Err(err)) => {
-                        clean = false;
-                        classify(connection, &err)
-                    }
-                    Ok(Ok(Confirmation::Ack(message))) => {
-                        note_return(message);
-                        Round::Done(PublishOutcome::Acked)
-                    }
-                    Ok(Ok(Confirmation::Nack(message))) => {
-                        note_return(message);
-                        Round::Done(PublishOutcome::rejected(
-                            "negatively acknowledged (basic.nack) by the broker",
-                        ))
-                    }
-                    Ok(Ok(Confirmation::NotRequested)) => {
-                        clean = false;
-                        Round::Done(PublishOutcome::rejected(
-                            "the channel is not in confirm mode",
-                        ))
-                    }
-                },
-            };
-            rounds.push(outcome);
-        }
-        for (round, event) in rounds.iter_mut().zip(events) {
-            if let Some(reason) = returned.get(&event.id.to_string())
-                && matches!(round, Round::Done(_))
-            {
-                *round = Round::Done(PublishOutcome::rejected(reason.clone()));
             }
         }
+        let mut answer = |answered: lapin::Result<Confirmation>, clean: &mut bool| match answered {
+            Err(err) => {
+                *clean = false;
+                classify(connection, &err)
+            }
+            Ok(Confirmation::Ack(message)) => {
+                note_return(&mut returned, message);
+                Round::Done(PublishOutcome::Acked)
+            }
+            Ok(Confirmation::Nack(message)) => {
+                note_return(&mut returned, message);
+                Round::Done(PublishOutcome::rejected(
+                    "negatively acknowledged (basic.nack) by the broker",
+                ))
+            }
+            Ok(Confirmation::NotRequested) => {
+                *clean = false;
+                Round::Done(PublishOutcome::rejected(
+                    "the channel is not in confirm mode",
+                ))
+            }
+        };
+        let mut timed_out = false;
+        for (round, slot) in rounds.iter_mut().zip(confirms.iter_mut()) {
+            let Some(confirm) = slot.as_mut() else {
+                continue;
+            };
+            // By reference: a confirm still pending at the deadline is kept.
+            match tokio::time::timeout_at(deadline, confirm).await {
+                Ok(answered) => {
+                    *slot = None;
+                    *round = Some(answer(answered, &mut clean));
+                }
+                Err(_) => {
+                    timed_out = true;
+                    break;
+                }
+            }
+        }
+        if timed_out {
+            clean = false;
+            // What is complete now counts.
+            for (round, slot) in rounds.iter_mut().zip(confirms.iter_mut()) {
+                if let Some(answered) = slot.as_mut().and_then(FutureExt::now_or_never) {
+                    *slot = None;
+                    *round = Some(answer(answered, &mut clean));
+                }
+            }
+            // Completed since: only their returns count.
+            for slot in &mut confirms {
+                if let Some(Ok(Confirmation::Ack(message) | Confirmation::Nack(message))) =
+                    slot.as_mut().and_then(FutureExt::now_or_never)
+                {
+                    note_return(&mut returned, message);
+                }
+            }
+        }
+        let rounds: Vec<Round> = rounds
+            .into_iter()
+            .map(|round| {
+                round.unwrap_or_else(|| {
+                    Round::Done(PublishOutcome::unconfirmed(format!(
+                        "no publisher confirm in time (confirm timeout {:?}, or the claim's \
+                         deadline if sooner)",
+                        self.inner.confirm_timeout
+                    )))
+                })
+            })
+            .zip(events)
+            .map(|(round, event)| match returned.get(&event.id.to_string()) {
+                Some(reason) if matches!(round, Round::Done(_)) => {
+                    Round::Done(PublishOutcome::rejected(reason.clone()))
+                }
+                _ => round,
+            })
+            .collect();
         (rounds, clean)
     }
 
-    /// Under the session lock: connects if needed, checks for a blocked
-    /// connection, and hands out a confirm-mode channel for one batch's
-    /// exclusive use: an idle one, or a `fresh` one. `Err` is the reason
-    /// every event of the batch counts as connection lost.
+    /// Connects if needed, checks for a blocked connection, and hands out a
+    /// confirm-mode channel for one batch's exclusive use: an idle one, or
+    /// a `fresh` one. Every broker call is bounded and none runs under the
+    /// state lock. `Err` is the reason every event of the batch counts as
+    /// connection lost.
     async fn checkout(&self, fresh: bool) -> std::result::Result<Checkout, String> {
-        let mut guard = self.inner.session.lock().await;
-        let session = match self.ensure_session(&mut guard).await {
-            Ok(session) => session,
+        let (connection, generation) = match self.connection().await {
+            Ok(current) => current,
             Err(err) => {
                 tracing::warn!(error = %err, "outbox publisher cannot connect");
                 return Err(err.to_string());
             }
         };
-        let connection = session.connection.status().clone();
-        let generation = session.generation;
-        let blocked = connection.blocked();
+        let blocked = connection.status().blocked();
         metrics::gauge!(BLOCKED_GAUGE).set(if blocked { 1.0 } else { 0.0 });
         if blocked {
             tracing::warn!("RabbitMQ blocked the publisher (resource alarm); pausing");
@@ -541,37 +699,52 @@ impl LapinPublisher {
             );
         }
         if !fresh {
-            while let Some(channel) = session.idle.pop() {
-                if channel.status().connected() {
-                    return Ok(Checkout {
-                        connection,
-                        channel,
-                        generation,
-                        fresh: false,
-                    });
+            let mut state = self.state();
+            if let Some(session) = state
+                .session
+                .as_mut()
+                .filter(|s| s.generation == generation)
+            {
+                while let Some(channel) = session.idle.pop() {
+                    if channel.status().connected() {
+                        return Ok(Checkout {
+                            connection,
+                            channel,
+                            generation,
+                            fresh: false,
+                        });
+                    }
                 }
             }
         }
-        let channel = self.reopen_channel(&session.connection).await?;
-        Ok(Checkout {
-            connection,
-            channel,
-            generation,
-            fresh: true,
-        })
+        match self.reopen_channel(&connection).await {
+            Ok(channel) => Ok(Checkout {
+                connection,
+                channel,
+                generation,
+                fresh: true,
+            }),
+            Err(err) => {
+                if matches!(err, Error::Timeout { .. }) {
+                    self.discard(generation, &err.to_string());
+                }
+                Err(format!("cannot open a channel: {err}"))
+            }
+        }
     }
 
     /// Returns a batch's channel to the idle ones if it is `clean` (every
     /// message answered), still open and of the current connection;
-    /// otherwise closes it.
-    async fn checkin(&self, checkout: Checkout, clean: bool) {
+    /// otherwise closes it in the background (bounded), so that no batch
+    /// waits for a broker that does not answer.
+    fn checkin(&self, checkout: Checkout, clean: bool) {
         let channel = checkout.channel;
         if !channel.status().connected() {
             return;
         }
         if clean {
-            let mut guard = self.inner.session.lock().await;
-            if let Some(session) = guard.as_mut()
+            let mut state = self.state();
+            if let Some(session) = state.session.as_mut()
                 && session.generation == checkout.generation
                 && session.connection.status().connected()
                 && session.idle.len() < MAX_IDLE_CHANNELS
@@ -580,15 +753,24 @@ impl LapinPublisher {
                 return;
             }
         }
-        if let Err(error) = channel.close(200, "not needed".into()).await {
-            tracing::debug!(%error, "closing a spare channel failed");
-        }
+        let limit = self.inner.operation_timeout;
+        tokio::spawn(async move {
+            if let Err(error) = bounded(
+                "close channel",
+                limit,
+                channel.close(200, "not needed".into()),
+            )
+            .await
+            {
+                tracing::debug!(%error, "closing a spare channel failed");
+            }
+        });
     }
 }
 
 /// A channel handed to one batch.
 struct Checkout {
-    connection: ConnectionStatus,
+    connection: Arc<Connection>,
     channel: Channel,
     /// The [`Session::generation`] it belongs to.
     generation: u64,
@@ -597,10 +779,72 @@ struct Checkout {
     fresh: bool,
 }
 
+/// Notes a `basic.return` by the message id it carries.
+fn note_return(
+    returned: &mut HashMap<String, String>,
+    message: Option<lapin::message::BasicReturnMessage>,
+) {
+    if let Some(message) = message
+        && let Some(id) = message.properties.message_id()
+    {
+        returned.insert(
+            id.to_string(),
+            format!(
+                "returned by the broker as unroutable: {} {} (no queue is bound for this \
+                 routing key on exchange `{}`)",
+                message.reply_code, message.reply_text, message.exchange
+            ),
+        );
+    }
+}
+
+/// Checks that `envelope`'s content header frame (its properties, headers
+/// included, exactly as they are sent) fits `frame_max`.
+fn header_frame_fits(
+    envelope: &EventEnvelope,
+    source: &str,
+    frame_max: u32,
+) -> std::result::Result<(), String> {
+    let properties = wire::properties(envelope, source);
+    let encoded = lapin::protocol::basic::gen_properties(&properties)(Vec::new().into())
+        .map(|written| written.position)
+        .map_err(|err| format!("its properties cannot be encoded: {err}"))?;
+    // Frame type (1), channel (2), size (4), class (2), weight (2), body
+    // size (8), the properties, frame end (1).
+    let frame = encoded.saturating_add(20);
+    if frame > u64::from(frame_max) {
+        return Err(format!(
+            "its header frame (properties and headers) is {frame} bytes; the connection's \
+             frame_max is {frame_max}: fewer or shorter headers are needed"
+        ));
+    }
+    Ok(())
+}
+
 /// Sorts a lapin error into "connection lost" (spends nothing) or "the
-/// broker closed the channel" (a message caused it: narrow it down).
+/// broker closed the channel" (a message caused it: narrow it down). A
+/// connection closed by the broker is sorted by its reply code: 501
+/// (frame error), 502 (syntax error) and 505 (unexpected frame) are about
+/// a frame this publisher sent, so about a message (narrow it down, as for
+/// a channel error); 320 (forced), any other code and an I/O error are the
+/// broker's (connection lost).
 fn classify(connection: &ConnectionStatus, err: &lapin::Error) -> Round {
     let lost = |reason: String| Round::Done(PublishOutcome::connection_lost(reason));
+    if let ErrorKind::ProtocolError(amqp) = err.kind()
+        && let AMQPErrorKind::Hard(hard) = amqp.kind()
+    {
+        return match hard {
+            AMQPHardError::FRAMEERROR
+            | AMQPHardError::SYNTAXERROR
+            | AMQPHardError::UNEXPECTEDFRAME => Round::ChannelClosed(format!(
+                "the broker closed the connection because of a frame sent for this message: \
+                 {} {}",
+                amqp.get_id(),
+                amqp.get_message()
+            )),
+            _ => lost(format!("connection closed by the broker: {amqp}")),
+        };
+    }
     if !connection.connected() {
         return lost(format!("connection to RabbitMQ lost: {err}"));
     }
@@ -621,7 +865,14 @@ fn classify(connection: &ConnectionStatus, err: &lapin::Error) -> Round {
 }
 
 impl Publisher for LapinPublisher {
-    async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+    async fn publish(
+        &self,
+        events: &[&EventEnvelope],
+        deadline: Option<std::time::Instant>,
+    ) -> Vec<PublishOutcome> {
+        // Confirms are awaited until the confirm timeout, or the claim's
+        // deadline if that comes first (past it, nothing could be marked).
+        let claim_deadline = deadline.map(Instant::from_std);
         let mut outcomes: Vec<Option<PublishOutcome>> = vec![None; events.len()];
         // What cannot go on the wire at all is rejected without sending.
         let mut targets: Vec<(String, String)> = Vec::with_capacity(events.len());
@@ -646,7 +897,6 @@ impl Publisher for LapinPublisher {
             if group.is_empty() {
                 continue;
             }
-            let batch: Vec<&EventEnvelope> = group.iter().map(|&i| events[i]).collect();
             // Each batch in flight has a channel of its own, so the relay's
             // concurrent batches overlap (one sends while another awaits
             // confirms) and a message that makes the broker close a channel
@@ -663,13 +913,61 @@ impl Publisher for LapinPublisher {
                     break;
                 }
             };
+            // The header frame must fit the frame size negotiated on this
+            // connection: a larger one makes RabbitMQ close the whole
+            // connection (501), for every batch on it.
+            let frame_max = checkout.connection.configuration().frame_max();
+            let (group, oversized): (Vec<usize>, Vec<usize>) = group.into_iter().partition(|&i| {
+                header_frame_fits(events[i], &self.inner.source, frame_max).is_ok()
+            });
+            for i in oversized {
+                if let Err(reason) = header_frame_fits(events[i], &self.inner.source, frame_max) {
+                    tracing::warn!(event_id = %events[i].id, %reason, "event cannot be published");
+                    outcomes[i] = Some(PublishOutcome::unpublishable(reason));
+                }
+            }
+            if group.is_empty() {
+                self.checkin(checkout, true);
+                continue;
+            }
+            let batch: Vec<&EventEnvelope> = group.iter().map(|&i| events[i]).collect();
             let batch_targets: Vec<&(String, String)> =
                 group.iter().map(|&i| &targets[i]).collect();
-            let pending = self.send(&checkout.channel, &batch, &batch_targets).await;
+            // Sending and confirming share one deadline.
+            let deadline = claim_deadline
+                .map_or(Instant::now() + self.inner.confirm_timeout, |claim| {
+                    claim.min(Instant::now() + self.inner.confirm_timeout)
+                });
+            let pending = self
+                .send(&checkout.channel, &batch, &batch_targets, deadline)
+                .await;
             failpoints::hit(failpoints::AFTER_PUBLISH_BEFORE_CONFIRM);
-            let (rounds, clean) = self.confirm(&checkout.connection, &batch, pending).await;
+            let sent = pending.len();
+            let (mut rounds, mut clean) = self
+                .confirm(
+                    checkout.connection.status(),
+                    &batch[..sent],
+                    pending,
+                    deadline,
+                )
+                .await;
+            if sent < batch.len() {
+                // The broker stopped reading: this connection is not used
+                // again, and what was not sent spends nothing.
+                let reason = format!(
+                    "publishing did not complete within {:?}: RabbitMQ stopped reading \
+                     (TCP backpressure, e.g. a memory or disk alarm raised mid-batch)",
+                    self.inner.confirm_timeout
+                );
+                self.discard(checkout.generation, &reason);
+                clean = false;
+                rounds.extend(
+                    (sent..batch.len())
+                        .map(|_| Round::Done(PublishOutcome::connection_lost(reason.clone()))),
+                );
+            }
             let fresh = checkout.fresh;
-            self.checkin(checkout, clean).await;
+            self.checkin(checkout, clean);
             let mut closed = Vec::new();
             let mut closed_reason = String::new();
             for (&i, round) in group.iter().zip(rounds) {
@@ -704,5 +1002,16 @@ impl Publisher for LapinPublisher {
             .into_iter()
             .map(|o| o.unwrap_or_else(|| PublishOutcome::connection_lost("not published")))
             .collect()
+    }
+
+    /// The exchange and routing key: the relay's circuit breaker for
+    /// unconfirmed messages works per exchange and routing key, so one
+    /// stuck queue delays only the events routed to it.
+    fn destination(&self, event: &EventEnvelope) -> String {
+        format!(
+            "exchange `{}` routing key `{}`",
+            self.exchange(event),
+            self.routing_key(event)
+        )
     }
 }

@@ -167,7 +167,7 @@ async fn a_published_event_arrives_with_the_whole_wire_format() {
         .with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
         .with_header(Headers::TRACESTATE, "vendor=1");
     env.schema_version = 3;
-    let outcomes = publisher.publish(&[&env]).await;
+    let outcomes = publisher.publish(&[&env], None).await;
     assert_eq!(outcomes, [PublishOutcome::Acked]);
 
     let messages = broker.drain().await;
@@ -241,7 +241,7 @@ async fn a_pipelined_batch_is_confirmed_in_full_and_arrives_in_order() {
     let publisher = broker.publisher("outbox-test-batch");
     let envs: Vec<EventEnvelope> = (0..500).map(|n| envelope(&format!("o-{n}"), n)).collect();
     let refs: Vec<&EventEnvelope> = envs.iter().collect();
-    let outcomes = publisher.publish(&refs).await;
+    let outcomes = publisher.publish(&refs, None).await;
     assert!(outcomes.iter().all(|o| *o == PublishOutcome::Acked));
     let received = broker.received_ids().await;
     let sent: Vec<String> = envs.iter().map(|e| e.id.to_string()).collect();
@@ -259,7 +259,7 @@ async fn an_unroutable_event_is_rejected_not_acked() {
         .build()
         .unwrap();
     let env = envelope("o-1", 1);
-    let outcomes = publisher.publish(&[&env]).await;
+    let outcomes = publisher.publish(&[&env], None).await;
     match &outcomes[..] {
         [PublishOutcome::Rejected { reason }] => {
             assert!(
@@ -310,7 +310,7 @@ async fn unroutable_messages_amid_pipelined_batches_are_rejected_exactly() {
             .map(|n| envelope(if n == 25 { "lost" } else { "real" }, b * 100 + n))
             .collect();
         let refs: Vec<&EventEnvelope> = batch.iter().collect();
-        let outcomes = publisher.publish(&refs).await;
+        let outcomes = publisher.publish(&refs, None).await;
         for (n, (env, outcome)) in batch.iter().zip(&outcomes).enumerate() {
             if env.aggregate_id == "lost" {
                 assert!(
@@ -343,7 +343,9 @@ async fn an_event_over_the_wire_limits_is_unpublishable_and_never_sent() {
     let mut huge_headers = envelope("o-2", 1);
     huge_headers.headers.insert("note", "n".repeat(200 * 1024));
     let fine = envelope("o-3", 1);
-    let outcomes = publisher.publish(&[&long_name, &huge_headers, &fine]).await;
+    let outcomes = publisher
+        .publish(&[&long_name, &huge_headers, &fine], None)
+        .await;
     for outcome in &outcomes[..2] {
         assert!(
             matches!(outcome, PublishOutcome::Unpublishable { reason } if reason.contains("bytes long")),
@@ -360,6 +362,41 @@ async fn an_event_over_the_wire_limits_is_unpublishable_and_never_sent() {
         received,
         [fine.id.to_string()],
         "only the sendable one arrived"
+    );
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_event_whose_header_frame_exceeds_frame_max_is_unpublishable_and_the_connection_lives() {
+    let broker = Broker::new("frame_max").await;
+    // A connection that negotiates a small frame (4 KiB is AMQP's minimum
+    // maximum): headers that pass the envelope's checks no longer fit.
+    let url = format!("{}?frame_max=8192", amqp_url());
+    let publisher = LapinPublisher::builder(url)
+        .exchange(&broker.exchange)
+        .connection_name("outbox-test-frame-max")
+        .build()
+        .unwrap();
+    let mut wide = envelope("o-1", 1);
+    for i in 0..40 {
+        wide.headers.insert(format!("h{i}"), "v".repeat(256));
+    }
+    wide.validate().expect("well within the envelope's limits");
+    let fine = envelope("o-2", 1);
+    let outcomes = publish_until_settled(&publisher, &[&wide, &fine]).await;
+    assert!(
+        matches!(&outcomes[0], PublishOutcome::Unpublishable { reason } if reason.contains("frame_max")),
+        "{:?}",
+        outcomes[0]
+    );
+    assert_eq!(outcomes[1], PublishOutcome::Acked, "its neighbour is sent");
+    assert_eq!(broker.received_ids().await, [fine.id.to_string()]);
+    // The connection was never closed for it: the next publish goes out on
+    // it at once.
+    let next = envelope("o-3", 1);
+    assert_eq!(
+        publisher.publish(&[&next], None).await,
+        [PublishOutcome::Acked]
     );
     broker.cleanup().await;
 }
@@ -381,7 +418,7 @@ async fn publish_until_settled(
             break;
         }
         let batch: Vec<&EventEnvelope> = left.iter().map(|&i| events[i]).collect();
-        for (i, outcome) in left.into_iter().zip(publisher.publish(&batch).await) {
+        for (i, outcome) in left.into_iter().zip(publisher.publish(&batch, None).await) {
             if !matches!(outcome, PublishOutcome::ConnectionLost { .. }) {
                 settled[i] = Some(outcome);
             }
@@ -427,7 +464,10 @@ async fn a_missing_exchange_fails_only_the_events_routed_to_it() {
     }
     // The publisher keeps working afterwards.
     let next = envelope("real", 10);
-    assert_eq!(publisher.publish(&[&next]).await, [PublishOutcome::Acked]);
+    assert_eq!(
+        publisher.publish(&[&next], None).await,
+        [PublishOutcome::Acked]
+    );
     broker.cleanup().await;
 }
 
@@ -519,7 +559,10 @@ async fn a_closed_connection_is_reported_lost_then_reopened() {
     let publisher = broker.publisher(&name);
     publisher.connect().await.unwrap();
     let first = envelope("o", 1);
-    assert_eq!(publisher.publish(&[&first]).await, [PublishOutcome::Acked]);
+    assert_eq!(
+        publisher.publish(&[&first], None).await,
+        [PublishOutcome::Acked]
+    );
 
     assert_eq!(
         close_connections_named(&name),
@@ -530,7 +573,7 @@ async fn a_closed_connection_is_reported_lost_then_reopened() {
     let mut lost = false;
     for _ in 0..50 {
         let env = envelope("o", 2);
-        match publisher.publish(&[&env]).await.as_slice() {
+        match publisher.publish(&[&env], None).await.as_slice() {
             [PublishOutcome::ConnectionLost { .. }] => {
                 lost = true;
                 break;
@@ -551,7 +594,10 @@ async fn a_closed_connection_is_reported_lost_then_reopened() {
     );
     // The next publish reconnects.
     let after = envelope("o", 3);
-    assert_eq!(publisher.publish(&[&after]).await, [PublishOutcome::Acked]);
+    assert_eq!(
+        publisher.publish(&[&after], None).await,
+        [PublishOutcome::Acked]
+    );
     broker.cleanup().await;
 }
 
@@ -562,7 +608,7 @@ async fn an_unreachable_broker_is_connection_lost_and_connect_says_how_to_fix() 
         .unwrap();
     let env = envelope("o", 1);
     assert!(matches!(
-        publisher.publish(&[&env]).await.as_slice(),
+        publisher.publish(&[&env], None).await.as_slice(),
         [PublishOutcome::ConnectionLost { .. }]
     ));
     let err = publisher.connect().await.unwrap_err().to_string();

@@ -157,6 +157,9 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             pause_max: self.pause_max,
             busy: std::sync::atomic::AtomicUsize::new(0),
             batch_done: tokio::sync::Notify::new(),
+            empty_claim_done: tokio::sync::Notify::new(),
+            empty_claims: std::sync::atomic::AtomicU64::new(0),
+            breakers: super::breaker::Breakers::default(),
         })
     }
 }

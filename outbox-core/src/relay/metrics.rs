@@ -10,8 +10,14 @@ pub const PUBLISHED_TOTAL: &str = "outbox_published_total";
 pub const FAILED_TOTAL: &str = "outbox_failed_total";
 /// Counter: events that became `Dead`.
 pub const DEAD_TOTAL: &str = "outbox_dead_total";
-/// Counter: batches interrupted by a lost broker connection.
+/// Counter: batches interrupted by a lost broker connection (or a broker
+/// that confirmed none of a wave's messages).
 pub const CONNECTION_LOST_TOTAL: &str = "outbox_connection_lost_total";
+/// Counter: messages the broker did not confirm in time (no attempt spent).
+pub const UNCONFIRMED_TOTAL: &str = "outbox_unconfirmed_total";
+/// Counter: events released with a delay and no attempt spent (unconfirmed,
+/// or held back by a destination's open circuit breaker).
+pub const HELD_TOTAL: &str = "outbox_held_total";
 /// Counter: store (database) errors seen by the relay.
 pub const STORE_ERRORS_TOTAL: &str = "outbox_store_errors_total";
 /// Histogram: events per claimed batch.

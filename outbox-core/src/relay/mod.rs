@@ -2,6 +2,7 @@
 //!
 //! See [`Relay`].
 
+mod breaker;
 mod builder;
 mod handle;
 pub mod metrics;
@@ -45,6 +46,17 @@ use waves::Waves;
 /// - [`PublishOutcome::ConnectionLost`] spends nothing: the rest of the batch
 ///   is released and the relay pauses with exponential backoff before claiming
 ///   again.
+/// - [`PublishOutcome::Unconfirmed`] (no confirm in time) spends nothing
+///   either: a broker answers a bad message with a nack, a return or a
+///   channel error, never with silence. When a whole wave went unconfirmed
+///   to two destinations or more, the broker is unavailable: the relay
+///   pauses as for a lost connection. Otherwise the events are released
+///   (status `Retry`, attempts unchanged) until the circuit breaker of
+///   their [destination](Publisher::destination) closes again, after a
+///   capped exponential backoff (the [`RetryPolicy`]'s delays); while it is
+///   open, the relay holds that destination's events back the same way
+///   without sending them, so one stuck queue delays only its own events.
+///   The first confirm for the destination closes the breaker.
 ///
 /// With [`concurrency`](RelayBuilder::concurrency) 2 (the default) two such
 /// loops share the store and the publisher, so one claims and marks in the
@@ -106,6 +118,12 @@ pub struct Relay<S, P> {
     busy: std::sync::atomic::AtomicUsize,
     /// Notified (all waiters) whenever a batch ends, releasing its rows.
     batch_done: tokio::sync::Notify,
+    /// Notified (all waiters) whenever a claim ends empty (it may have
+    /// locked rows for a moment), after counting it in `empty_claims`.
+    empty_claim_done: tokio::sync::Notify,
+    empty_claims: std::sync::atomic::AtomicU64,
+    /// Per destination, for unconfirmed messages.
+    breakers: breaker::Breakers,
 }
 
 /// What one batch did.
@@ -118,6 +136,11 @@ struct BatchReport {
     /// Events sent after a failed attempt: the store may have released
     /// events of their aggregates that waited behind them.
     sent_retries: usize,
+    /// Released with a delay and no attempt spent (unconfirmed, or held by
+    /// a destination's open circuit breaker).
+    held: usize,
+    /// Set when the broker is unavailable (connection lost, blocked, or a
+    /// whole wave unconfirmed): the relay pauses.
     connection_lost: Option<String>,
 }
 
@@ -187,6 +210,15 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         // aggregate), which nothing else announces. Completes when any
         // batch ends after that claim started.
         let mut follow: Option<Pin<Box<tokio::sync::futures::Notified<'_>>>> = None;
+        // Likewise when another loop's claim ends empty: it may have held
+        // rows for a moment (locked, then left). Two loops whose empty
+        // claims overlap would wake each other forever, so a loop woken by
+        // an empty claim that finds nothing again stops following empty
+        // claims until something else wakes it.
+        // (`Some(n)`: wake once more than `n` empty claims have ended.)
+        let mut follow_empty: Option<u64> = None;
+        let mut chase_empty = true;
+        let mut woken_by_empty = false;
         while !self.handle.is_shutdown() {
             if wait {
                 let batch_ended = async {
@@ -195,14 +227,32 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         None => std::future::pending().await,
                     }
                 };
+                let claim_ended = async {
+                    let Some(threshold) = follow_empty else {
+                        return std::future::pending().await;
+                    };
+                    loop {
+                        let ended = self.empty_claim_done.notified();
+                        if self.empty_claims.load(Ordering::SeqCst) > threshold {
+                            return;
+                        }
+                        ended.await;
+                    }
+                };
+                woken_by_empty = false;
                 tokio::select! {
                     () = self.handle.notified() => {}
                     () = batch_ended => {}
+                    () = claim_ended => woken_by_empty = true,
                     () = tokio::time::sleep_until(polls.next_after(tokio::time::Instant::now())) => {}
                     () = self.handle.shutdown_requested() => break,
                 }
+                if !woken_by_empty {
+                    chase_empty = true;
+                }
             }
             follow = None;
+            follow_empty = None;
             // A lost connection pauses every loop of the relay.
             if let Some(until) = pause.until() {
                 tokio::select! {
@@ -216,15 +266,30 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             // Armed before the claim, so a batch that ends while it runs
             // still counts.
             let batch_ended = Box::pin(self.batch_done.notified());
+            let empty_before = self.empty_claims.load(Ordering::SeqCst);
             let others_before = self.busy.fetch_add(1, Ordering::SeqCst) > 0;
             let claimed = self.store.claim(self.batch_size).await;
-            if others_before || self.busy.load(Ordering::SeqCst) > 1 {
+            let others_busy = others_before || self.busy.load(Ordering::SeqCst) > 1;
+            if others_busy {
                 follow = Some(batch_ended);
             }
             let claim = match claimed {
                 Ok(Some(claim)) => claim,
                 Ok(None) => {
                     self.busy.fetch_sub(1, Ordering::SeqCst);
+                    // An empty claim may have locked rows for a moment
+                    // (and released them): a loop whose claim skipped them
+                    // meanwhile claims again.
+                    self.empty_claims.fetch_add(1, Ordering::SeqCst);
+                    self.empty_claim_done.notify_waiters();
+                    if woken_by_empty {
+                        chase_empty = false;
+                    }
+                    if others_busy && chase_empty {
+                        // Wake for any other empty claim that ended during
+                        // this one or ends later (this one counts once).
+                        follow_empty = Some(empty_before + 1);
+                    }
                     wait = true;
                     continue;
                 }
@@ -238,6 +303,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 }
             };
             failpoints::hit(failpoints::AFTER_CLAIM);
+            chase_empty = true;
             let claimed = claim.records().len();
             let span = tracing::info_span!(
                 "outbox.relay.batch",
@@ -313,10 +379,42 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     );
                     break;
                 }
-                let envelopes: Vec<&EventEnvelope> =
-                    wave.iter().map(|&i| &records[i].envelope).collect();
-                let mut outcomes = self.publisher.publish(&envelopes).await.into_iter();
+                // Events whose destination stopped confirming lately wait
+                // for its breaker without being sent.
+                let now = Utc::now();
+                let mut sending = Vec::with_capacity(wave.len());
                 for &i in &wave {
+                    let record = &records[i];
+                    let destination = self.publisher.destination(&record.envelope);
+                    match self.breakers.open_until(&destination, now) {
+                        Some(until) => {
+                            report.held += 1;
+                            failures.push(held(
+                                record,
+                                until,
+                                format!(
+                                    "held back: the broker confirmed nothing published to \
+                                     {destination} lately (circuit breaker open); no attempt spent"
+                                ),
+                            ));
+                            waves.block(i);
+                        }
+                        None => sending.push((i, destination)),
+                    }
+                }
+                if sending.is_empty() {
+                    continue;
+                }
+                let envelopes: Vec<&EventEnvelope> =
+                    sending.iter().map(|(i, _)| &records[*i].envelope).collect();
+                let mut outcomes = self
+                    .publisher
+                    .publish(&envelopes, deadline)
+                    .await
+                    .into_iter();
+                let mut unconfirmed: Vec<(usize, &str, String)> = Vec::new();
+                for (i, destination) in &sending {
+                    let i = *i;
                     let record = &records[i];
                     let outcome = outcomes.next().unwrap_or_else(|| {
                         PublishOutcome::connection_lost(
@@ -325,6 +423,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     });
                     let (reason, hopeless) = match outcome {
                         PublishOutcome::Acked => {
+                            self.breakers.confirmed(destination);
                             sent.push(record.id());
                             if record.status == crate::EventStatus::Retry {
                                 report.sent_retries += 1;
@@ -334,6 +433,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         PublishOutcome::ConnectionLost { reason } => {
                             report.connection_lost.get_or_insert(reason);
                             waves.block_all();
+                            continue;
+                        }
+                        PublishOutcome::Unconfirmed { reason } => {
+                            unconfirmed.push((i, destination, reason));
                             continue;
                         }
                         PublishOutcome::Rejected { reason } => (reason, false),
@@ -364,6 +467,14 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     });
                     waves.block(i);
                 }
+                self.settle_unconfirmed(
+                    records,
+                    &mut waves,
+                    unconfirmed,
+                    sending.len(),
+                    &mut report,
+                    &mut failures,
+                );
                 if report.connection_lost.is_some() {
                     break;
                 }
@@ -381,14 +492,15 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         claim.finish().await?;
 
         report.sent = sent.len();
-        report.failed = failures.len();
-        report.released = claimed - report.sent - report.failed;
+        report.failed = failures.len() - report.held;
+        report.released = claimed - report.sent - failures.len();
         let span = tracing::Span::current();
         span.record("sent", report.sent);
         span.record("failed", report.failed);
         ::metrics::counter!(metrics::PUBLISHED_TOTAL).increment(report.sent as u64);
         ::metrics::counter!(metrics::FAILED_TOTAL).increment(report.failed as u64);
         ::metrics::counter!(metrics::DEAD_TOTAL).increment(report.dead as u64);
+        ::metrics::counter!(metrics::HELD_TOTAL).increment(report.held as u64);
         ::metrics::histogram!(metrics::BATCH_SIZE).record(claimed as f64);
         ::metrics::histogram!(metrics::BATCH_DURATION_SECONDS)
             .record(started.elapsed().as_secs_f64());
@@ -396,10 +508,73 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             sent = report.sent,
             failed = report.failed,
             dead = report.dead,
+            held = report.held,
             released = report.released,
             "outbox relay: batch done"
         );
         Ok(report)
+    }
+
+    /// Classifies a wave's [`PublishOutcome::Unconfirmed`] events (`sent`
+    /// messages went out in the wave). None spends an attempt: a broker
+    /// answers a bad message, it does not go silent. When every message of
+    /// the wave is unconfirmed and they went to two destinations or more,
+    /// the broker is unavailable: the relay pauses and releases the batch,
+    /// as for a lost connection. Otherwise (some confirmed, or a single
+    /// destination, which cannot tell a stuck queue from a stuck broker),
+    /// each destination's breaker trips and its events are released until
+    /// the breaker closes, their attempts unchanged; the next wave with
+    /// other destinations shows whether the broker itself is stuck.
+    fn settle_unconfirmed(
+        &self,
+        records: &[crate::OutboxRecord],
+        waves: &mut Waves,
+        unconfirmed: Vec<(usize, &str, String)>,
+        sent: usize,
+        report: &mut BatchReport,
+        failures: &mut Vec<FailedAttempt>,
+    ) {
+        if unconfirmed.is_empty() {
+            return;
+        }
+        ::metrics::counter!(metrics::UNCONFIRMED_TOTAL).increment(unconfirmed.len() as u64);
+        let destinations: std::collections::HashSet<&str> =
+            unconfirmed.iter().map(|(_, d, _)| *d).collect();
+        if unconfirmed.len() == sent && destinations.len() > 1 {
+            let (_, _, reason) = &unconfirmed[0];
+            report.connection_lost.get_or_insert_with(|| {
+                format!(
+                    "the broker confirmed none of the {sent} messages of a wave ({reason}); \
+                     it is unavailable"
+                )
+            });
+            waves.block_all();
+            return;
+        }
+        let now = Utc::now();
+        let mut until: std::collections::HashMap<&str, chrono::DateTime<Utc>> =
+            std::collections::HashMap::new();
+        for (i, destination, reason) in unconfirmed {
+            let record = &records[i];
+            let at = *until
+                .entry(destination)
+                .or_insert_with(|| self.breakers.trip(destination, &self.retry, now));
+            warn!(
+                event_id = %record.id(),
+                event_type = %record.envelope.event_type,
+                %destination,
+                retry_at = %at,
+                %reason,
+                "outbox relay: publish not confirmed; released with a delay (no attempt spent)",
+            );
+            report.held += 1;
+            failures.push(held(
+                record,
+                at,
+                format!("{reason}; released until {at} (no attempt spent)"),
+            ));
+            waves.block(i);
+        }
     }
 
     async fn stats_loop(&self) {
@@ -434,6 +609,16 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             () = tokio::time::sleep(delay) => {}
             () = self.handle.shutdown_requested() => {}
         }
+    }
+}
+
+/// Releases `record` until `at` without spending an attempt.
+fn held(record: &crate::OutboxRecord, at: chrono::DateTime<Utc>, error: String) -> FailedAttempt {
+    FailedAttempt {
+        id: record.id(),
+        attempts: record.attempts,
+        error,
+        next: NextStep::RetryAt(at),
     }
 }
 

@@ -48,6 +48,7 @@ struct Row {
 pub struct InMemoryStore {
     state: Arc<Mutex<State>>,
     order: DeliveryOrder,
+    claim_timeout: Option<Duration>,
 }
 
 impl InMemoryStore {
@@ -61,7 +62,17 @@ impl InMemoryStore {
         InMemoryStore {
             state: Arc::default(),
             order: DeliveryOrder::Unordered,
+            claim_timeout: None,
         }
+    }
+
+    /// Gives every claim a [`Claim::valid_until`] `timeout` after it was
+    /// taken (as a store whose claims lapse does; the in-memory claim
+    /// itself never lapses). Default: no deadline.
+    #[must_use]
+    pub fn with_claim_timeout(mut self, timeout: Duration) -> Self {
+        self.claim_timeout = Some(timeout);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -208,6 +219,9 @@ impl OutboxStore for InMemoryStore {
             id: claim_id,
             records: taken,
             order: self.order,
+            valid_until: self
+                .claim_timeout
+                .and_then(|t| std::time::Instant::now().checked_add(t)),
         }))
     }
 
@@ -308,6 +322,7 @@ pub struct InMemoryClaim {
     id: u64,
     records: Vec<OutboxRecord>,
     order: DeliveryOrder,
+    valid_until: Option<std::time::Instant>,
 }
 
 impl InMemoryClaim {
@@ -371,6 +386,10 @@ impl Claim for InMemoryClaim {
 
     fn delivery_order(&self) -> DeliveryOrder {
         self.order
+    }
+
+    fn valid_until(&self) -> Option<std::time::Instant> {
+        self.valid_until
     }
 
     async fn mark_sent(&mut self, ids: &[Uuid]) -> Result<(), StoreError> {

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -27,6 +28,7 @@ pub struct PublishAttempt {
 struct Inner {
     acked: Vec<EventEnvelope>,
     attempts: Vec<PublishAttempt>,
+    deadlines: Vec<Option<Instant>>,
     calls: usize,
     behaviour: Option<Behaviour>,
 }
@@ -111,6 +113,11 @@ impl RecordingPublisher {
         self.lock().attempts.clone()
     }
 
+    /// The `deadline` of each `publish` call (wave), in order.
+    pub fn deadlines(&self) -> Vec<Option<Instant>> {
+        self.lock().deadlines.clone()
+    }
+
     /// Number of `publish` calls (waves) so far.
     pub fn calls(&self) -> usize {
         self.lock().calls
@@ -129,12 +136,17 @@ impl RecordingPublisher {
 }
 
 impl Publisher for RecordingPublisher {
-    async fn publish(&self, events: &[&EventEnvelope]) -> Vec<PublishOutcome> {
+    async fn publish(
+        &self,
+        events: &[&EventEnvelope],
+        deadline: Option<Instant>,
+    ) -> Vec<PublishOutcome> {
         failpoints::hit(failpoints::AFTER_PUBLISH_BEFORE_CONFIRM);
         let outcomes = {
             let mut inner = self.lock();
             let call = inner.calls;
             inner.calls += 1;
+            inner.deadlines.push(deadline);
             let mut outcomes = Vec::with_capacity(events.len());
             for event in events {
                 let outcome = match inner.behaviour.as_mut() {
