@@ -371,6 +371,9 @@ pub struct OutboxRecord {
     pub last_error: Option<String>,
     /// When the broker confirmed the event.
     pub published_at: Option<DateTime<Utc>>,
+    /// Since when every publish of it came back unroutable, while the
+    /// relay holds it under [`UnroutablePolicy::Hold`](crate::UnroutablePolicy).
+    pub unroutable_since: Option<DateTime<Utc>>,
 }
 
 impl OutboxRecord {
@@ -384,6 +387,7 @@ impl OutboxRecord {
             next_attempt_at: None,
             last_error: None,
             published_at: None,
+            unroutable_since: None,
         }
     }
 

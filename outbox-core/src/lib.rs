@@ -79,7 +79,7 @@ pub use error::{Error, Result};
 pub use event::DomainEvent;
 pub use publisher::{PublishOutcome, Publisher};
 pub use redact::redact_url;
-pub use relay::{Relay, RelayBuilder, RelayHandle};
+pub use relay::{Relay, RelayBuilder, RelayHandle, UnroutablePolicy};
 pub use retry::{NextStep, RetryPolicy};
 pub use status::{EventStatus, Transition};
 pub use store::{

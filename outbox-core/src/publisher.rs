@@ -18,6 +18,15 @@ pub enum PublishOutcome {
         /// A reason a person can act on, stored as the event's `last_error`.
         reason: String,
     },
+    /// The broker returned the message as unroutable (`312 NO_ROUTE`): no
+    /// queue is bound for its routing key. Usually a configuration fault
+    /// (a missing binding), or "no subscriber yet" in pub/sub, rarely the
+    /// message's: what it costs is the relay's
+    /// [`UnroutablePolicy`](crate::UnroutablePolicy) for its event type.
+    Unroutable {
+        /// What the broker said, with the exchange and routing key.
+        reason: String,
+    },
     /// The message can never be published as it is (it breaks a limit of
     /// the wire format, e.g. an over-long header name stored by another
     /// writer), so it was not sent. Spends an attempt and ends the event
@@ -49,6 +58,13 @@ impl PublishOutcome {
     /// A [`PublishOutcome::Rejected`] with `reason`.
     pub fn rejected(reason: impl Into<String>) -> Self {
         PublishOutcome::Rejected {
+            reason: reason.into(),
+        }
+    }
+
+    /// A [`PublishOutcome::Unroutable`] with `reason`.
+    pub fn unroutable(reason: impl Into<String>) -> Self {
+        PublishOutcome::Unroutable {
             reason: reason.into(),
         }
     }

@@ -38,6 +38,9 @@ pub struct OutboxStats {
     /// Aggregates whose oldest unsent event is `Dead` or waiting for a retry,
     /// so their later events are held back (ordered mode; 0 when unordered).
     pub blocked_aggregates: u64,
+    /// Events held because the broker returned them as unroutable (no
+    /// binding for their routing key), across every relay of the outbox.
+    pub unroutable: u64,
 }
 
 /// A failed publish attempt, ready to be stored.
@@ -51,6 +54,10 @@ pub struct FailedAttempt {
     pub error: String,
     /// Retry later, or park as `Dead`.
     pub next: NextStep,
+    /// Set while the event is held because it is unroutable (see
+    /// [`UnroutablePolicy::Hold`](crate::UnroutablePolicy)): since when.
+    /// `None` clears it.
+    pub unroutable_since: Option<DateTime<Utc>>,
 }
 
 /// Which `Dead` events an operator replays.

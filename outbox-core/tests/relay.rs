@@ -949,3 +949,77 @@ proptest! {
         random_failures_case(seed, 3, events, batch_size, false, concurrency);
     }
 }
+
+/// Runs a relay with `policy` for unroutable events on one event every
+/// publish of which comes back unroutable, until `done` holds.
+async fn unroutable_run(
+    policy: outbox_core::UnroutablePolicy,
+    done: impl Fn(&outbox_core::OutboxRecord) -> bool,
+) -> (outbox_core::OutboxRecord, RecordingPublisher) {
+    let store = InMemoryStore::new();
+    let id = record(&store, "a", 0);
+    let publisher =
+        RecordingPublisher::with_behaviour(|_| PublishOutcome::unroutable("312 NO_ROUTE"));
+    let relay = Relay::builder(store.clone(), publisher.clone())
+        .batch_size(10)
+        .poll_interval(Duration::from_millis(5))
+        .retry(instant_retries(3))
+        .unroutable(policy)
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = store.get(id).unwrap();
+        if done(&row) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not reached: {row:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    handle.shutdown();
+    task.await.unwrap();
+    (store.get(id).unwrap(), publisher)
+}
+
+#[tokio::test]
+async fn an_unroutable_event_is_held_without_spending_attempts_by_default() {
+    let (row, publisher) = unroutable_run(outbox_core::UnroutablePolicy::default(), |r| {
+        r.unroutable_since.is_some()
+    })
+    .await;
+    assert_eq!(row.status, EventStatus::Retry);
+    assert_eq!(row.attempts, 0, "no attempt spent");
+    assert!(row.next_attempt_at.is_some());
+    assert!(row.last_error.unwrap().contains("NO_ROUTE"));
+    assert_eq!(publisher.published().len(), 0);
+}
+
+#[tokio::test]
+async fn an_unroutable_event_held_past_its_maximum_ends_dead_with_the_reason() {
+    let (row, _) = unroutable_run(
+        outbox_core::UnroutablePolicy::hold(Duration::ZERO, Duration::from_secs(1)),
+        |r| r.status == EventStatus::Dead,
+    )
+    .await;
+    let error = row.last_error.unwrap();
+    assert!(
+        error.contains("max_hold") && error.contains("NO_ROUTE"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn unroutable_policies_spend_attempts_or_accept_when_told_to() {
+    let (row, _) = unroutable_run(outbox_core::UnroutablePolicy::SpendAttempts, |r| {
+        r.status == EventStatus::Dead
+    })
+    .await;
+    assert_eq!(row.attempts, 3, "every return spent an attempt");
+    let (row, _) = unroutable_run(outbox_core::UnroutablePolicy::Accept, |r| {
+        r.status == EventStatus::Sent
+    })
+    .await;
+    assert_eq!(row.attempts, 0);
+}

@@ -155,6 +155,7 @@ async fn dead_head(db: &TestDb, store: &PgOutboxStore) -> Vec<Uuid> {
             attempts: 10,
             error: "nack".into(),
             next: NextStep::Dead,
+            unroutable_since: None,
         }])
         .await
         .unwrap();
@@ -244,6 +245,7 @@ async fn a_retry_sent_releases_what_waited_behind_it() {
             attempts: 1,
             error: "nack".into(),
             next: NextStep::RetryAt(Utc::now()),
+            unroutable_since: None,
         }])
         .await
         .unwrap();

@@ -299,12 +299,14 @@ async fn dead_event_blocks_only_its_aggregate_until_replayed_or_skipped() {
                 attempts: 3,
                 error: "NO_ROUTE".into(),
                 next: NextStep::Dead,
+                unroutable_since: None,
             },
             FailedAttempt {
                 id: b0,
                 attempts: 1,
                 error: "nack".into(),
                 next: NextStep::RetryAt(Utc::now() + chrono::Duration::hours(1)),
+                unroutable_since: None,
             },
         ])
         .await
@@ -418,6 +420,7 @@ async fn a_due_retry_is_claimed_again_with_its_attempts() {
             attempts: 1,
             error: "nack".into(),
             next: NextStep::RetryAt(Utc::now()),
+            unroutable_since: None,
         }])
         .await
         .unwrap();
@@ -539,6 +542,7 @@ async fn keep_sent_false_deletes_confirmed_events_only() {
             attempts: 1,
             error: "nack".into(),
             next: NextStep::Dead,
+            unroutable_since: None,
         }])
         .await
         .unwrap();

@@ -37,7 +37,9 @@
 //! | situation | publisher | consumer |
 //! |---|---|---|
 //! | broker confirms (`basic.ack`) | event marked `Sent` | – |
-//! | unroutable (`312 NO_ROUTE` return), `basic.nack`, no confirm in time | attempt spent, retried with backoff, `Dead` at the limit | – |
+//! | unroutable (`312 NO_ROUTE` return: no queue bound for the routing key) | the relay's `UnroutablePolicy` for its event type: by default held (`Retry`, no attempt spent, tried again with a capped backoff, `Dead` after 7 days), or attempts spent, or accepted as sent. For "publish before anyone subscribes", give the exchange an alternate exchange bound to a parking queue | – |
+//! | `basic.nack` | attempt spent, retried with backoff, `Dead` at the limit | – |
+//! | no confirm in time | no attempt spent: the relay pauses, or holds that destination back behind a circuit breaker | – |
 //! | channel closed by the broker for a message (404 exchange, 406) | narrowed to that message (bisect), attempt spent; the rest of the batch is published | – |
 //! | connection lost or `connection.blocked` | no attempt spent; relay pauses, reconnects on the next batch | reconnects with backoff; unacked deliveries come back and dedup in the inbox |
 //! | duplicate delivery | – | inbox says duplicate: acked, handler not run |

@@ -58,10 +58,12 @@ pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
 ///   a channel error (it ends [`PublishOutcome::Rejected`]); 320 (forced),
 ///   other codes and I/O errors are the broker's
 ///   ([`PublishOutcome::ConnectionLost`]).
-/// - Only `basic.ack` without a return is [`PublishOutcome::Acked`]. A return
-///   (`312 NO_ROUTE`), a `basic.nack` and a channel closed by the broker
-///   because of a message (404 no such exchange, 406, a message too large)
-///   are [`PublishOutcome::Rejected`], which spends an attempt. On a channel
+/// - Only `basic.ack` without a return is [`PublishOutcome::Acked`]. A
+///   `312 NO_ROUTE` return is [`PublishOutcome::Unroutable`] (what it costs
+///   is the relay's `UnroutablePolicy`: by default nothing, the event is
+///   held). A `basic.nack`, another return and a channel closed by the
+///   broker because of a message (404 no such exchange, 406, a message too
+///   large) are [`PublishOutcome::Rejected`], which spends an attempt. On a channel
 ///   error the batch is narrowed down (bisected) on fresh channels so only
 ///   the message that causes it is rejected.
 /// - A message not confirmed within the
@@ -582,7 +584,7 @@ impl LapinPublisher {
         deadline: Instant,
     ) -> (Vec<Round>, bool) {
         let mut clean = true;
-        let mut returned: HashMap<String, String> = HashMap::new();
+        let mut returned: HashMap<String, PublishOutcome> = HashMap::new();
         let mut rounds: Vec<Option<Round>> = Vec::with_capacity(pending.len());
         let mut confirms: Vec<Option<PublisherConfirm>> = Vec::with_capacity(pending.len());
         for sent in pending {
@@ -668,9 +670,7 @@ impl LapinPublisher {
             })
             .zip(events)
             .map(|(round, event)| match returned.get(&event.id.to_string()) {
-                Some(reason) if matches!(round, Round::Done(_)) => {
-                    Round::Done(PublishOutcome::rejected(reason.clone()))
-                }
+                Some(outcome) if matches!(round, Round::Done(_)) => Round::Done(outcome.clone()),
                 _ => round,
             })
             .collect();
@@ -779,24 +779,35 @@ struct Checkout {
     fresh: bool,
 }
 
-/// Notes a `basic.return` by the message id it carries.
+/// Notes a `basic.return` by the message id it carries: its outcome.
+/// `312 NO_ROUTE` is [`PublishOutcome::Unroutable`] (the relay's
+/// `UnroutablePolicy` decides what it costs); any other code is
+/// `Rejected`.
 fn note_return(
-    returned: &mut HashMap<String, String>,
+    returned: &mut HashMap<String, PublishOutcome>,
     message: Option<lapin::message::BasicReturnMessage>,
 ) {
     if let Some(message) = message
         && let Some(id) = message.properties.message_id()
     {
-        returned.insert(
-            id.to_string(),
-            format!(
-                "returned by the broker as unroutable: {} {} (no queue is bound for this \
-                 routing key on exchange `{}`)",
-                message.reply_code, message.reply_text, message.exchange
-            ),
-        );
+        let outcome = if message.reply_code == NO_ROUTE {
+            PublishOutcome::unroutable(format!(
+                "returned by the broker as unroutable: {} {} (no queue is bound for routing \
+                 key `{}` on exchange `{}`)",
+                message.reply_code, message.reply_text, message.routing_key, message.exchange
+            ))
+        } else {
+            PublishOutcome::rejected(format!(
+                "returned by the broker: {} {} (exchange `{}`, routing key `{}`)",
+                message.reply_code, message.reply_text, message.exchange, message.routing_key
+            ))
+        };
+        returned.insert(id.to_string(), outcome);
     }
 }
+
+/// AMQP reply code of a mandatory message no queue is bound for.
+const NO_ROUTE: u16 = 312;
 
 /// Checks that `envelope`'s content header frame (its properties, headers
 /// included, exactly as they are sent) fits `frame_max`.

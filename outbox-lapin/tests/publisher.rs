@@ -250,7 +250,7 @@ async fn a_pipelined_batch_is_confirmed_in_full_and_arrives_in_order() {
 }
 
 #[tokio::test]
-async fn an_unroutable_event_is_rejected_not_acked() {
+async fn an_unroutable_event_is_reported_unroutable_not_acked() {
     let broker = Broker::new("unroutable").await;
     // A second exchange with no binding: mandatory publishes come back.
     let publisher = LapinPublisher::builder(amqp_url())
@@ -261,13 +261,13 @@ async fn an_unroutable_event_is_rejected_not_acked() {
     let env = envelope("o-1", 1);
     let outcomes = publisher.publish(&[&env], None).await;
     match &outcomes[..] {
-        [PublishOutcome::Rejected { reason }] => {
+        [PublishOutcome::Unroutable { reason }] => {
             assert!(
                 reason.contains("312") && reason.contains("NO_ROUTE"),
                 "{reason}"
             )
         }
-        other => panic!("expected a rejection, got {other:?}"),
+        other => panic!("expected unroutable, got {other:?}"),
     }
     let _ = broker
         .channel
@@ -314,8 +314,8 @@ async fn unroutable_messages_amid_pipelined_batches_are_rejected_exactly() {
         for (n, (env, outcome)) in batch.iter().zip(&outcomes).enumerate() {
             if env.aggregate_id == "lost" {
                 assert!(
-                    matches!(outcome, PublishOutcome::Rejected { reason } if reason.contains("NO_ROUTE")),
-                    "batch {b}: the unroutable message is rejected, got {outcome:?}"
+                    matches!(outcome, PublishOutcome::Unroutable { reason } if reason.contains("NO_ROUTE")),
+                    "batch {b}: the unroutable message is reported unroutable, got {outcome:?}"
                 );
             } else {
                 assert_eq!(*outcome, PublishOutcome::Acked, "batch {b} event {n}");

@@ -307,7 +307,17 @@ impl Env {
         publisher: LapinPublisher,
         retry: RetryPolicy,
     ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
+        self.start_with(publisher, retry, outbox::UnroutablePolicy::default())
+    }
+
+    fn start_with(
+        &self,
+        publisher: LapinPublisher,
+        retry: RetryPolicy,
+        unroutable: outbox::UnroutablePolicy,
+    ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
         let relay = Relay::builder(self.store(), publisher)
+            .unroutable(unroutable)
             .batch_size(50)
             .poll_interval(Duration::from_millis(20))
             .retry(retry)
@@ -1015,7 +1025,7 @@ async fn the_longest_aggregate_id_ends_dead_when_unroutable_and_a_longer_one_is_
         .base_delay(Duration::from_millis(10))
         .max_delay(Duration::from_millis(10))
         .max_attempts(2);
-    let (handle, task) = env.start(publisher, retry);
+    let (handle, task) = env.start_with(publisher, retry, outbox::UnroutablePolicy::SpendAttempts);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let stored = env.stored(poison.id).await;

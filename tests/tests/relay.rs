@@ -151,7 +151,17 @@ impl Env {
         publisher: LapinPublisher,
         retry: RetryPolicy,
     ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
+        self.start_with(publisher, retry, outbox::UnroutablePolicy::default())
+    }
+
+    fn start_with(
+        &self,
+        publisher: LapinPublisher,
+        retry: RetryPolicy,
+        unroutable: outbox::UnroutablePolicy,
+    ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
         let relay = Relay::builder(self.store(), publisher)
+            .unroutable(unroutable)
             .batch_size(100)
             .poll_interval(Duration::from_millis(20))
             .pause(Duration::from_millis(50), Duration::from_millis(500))
@@ -336,7 +346,7 @@ async fn ten_thousand_events_are_relayed_and_each_received() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unroutable_event_spends_its_attempts_and_ends_dead() {
+async fn an_unroutable_event_spends_its_attempts_and_ends_dead_when_told_to() {
     let env = Env::new("unroutable").await;
     // Routing key `refund.issued` matches no binding (the queue binds `order.*`).
     let ids = env.record(&[("o-1".into(), 1)]).await;
@@ -350,7 +360,7 @@ async fn an_unroutable_event_spends_its_attempts_and_ends_dead() {
         .max_delay(Duration::from_millis(10))
         .max_attempts(3);
     let received = env.collect().await;
-    let (handle, task) = env.start(publisher, retry);
+    let (handle, task) = env.start_with(publisher, retry, outbox::UnroutablePolicy::SpendAttempts);
     wait_until("the event is dead", Duration::from_secs(30), || {
         env.row(ids[0]).0 == "dead"
     })
@@ -363,6 +373,87 @@ async fn an_unroutable_event_spends_its_attempts_and_ends_dead() {
     let last_error = last_error.unwrap();
     assert!(last_error.contains("NO_ROUTE"), "{last_error}");
     assert!(received.lock().unwrap().is_empty());
+    env.cleanup().await;
+}
+
+/// A missing binding is a configuration fault, not a bad message: by
+/// default the relay holds unroutable events (no attempt spent, visible in
+/// the store-wide stats), the rest flow, and once the binding appears the
+/// held events are delivered in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unroutable_events_are_held_without_attempts_until_their_binding_appears() {
+    let env = Env::new("unroutable_hold").await;
+    // o-1's events go to `refund.issued`, which nothing binds yet.
+    let publisher = env
+        .publisher()
+        .routing_key(|e| {
+            if e.aggregate_id == "o-1" {
+                "refund.issued".into()
+            } else {
+                e.event_type.clone()
+            }
+        })
+        .build()
+        .unwrap();
+    let ids = env
+        .record(&[("o-1".into(), 1), ("o-1".into(), 2), ("o-2".into(), 1)])
+        .await;
+    let received = env.collect().await;
+    let (handle, task) = env.start_with(
+        publisher,
+        RetryPolicy::default()
+            .base_delay(Duration::from_millis(10))
+            .max_delay(Duration::from_millis(10))
+            .max_attempts(2),
+        outbox::UnroutablePolicy::hold(Duration::from_secs(600), Duration::from_secs(1)),
+    );
+    wait_until("o-2 delivered", Duration::from_secs(30), || {
+        received.lock().unwrap().contains(&ids[2])
+    })
+    .await;
+    // Several tries (one a second at most) spend nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, attempts, last_error) = env.row(ids[0]);
+    assert_eq!(
+        (status.as_str(), attempts),
+        ("retry", 0),
+        "held, no attempt spent"
+    );
+    assert!(last_error.unwrap().contains("NO_ROUTE"));
+    assert_eq!(
+        env.row(ids[1]).0,
+        "held",
+        "o-1's next event waits behind it"
+    );
+    let stats = outbox::OutboxStore::stats(&env.store()).await.unwrap();
+    assert_eq!(stats.unroutable, 1, "the store-wide unroutable count");
+    assert!(!received.lock().unwrap().contains(&ids[0]));
+
+    env.channel
+        .queue_bind(
+            env.queue.as_str().into(),
+            env.exchange.as_str().into(),
+            "refund.*".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    wait_until("o-1's events delivered", Duration::from_secs(30), || {
+        let got = received.lock().unwrap();
+        got.contains(&ids[0]) && got.contains(&ids[1])
+    })
+    .await;
+    handle.shutdown();
+    task.await.unwrap();
+    let got = received.lock().unwrap().clone();
+    let first = |id| got.iter().position(|g| *g == id).unwrap();
+    assert!(first(ids[0]) < first(ids[1]), "in order");
+    assert_eq!(
+        env.row(ids[0]).1,
+        0,
+        "delivered without spending an attempt"
+    );
     env.cleanup().await;
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{Error, OutboxStore, Publisher, Relay, RelayHandle, RetryPolicy};
+use crate::{Error, OutboxStore, Publisher, Relay, RelayHandle, RetryPolicy, UnroutablePolicy};
 
 /// Configures a [`Relay`]. Every setting has a default; [`build`](Self::build)
 /// validates them.
@@ -16,6 +16,7 @@ use crate::{Error, OutboxStore, Publisher, Relay, RelayHandle, RetryPolicy};
 /// | [`shutdown_grace`](Self::shutdown_grace) | 30 s | how long shutdown waits for the batch in flight |
 /// | [`retry`](Self::retry) | [`RetryPolicy::default`] | backoff and attempt limit for failed publishes |
 /// | [`pause`](Self::pause) | 100 ms .. 30 s | backoff after a lost connection or store error |
+/// | [`unroutable`](Self::unroutable) | [`UnroutablePolicy::default`] (hold up to 7 days) | what an event the broker returns as unroutable costs; per event type with [`unroutable_for`](Self::unroutable_for) |
 ///
 /// The batch size trades latency of a single batch against throughput; 100
 /// keeps a batch's confirms in one or two TCP round trips on RabbitMQ.
@@ -33,6 +34,7 @@ pub struct RelayBuilder<S, P> {
     retry: RetryPolicy,
     pause_min: Duration,
     pause_max: Duration,
+    unroutable: super::unroutable::Unroutable,
 }
 
 impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
@@ -49,6 +51,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             retry: RetryPolicy::default(),
             pause_min: Duration::from_millis(100),
             pause_max: Duration::from_secs(30),
+            unroutable: super::unroutable::Unroutable::default(),
         }
     }
 
@@ -102,6 +105,26 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     pub fn pause(mut self, min: Duration, max: Duration) -> Self {
         self.pause_min = min;
         self.pause_max = max;
+        self
+    }
+
+    /// What an unroutable event costs, for every event type without its own
+    /// [`unroutable_for`](Self::unroutable_for). Default
+    /// [`UnroutablePolicy::default`].
+    pub fn unroutable(mut self, policy: UnroutablePolicy) -> Self {
+        self.unroutable.default = policy;
+        self
+    }
+
+    /// What an unroutable event of `event_type` costs.
+    pub fn unroutable_for(
+        mut self,
+        event_type: impl Into<String>,
+        policy: UnroutablePolicy,
+    ) -> Self {
+        self.unroutable
+            .by_event_type
+            .insert(event_type.into(), policy);
         self
     }
 
@@ -160,6 +183,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             empty_claim_done: tokio::sync::Notify::new(),
             empty_claims: std::sync::atomic::AtomicU64::new(0),
             breakers: super::breaker::Breakers::default(),
+            unroutable: self.unroutable,
         })
     }
 }

@@ -24,7 +24,7 @@ pub const STORE_ERRORS_TOTAL: &str = "outbox_store_errors_total";
 pub const BATCH_SIZE: &str = "outbox_batch_size";
 /// Histogram: seconds from claim to finished marks, per batch.
 pub const BATCH_DURATION_SECONDS: &str = "outbox_batch_duration_seconds";
-/// Gauge: unsent events (`Pending` + `Retry`).
+/// Gauge: unsent events (`Pending`, `Retry` and `Held`).
 pub const BACKLOG: &str = "outbox_backlog";
 /// Gauge: age of the oldest unsent event in seconds (0 when none).
 pub const OLDEST_UNSENT_AGE_SECONDS: &str = "outbox_oldest_unsent_age_seconds";
@@ -32,6 +32,11 @@ pub const OLDEST_UNSENT_AGE_SECONDS: &str = "outbox_oldest_unsent_age_seconds";
 pub const DEAD: &str = "outbox_dead";
 /// Gauge: aggregates held back by a failing or `Dead` event.
 pub const BLOCKED_AGGREGATES: &str = "outbox_blocked_aggregates";
+/// Gauge: events held because the broker returned them as unroutable, across
+/// every relay of the outbox (read from the store, not counted per process).
+pub const UNROUTABLE_EVENTS: &str = "outbox_unroutable_events";
+/// Counter: unroutable events marked sent under `UnroutablePolicy::Accept`.
+pub const UNROUTABLE_ACCEPTED_TOTAL: &str = "outbox_unroutable_accepted_total";
 /// Gauge: 1 while the relay is paused after losing the broker connection.
 pub const PAUSED: &str = "outbox_relay_paused";
 
@@ -73,6 +78,15 @@ pub fn describe() {
         BLOCKED_AGGREGATES,
         Unit::Count,
         "Aggregates held back by a failing or dead event"
+    );
+    describe_gauge!(
+        UNROUTABLE_EVENTS,
+        Unit::Count,
+        "Events held because no queue is bound for their routing key"
+    );
+    describe_counter!(
+        UNROUTABLE_ACCEPTED_TOTAL,
+        "Unroutable events marked sent by the Accept policy"
     );
     describe_gauge!(
         PAUSED,

@@ -6,6 +6,7 @@ mod breaker;
 mod builder;
 mod handle;
 pub mod metrics;
+mod unroutable;
 mod waves;
 
 use std::pin::Pin;
@@ -18,6 +19,7 @@ use uuid::Uuid;
 
 pub use builder::RelayBuilder;
 pub use handle::RelayHandle;
+pub use unroutable::UnroutablePolicy;
 
 use crate::failpoints;
 use crate::{
@@ -124,6 +126,7 @@ pub struct Relay<S, P> {
     empty_claims: std::sync::atomic::AtomicU64,
     /// Per destination, for unconfirmed messages.
     breakers: breaker::Breakers,
+    unroutable: unroutable::Unroutable,
 }
 
 /// What one batch did.
@@ -439,6 +442,54 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                             unconfirmed.push((i, destination, reason));
                             continue;
                         }
+                        PublishOutcome::Unroutable { reason } => {
+                            match self.unroutable.policy(&record.envelope.event_type) {
+                                UnroutablePolicy::Accept => {
+                                    ::metrics::counter!(metrics::UNROUTABLE_ACCEPTED_TOTAL)
+                                        .increment(1);
+                                    sent.push(record.id());
+                                    continue;
+                                }
+                                UnroutablePolicy::Hold {
+                                    max_hold,
+                                    max_delay,
+                                } => {
+                                    let now = Utc::now();
+                                    let since = record.unroutable_since.unwrap_or(now);
+                                    if (now - since).to_std().unwrap_or_default() <= max_hold {
+                                        if self.unroutable.should_warn(destination) {
+                                            warn!(
+                                                %destination,
+                                                event_type = %record.envelope.event_type,
+                                                %reason,
+                                                "outbox relay: unroutable events are held (no \
+                                                 attempt spent) until a queue is bound for \
+                                                 their routing key",
+                                            );
+                                        }
+                                        report.held += 1;
+                                        failures.push(FailedAttempt {
+                                            unroutable_since: Some(since),
+                                            ..held(
+                                                record,
+                                                UnroutablePolicy::next_try(since, now, max_delay),
+                                                format!("held: {reason}; no attempt spent"),
+                                            )
+                                        });
+                                        waves.block(i);
+                                        continue;
+                                    }
+                                    (
+                                        format!(
+                                            "unroutable for longer than {max_hold:?} (the \
+                                             unroutable policy's max_hold): {reason}"
+                                        ),
+                                        true,
+                                    )
+                                }
+                                _ => (reason, false),
+                            }
+                        }
                         PublishOutcome::Rejected { reason } => (reason, false),
                         PublishOutcome::Unpublishable { reason } => (reason, true),
                     }; // `PublishOutcome` is non-exhaustive for other crates only.
@@ -464,6 +515,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         attempts,
                         error: reason,
                         next,
+                        unroutable_since: None,
                     });
                     waves.block(i);
                 }
@@ -587,6 +639,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     ::metrics::gauge!(metrics::DEAD).set(stats.dead as f64);
                     ::metrics::gauge!(metrics::BLOCKED_AGGREGATES)
                         .set(stats.blocked_aggregates as f64);
+                    ::metrics::gauge!(metrics::UNROUTABLE_EVENTS).set(stats.unroutable as f64);
                 }
                 Err(err) => {
                     ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
@@ -619,6 +672,7 @@ fn held(record: &crate::OutboxRecord, at: chrono::DateTime<Utc>, error: String) 
         attempts: record.attempts,
         error,
         next: NextStep::RetryAt(at),
+        unroutable_since: None,
     }
 }
 

@@ -243,6 +243,9 @@ impl OutboxStore for InMemoryStore {
             if record.status == EventStatus::Dead {
                 stats.dead += 1;
             }
+            if record.status == EventStatus::Retry && record.unroutable_since.is_some() {
+                stats.unroutable += 1;
+            }
             if self.order == DeliveryOrder::PerAggregate
                 && record.status.blocks_aggregate()
                 && seen_head.insert(record.envelope.aggregate_key())
@@ -412,6 +415,7 @@ impl Claim for InMemoryClaim {
             record.attempts = failure.attempts;
             record.next_attempt_at = next_at;
             record.last_error = Some(failure.error.clone());
+            record.unroutable_since = failure.unroutable_since;
             Ok(())
         })
     }

@@ -10,7 +10,8 @@
 //! partition) is bounded by `idle_in_transaction_session_timeout`, set per
 //! claim to [`claim_timeout`](PgOutboxStoreBuilder::claim_timeout) (default
 //! 60 s): after it, PostgreSQL ends the session and the rows are claimable
-//! again. The relay stops publishing a batch at 80 % of that time.
+//! again. The relay stops publishing a batch at 80 % of that time, and no
+//! confirm wait outlasts it.
 //!
 //! The alternative, a committed lease (`locked_by`, `locked_until`) marked
 //! later, costs a second write and a second commit per batch, and needs
@@ -216,8 +217,10 @@ impl PgOutboxStoreBuilder {
 
     /// How long a claimed batch may stay in flight before PostgreSQL ends
     /// the claiming session and releases its rows (its
-    /// `idle_in_transaction_session_timeout`). Keep it above the publisher's
-    /// confirm timeout. Default 60 s.
+    /// `idle_in_transaction_session_timeout`). A claim is valid for 80 % of
+    /// it ([`Claim::valid_until`]): the relay publishes nothing of a batch
+    /// after that, and passes it to the publisher, whose confirm wait is the
+    /// shorter of its confirm timeout and the time left. Default 60 s.
     pub fn claim_timeout(mut self, timeout: Duration) -> Self {
         self.claim_timeout = timeout;
         self
@@ -724,6 +727,7 @@ impl OutboxStore for PgOutboxStore {
                 .oldest_age
                 .map(|secs| Duration::from_secs_f64(secs.max(0.0))),
             dead: u64::try_from(row.dead).unwrap_or(0),
+            unroutable: u64::try_from(row.unroutable).unwrap_or(0),
             blocked_aggregates: if ordered {
                 u64::try_from(row.blocked).unwrap_or(0)
             } else {
@@ -782,10 +786,11 @@ impl OutboxStore for PgOutboxStore {
         Ok(skipped == 1)
     }
 
-    /// Releases held events that nothing holds back any more (see
-    /// [`Sql::release_orphans`](sql::Sql)): a repair for what a race, a
-    /// relay of an earlier version or a manual edit may leave behind; all of
-    /// them in unordered mode.
+    /// Releases held events that nothing holds back any more (those of
+    /// aggregates where no `retry` or `dead` event precedes the first held
+    /// one, at one index probe per aggregate with held events): a repair
+    /// for what a relay of an earlier version or a manual edit may leave
+    /// behind; every held event in unordered mode.
     async fn maintain(&self) -> Result<()> {
         let mut conn = self.conn().await?;
         let order = self.cached_order(&mut conn).await?;
@@ -906,6 +911,8 @@ impl Claim for PgClaim {
         let mut attempts = Vec::with_capacity(failures.len());
         let mut next_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(failures.len());
         let mut errors = Vec::with_capacity(failures.len());
+        let unroutable: Vec<Option<DateTime<Utc>>> =
+            failures.iter().map(|f| f.unroutable_since).collect();
         for failure in failures {
             let (status, at) = match failure.next {
                 NextStep::RetryAt(at) => (EventStatus::Retry, Some(at)),
@@ -938,6 +945,7 @@ impl Claim for PgClaim {
             .bind::<Array<Integer>, _>(attempts)
             .bind::<Array<Nullable<Timestamptz>>, _>(next_at)
             .bind::<Array<Text>, _>(errors)
+            .bind::<Array<Nullable<Timestamptz>>, _>(unroutable)
             .prepared(sql.prepare)
             .execute(&mut *conn)
             .await?;

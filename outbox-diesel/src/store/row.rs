@@ -40,6 +40,8 @@ pub(crate) struct EventRow {
     last_error: Option<String>,
     #[diesel(sql_type = Nullable<Timestamptz>)]
     published_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    unroutable_since: Option<DateTime<Utc>>,
 }
 
 impl EventRow {
@@ -72,6 +74,7 @@ impl EventRow {
             next_attempt_at: self.next_attempt_at,
             last_error: self.last_error,
             published_at: self.published_at,
+            unroutable_since: self.unroutable_since,
         })
     }
 }
@@ -104,6 +107,8 @@ pub(crate) struct StatsRow {
     pub(crate) oldest_age: Option<f64>,
     #[diesel(sql_type = BigInt)]
     pub(crate) dead: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) unroutable: i64,
     #[diesel(sql_type = BigInt)]
     pub(crate) blocked: i64,
     #[diesel(sql_type = Text)]

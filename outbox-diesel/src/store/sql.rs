@@ -16,7 +16,7 @@ pub(crate) fn literals(statuses: &[EventStatus]) -> String {
 /// The columns of an outbox row, as [`EventRow`](super::row::EventRow) reads them.
 pub(crate) const COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, aggregate_version, \
     event_type, schema_version, payload::text AS payload, headers::text AS headers, occurred_at, \
-    status, attempts, next_attempt_at, last_error, published_at";
+    status, attempts, next_attempt_at, last_error, published_at, unroutable_since";
 
 #[derive(Debug)]
 pub(crate) struct Sql {
@@ -177,9 +177,11 @@ impl Sql {
             },
             mark_failed: format!(
                 "UPDATE {t} AS t SET status = u.status, attempts = u.attempts, \
-                 next_attempt_at = u.next_attempt_at, last_error = u.last_error \
-                 FROM UNNEST($1::int8[], $2::text[], $3::int4[], $4::timestamptz[], $5::text[]) \
-                   AS u(seq, status, attempts, next_attempt_at, last_error) \
+                 next_attempt_at = u.next_attempt_at, last_error = u.last_error, \
+                 unroutable_since = u.unroutable_since \
+                 FROM UNNEST($1::int8[], $2::text[], $3::int4[], $4::timestamptz[], $5::text[], \
+                   $6::timestamptz[]) \
+                   AS u(seq, status, attempts, next_attempt_at, last_error, unroutable_since) \
                  WHERE t.seq = u.seq AND t.status IN ({from})",
                 from = literals(Transition::Retry.from()),
             ),
@@ -249,6 +251,8 @@ impl Sql {
                       UNION ALL (SELECT min(occurred_at) FROM {t} WHERE status IN ({held})) \
                     ) AS oldest) AS oldest_age, \
                    (SELECT count(*) FROM {t} WHERE status IN ({dead})) AS dead, \
+                   (SELECT count(*) FROM {t} WHERE status IN ({retry}) \
+                      AND unroutable_since IS NOT NULL) AS unroutable, \
                    (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM {t} \
                       WHERE status IN ({heads})) AS b) AS blocked, \
                    (SELECT delivery_order FROM {settings}) AS delivery_order"
