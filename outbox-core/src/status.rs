@@ -12,8 +12,8 @@
 //!     Dead ──── skip (operator) ───► Skipped
 //!       └────── replay (operator) ─► Pending
 //!
-//!  Pending ── hold (an earlier event of its aggregate ──► Held
-//!     ▲        is Retry, Dead or Held; ordered mode)        │
+//!  Pending, ── hold (an earlier event of its aggregate ──► Held
+//!  Retry   ▲   is Retry, Dead or Held; ordered mode)        │
 //!     └──────────── release (that event is sent, ───────────┘
 //!                   replayed or skipped)
 //! ```
@@ -70,7 +70,8 @@ pub enum Transition {
     Replay,
     /// An operator gives up on a `Dead` event.
     Skip,
-    /// An earlier event of the aggregate blocks it (ordered mode).
+    /// An earlier event of the aggregate blocks it (ordered mode). A retry
+    /// keeps its attempts.
     Hold,
     /// The event that blocked it was sent, replayed or skipped.
     Release,
@@ -83,7 +84,7 @@ impl Transition {
         match self {
             Transition::Publish | Transition::Retry | Transition::Kill => &[Pending, Retry],
             Transition::Replay | Transition::Skip => &[Dead],
-            Transition::Hold => &[Pending],
+            Transition::Hold => &[Pending, Retry],
             Transition::Release => &[Held],
         }
     }
@@ -209,6 +210,7 @@ mod tests {
             (Dead, Transition::Replay, Pending),
             (Dead, Transition::Skip, Skipped),
             (Pending, Transition::Hold, Held),
+            (Retry, Transition::Hold, Held),
             (Held, Transition::Release, Pending),
         ];
         for from in EventStatus::ALL {

@@ -23,8 +23,8 @@
 //! In [`DeliveryOrder::PerAggregate`] mode a claim is **one statement**. It
 //! reads a window of the oldest claimable rows (`claim_window` × batch
 //! size): pending rows in `seq` order and retries that are due; flags each
-//! row blocked when an earlier event of its aggregate is dead, waits for a
-//! retry that is not due, or is held; locks the first `batch_size`
+//! row blocked when an earlier event of its aggregate is dead, a retry, or
+//! held; locks the first `batch_size`
 //! unblocked rows no other relay holds (`FOR UPDATE SKIP LOCKED`); marks
 //! the blocked ones `held`; and returns the window with the locked rows.
 //! The store keeps, per aggregate, the locked rows before its first row that
@@ -46,19 +46,20 @@
 //!   row only after locking (`FOR SHARE SKIP LOCKED`) a `retry` or `dead`
 //!   event before it, so that event cannot be sent, replayed or skipped
 //!   until the hold is committed.
-//! - **Released**, in the same transaction, when that event is sent,
-//!   replayed or skipped (a second statement, which sees the holds other
-//!   claims committed meanwhile), and by [`maintain`](OutboxStore::maintain),
-//!   which the relay runs with its stats: it releases held events of
-//!   aggregates where no `retry` or `dead` event precedes them (a relay of
-//!   an earlier version or a manual edit may leave those), at one index
-//!   probe per such aggregate. In unordered mode every held event is
-//!   released.
+//! - **Released** by a trigger of the table (migration 2), in the
+//!   transaction that removes the `retry` or `dead` event they waited
+//!   behind, whoever removes it: a send, a replay or a skip by this
+//!   library, a relay of an earlier version, an operator's `UPDATE` or
+//!   `DELETE`. Its `WHEN` clauses keep it off ordinary sends. As a repair,
+//!   [`maintain`](OutboxStore::maintain), which the relay runs with its
+//!   stats, releases held events of aggregates where no `retry` or `dead`
+//!   event precedes them, at one index probe per such aggregate; in
+//!   unordered mode every held event.
 //! - **Probed only where it can matter.** A held event always has a `retry`
 //!   or `dead` event before it, so the claim first hashes the aggregates that
 //!   have one (from the small `outbox_events_blocking` index: about one page
 //!   per 120 aggregates) and probes only the window rows of those. Above
-//!   50,000 such events (a hash that would no longer fit in `work_mem`) it
+//!   4,000 such events (where hashing them costs as much as probing) it
 //!   probes every window row instead (2–3 index pages each).
 //!
 //! Upgrading a starving outbox (rows left pending behind dead events by an
@@ -99,7 +100,7 @@ use uuid::Uuid;
 use crate::prepared::PreparedExt;
 use crate::schema::{KNOWN_VERSION, REQUIRED_VERSION, Schema};
 use crate::{Error, Result};
-use row::{AggregateRow, EventRow, ManyRow, OrderRow, StatsRow, VersionRow, WindowRow};
+use row::{EventRow, ManyRow, OrderRow, StatsRow, VersionRow, WindowRow};
 use sql::Sql;
 
 /// The relay's store on a diesel-async (deadpool) pool.
@@ -143,9 +144,11 @@ const BLOCKING_CACHE_TTL: Duration = Duration::from_secs(5);
 /// Above this many `retry` and `dead` events, an ordered claim probes every
 /// row of its window instead of first hashing the aggregates that have
 /// such events: a probe costs 2–3 index pages per row (about 1,000 for a
-/// window of 400), a hashed set about one page per 120 aggregates, and a
-/// hash of more than this many rows would no longer fit in `work_mem`.
-const MANY_BLOCKING: i64 = 50_000;
+/// window of 400), a hashed set about one page per 120 aggregates plus its
+/// hashing, which costs as much as the probes at about 2,000–5,000 rows
+/// (measured: 261 buffers at 5,000 dead rows, 443 at 20,000, 721 at 45,000,
+/// against 1,400–2,200 for the probing claim).
+const MANY_BLOCKING: i64 = 4_000;
 
 /// How long a claim trusts the delivery order it read last.
 const ORDER_CACHE_TTL: Duration = Duration::from_secs(1);
@@ -299,7 +302,14 @@ fn order_from_db(value: &str) -> DeliveryOrder {
 /// analyzed, against 0.01 ms) though its generic plan, index scans bounded by
 /// the window, is as good or better (execution 0.67 vs 1.1–1.3 ms for a
 /// 100-row claim). `SET LOCAL` ends with the transaction.
-const CLAIM_BEGIN: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
+/// `work_mem` is raised for the same reason: a generic plan built on
+/// statistics that count many more `retry`/`dead` rows than exist would
+/// otherwise not hash the ordered claim's set of blocked aggregates and
+/// rescan it for every window row (measured: 2.7 s per claim); the hash
+/// only ever holds the few thousand rows the store lets that claim run
+/// with.
+const CLAIM_BEGIN: &str =
+    "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL work_mem = '64MB'";
 
 impl PgOutboxStore {
     /// Starts configuring a store on `pool`.
@@ -598,51 +608,6 @@ impl PgOutboxStore {
         }
         Ok(claimed)
     }
-
-    /// Runs `release` (for `aggregates`, or every aggregate) in `conn`'s
-    /// open transaction.
-    async fn release(
-        sql: &Sql,
-        conn: &mut AsyncPgConnection,
-        aggregates: Option<Vec<AggregateRow>>,
-    ) -> Result<u64> {
-        let released = match aggregates {
-            Some(rows) if rows.is_empty() => 0,
-            Some(rows) => {
-                let (types, ids): (Vec<String>, Vec<String>) = rows
-                    .into_iter()
-                    .map(|r| (r.aggregate_type, r.aggregate_id))
-                    .unzip();
-                diesel::sql_query(&sql.release)
-                    .bind::<Array<Text>, _>(types)
-                    .bind::<Array<Text>, _>(ids)
-                    .prepared(sql.prepare)
-                    .execute(conn)
-                    .await?
-            }
-            None => diesel::sql_query(&sql.release_all).execute(conn).await?,
-        };
-        Ok(released as u64)
-    }
-
-    /// Runs an operator's change (`statement`, returning the aggregates it
-    /// touched) and the release of what it unblocked in one transaction, so
-    /// that no relay ever sees held events without the event that holds
-    /// them.
-    async fn change_and_release<'q, Q>(&self, statement: Q, all: bool) -> Result<u64>
-    where
-        Q: diesel_async::methods::LoadQuery<'q, AsyncPgConnection, AggregateRow> + Send + 'q,
-    {
-        let mut tx = PgTransaction::begin(&self.pool).await?;
-        let touched: Vec<AggregateRow> = statement.load(&mut *tx).await?;
-        let count = touched.len() as u64;
-        if count > 0 {
-            let scope = if all { None } else { Some(touched) };
-            PgOutboxStore::release(&self.sql, &mut tx, scope).await?;
-        }
-        tx.commit().await?;
-        Ok(count)
-    }
 }
 
 /// What a claim read: the rows it keeps, and its window (for holding the
@@ -747,41 +712,40 @@ impl OutboxStore for PgOutboxStore {
     }
 
     async fn replay_dead(&self, selector: DeadSelector) -> Result<u64> {
-        // Each replay releases, in its transaction, the events the replayed
-        // ones held back.
-        match selector {
+        // The table's trigger releases, in the same statement, the events
+        // the replayed ones held back.
+        let mut conn = self.conn().await?;
+        let replayed = match selector {
             DeadSelector::Id(id) => {
-                self.change_and_release(
-                    diesel::sql_query(&self.sql.replay_id).bind::<diesel::sql_types::Uuid, _>(id),
-                    false,
-                )
-                .await
+                diesel::sql_query(&self.sql.replay_id)
+                    .bind::<diesel::sql_types::Uuid, _>(id)
+                    .execute(&mut *conn)
+                    .await?
             }
             DeadSelector::Aggregate {
                 aggregate_type,
                 aggregate_id,
             } => {
-                self.change_and_release(
-                    diesel::sql_query(&self.sql.replay_aggregate)
-                        .bind::<Text, _>(aggregate_type)
-                        .bind::<Text, _>(aggregate_id),
-                    false,
-                )
-                .await
+                diesel::sql_query(&self.sql.replay_aggregate)
+                    .bind::<Text, _>(aggregate_type)
+                    .bind::<Text, _>(aggregate_id)
+                    .execute(&mut *conn)
+                    .await?
             }
             _ => {
-                self.change_and_release(diesel::sql_query(&self.sql.replay_all), true)
-                    .await
+                diesel::sql_query(&self.sql.replay_all)
+                    .execute(&mut *conn)
+                    .await?
             }
-        }
+        };
+        Ok(replayed as u64)
     }
 
     async fn skip_dead(&self, id: Uuid) -> Result<bool> {
-        let skipped = self
-            .change_and_release(
-                diesel::sql_query(&self.sql.skip).bind::<diesel::sql_types::Uuid, _>(id),
-                false,
-            )
+        let mut conn = self.conn().await?;
+        let skipped = diesel::sql_query(&self.sql.skip)
+            .bind::<diesel::sql_types::Uuid, _>(id)
+            .execute(&mut *conn)
             .await?;
         Ok(skipped == 1)
     }
@@ -878,30 +842,15 @@ impl Claim for PgClaim {
     }
 
     async fn mark_sent(&mut self, ids: &[Uuid]) -> Result<()> {
+        // Events held behind a sent retry are released by the table's
+        // trigger, in this transaction (see the module docs).
         let seqs = self.seqs(ids.iter().copied())?;
-        // Retries that were sent may have held events behind them: release
-        // those (a second statement, so that it sees what other claims held
-        // behind them until they committed).
-        let sent: std::collections::HashSet<Uuid> = ids.iter().copied().collect();
-        let retried: Vec<AggregateRow> = self
-            .records
-            .iter()
-            .filter(|r| r.status == EventStatus::Retry && sent.contains(&r.id()))
-            .map(|r| AggregateRow {
-                aggregate_type: r.envelope.aggregate_type.clone(),
-                aggregate_id: r.envelope.aggregate_id.clone(),
-            })
-            .collect();
         let sql = Arc::clone(&self.sql);
-        let conn = self.connection()?;
         diesel::sql_query(&sql.mark_sent)
             .bind::<Array<BigInt>, _>(seqs)
             .prepared(sql.prepare)
-            .execute(&mut *conn)
+            .execute(self.connection()?)
             .await?;
-        if !retried.is_empty() {
-            PgOutboxStore::release(&sql, conn, Some(retried)).await?;
-        }
         Ok(())
     }
 

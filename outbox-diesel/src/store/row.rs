@@ -127,15 +127,6 @@ pub(crate) struct VersionRow {
     pub(crate) version: i32,
 }
 
-/// An aggregate a replay or skip touched.
-#[derive(Debug, diesel::QueryableByName)]
-pub(crate) struct AggregateRow {
-    #[diesel(sql_type = Text)]
-    pub(crate) aggregate_type: String,
-    #[diesel(sql_type = Text)]
-    pub(crate) aggregate_id: String,
-}
-
 #[derive(Debug, diesel::QueryableByName)]
 pub(crate) struct OrderRow {
     #[diesel(sql_type = Text)]

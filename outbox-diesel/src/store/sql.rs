@@ -30,11 +30,6 @@ pub(crate) struct Sql {
     pub(crate) mark_failed: String,
     /// Holds the given rows (`$1`: seqs) that are still pending.
     pub(crate) hold: String,
-    /// Releases the held rows of the given aggregates (`$1` types, `$2` ids)
-    /// that no earlier `retry` or `dead` event holds back any more.
-    pub(crate) release: String,
-    /// Releases every held row that nothing holds back any more.
-    pub(crate) release_all: String,
     /// Releases every held row (unordered mode).
     pub(crate) release_unordered: String,
     /// Releases the held rows of aggregates where no `retry` or `dead`
@@ -68,15 +63,17 @@ impl Sql {
         let dead = literals(&[EventStatus::Dead]);
         let held = literals(&[EventStatus::Held]);
         let heads = literals(&[EventStatus::Retry, EventStatus::Dead]);
+        let holdable = literals(Transition::Hold.from());
         // Whether an earlier event of the window row's aggregate holds it
-        // back: a dead one, a retry not yet due, or a held one. Two probes,
-        // each on a partial index that is empty while nothing fails.
+        // back: a dead one, a retry (due or not: a due retry may be outside
+        // the window, whose retries are the first due, not the first by
+        // seq), or a held one. Two probes, each on a partial index that is
+        // empty while nothing fails.
         let probe = format!(
             "(EXISTS ( \
                 SELECT 1 FROM {t} b \
                 WHERE b.aggregate_type = w0.aggregate_type AND b.aggregate_id = w0.aggregate_id \
-                  AND b.seq < w0.seq AND b.status IN ({heads}) \
-                  AND (b.status IN ({dead}) OR b.next_attempt_at > now())) \
+                  AND b.seq < w0.seq AND b.status IN ({heads})) \
               OR EXISTS ( \
                 SELECT 1 FROM {t} h \
                 WHERE h.aggregate_type = w0.aggregate_type AND h.aggregate_id = w0.aggregate_id \
@@ -120,7 +117,7 @@ impl Sql {
                    WHERE t.seq IN ( \
                        SELECT p.seq FROM {t} p \
                        WHERE p.seq = ANY (ARRAY(SELECT seq FROM w WHERE blocked)) \
-                         AND p.status IN ({pending}) \
+                         AND p.status IN ({holdable}) \
                        FOR UPDATE SKIP LOCKED) \
                      AND EXISTS ( \
                        SELECT 1 FROM {t} x \
@@ -192,18 +189,6 @@ impl Sql {
                 to = Transition::Hold.to().as_str(),
                 from = literals(Transition::Hold.from()),
             ),
-            release: format!(
-                "UPDATE {t} AS t SET status = '{to}' \
-                 FROM (SELECT DISTINCT a.aggregate_type, a.aggregate_id \
-                       FROM UNNEST($1::text[], $2::text[]) AS a(aggregate_type, aggregate_id)) a \
-                 WHERE t.aggregate_type = a.aggregate_type AND t.aggregate_id = a.aggregate_id \
-                   AND {release_where}",
-                to = Transition::Release.to().as_str(),
-            ),
-            release_all: format!(
-                "UPDATE {t} AS t SET status = '{to}' WHERE {release_where}",
-                to = Transition::Release.to().as_str(),
-            ),
             release_orphans: format!(
                 "WITH RECURSIVE a AS ( \
                    (SELECT aggregate_type, aggregate_id, seq FROM {t} WHERE status IN ({held}) \
@@ -263,14 +248,14 @@ impl Sql {
                      AND coalesce(published_at, occurred_at) < $1 ORDER BY seq LIMIT $2)",
                 done = literals(&[EventStatus::Sent, EventStatus::Skipped]),
             ),
-            replay_id: format!("{} AND id = $1 {RETURNING}", replay(&t)),
+            replay_id: format!("{} AND id = $1", replay(&t)),
             replay_aggregate: format!(
-                "{} AND aggregate_type = $1 AND aggregate_id = $2 {RETURNING}",
+                "{} AND aggregate_type = $1 AND aggregate_id = $2",
                 replay(&t)
             ),
-            replay_all: format!("{} {RETURNING}", replay(&t)),
+            replay_all: replay(&t),
             skip: format!(
-                "UPDATE {t} SET status = '{to}' WHERE id = $1 AND status IN ({from}) {RETURNING}",
+                "UPDATE {t} SET status = '{to}' WHERE id = $1 AND status IN ({from})",
                 to = Transition::Skip.to().as_str(),
                 from = literals(Transition::Skip.from()),
             ),
@@ -284,10 +269,6 @@ impl Sql {
         }
     }
 }
-
-/// What replay and skip return: the aggregates whose held events they may
-/// release.
-const RETURNING: &str = "RETURNING aggregate_type, aggregate_id";
 
 fn replay(t: &str) -> String {
     format!(

@@ -132,6 +132,12 @@ impl TestDb {
             .n
     }
 
+    /// As [`TestDb::execute`], returning the database's refusal.
+    pub fn try_execute(&self, sql: &str) -> Result<usize, diesel::result::Error> {
+        let sql = sql.replace("{schema}", &format!("\"{}\"", self.schema));
+        diesel::sql_query(sql).execute(&mut self.sync_conn())
+    }
+
     pub fn execute(&self, sql: &str) {
         let sql = sql.replace("{schema}", &format!("\"{}\"", self.schema));
         diesel::sql_query(sql)
