@@ -867,13 +867,18 @@ async fn wildcard_characters_in_aggregate_ids_match_only_themselves() {
         )
         .await;
 
-    // Unroutable (the queue binds `order.#`): one attempt, then dead.
+    // Unroutable (the queue binds `order.#`), spending attempts: one, then
+    // dead.
     let publisher = env
         .publisher()
         .routing_key(|_| "nowhere".into())
         .build()
         .unwrap();
-    let (handle, task) = env.start(publisher, RetryPolicy::default().max_attempts(1));
+    let (handle, task) = env.start_with(
+        publisher,
+        RetryPolicy::default().max_attempts(1),
+        outbox::UnroutablePolicy::SpendAttempts,
+    );
     env.wait_count(
         "every first event dead",
         "SELECT count(*) AS n FROM {schema}.outbox_events WHERE status = 'dead'",
