@@ -10,25 +10,10 @@ mod common;
 use std::collections::HashSet;
 
 use chrono::Utc;
-use common::{TestDb, moved};
-use diesel_async::AsyncConnection as _;
+use common::{TestDb, record};
 use outbox_core::{Claim, DeadSelector, FailedAttempt, NextStep, OutboxStore};
 use outbox_diesel::{Error, PgOutboxStore};
 use uuid::Uuid;
-
-async fn record(db: &TestDb, events: &[(String, u32)]) -> Vec<Uuid> {
-    let mut conn = db.conn().await;
-    let mut ids = Vec::new();
-    for chunk in events.chunks(500) {
-        let batch: Vec<_> = chunk.iter().map(|(a, n)| moved(a, *n)).collect();
-        let chunk_ids = conn
-            .transaction::<_, Error, _>(async |conn| db.outbox.record_all(conn, &batch).await)
-            .await
-            .unwrap();
-        ids.extend(chunk_ids);
-    }
-    ids
-}
 
 /// `heads` aggregates `blocked-<i>`, each with a head of `head_status` and
 /// `behind` pending events after it, inserted as another writer (or an

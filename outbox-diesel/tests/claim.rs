@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use common::{TestDb, moved};
+use common::{TestDb, moved, record};
 use diesel_async::AsyncConnection as _;
 use outbox_core::testing::RecordingPublisher;
 use outbox_core::{
@@ -18,21 +18,6 @@ use outbox_core::{
 };
 use outbox_diesel::{Error, PgOutboxStore};
 use uuid::Uuid;
-
-/// Records `events` (aggregate, n) in one committed transaction per 500.
-async fn record(db: &TestDb, events: &[(String, u32)]) -> Vec<Uuid> {
-    let mut conn = db.conn().await;
-    let mut ids = Vec::new();
-    for chunk in events.chunks(500) {
-        let batch: Vec<_> = chunk.iter().map(|(a, n)| moved(a, *n)).collect();
-        let chunk_ids = conn
-            .transaction::<_, Error, _>(async |conn| db.outbox.record_all(conn, &batch).await)
-            .await
-            .unwrap();
-        ids.extend(chunk_ids);
-    }
-    ids
-}
 
 fn interleaved(aggregates: usize, per_aggregate: usize) -> Vec<(String, u32)> {
     (0..per_aggregate)

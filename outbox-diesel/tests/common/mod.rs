@@ -193,3 +193,22 @@ pub fn moved(aggregate: &str, n: u32) -> Moved {
         n,
     }
 }
+
+/// Records `events` (aggregate, n) as [`moved`] events, one committed
+/// transaction per 500; returns their ids in order.
+pub async fn record(db: &TestDb, events: &[(String, u32)]) -> Vec<uuid::Uuid> {
+    use diesel_async::AsyncConnection as _;
+    let mut conn = db.conn().await;
+    let mut ids = Vec::new();
+    for chunk in events.chunks(500) {
+        let batch: Vec<_> = chunk.iter().map(|(a, n)| moved(a, *n)).collect();
+        let chunk_ids = conn
+            .transaction::<_, outbox_diesel::Error, _>(async |conn| {
+                db.outbox.record_all(conn, &batch).await
+            })
+            .await
+            .unwrap();
+        ids.extend(chunk_ids);
+    }
+    ids
+}
