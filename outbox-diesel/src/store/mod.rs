@@ -579,10 +579,14 @@ impl PgOutboxStore {
         // A row another writer stored unreadable ends dead with the reason;
         // in ordered mode it also ends its aggregate's run (it is the
         // aggregate's head now), and the rest flow.
-        let mut cut: std::collections::HashSet<(String, String)> = Default::default();
+        // Aggregates cut by a malformed row: almost always none, so the
+        // common path allocates nothing for it.
+        let mut cut: Vec<(String, String)> = Vec::new();
         for row in rows {
-            let aggregate = row.aggregate();
-            if cut.contains(&aggregate) {
+            if cut
+                .iter()
+                .any(|(t, i)| row.aggregate_type() == t && row.aggregate_id() == i)
+            {
                 continue;
             }
             match row.into_record() {
@@ -597,10 +601,11 @@ impl PgOutboxStore {
                         .prepared(self.sql.prepare)
                         .execute(&mut *conn)
                         .await?;
-                    if order != DeliveryOrder::Unordered {
-                        let followers = followers(&claimed.window, seq, &aggregate);
+                    // Ordered: its aggregate, from the window, is cut.
+                    if let Some(slot) = claimed.window.iter().find(|slot| slot.seq == seq) {
+                        let followers = followers(&claimed.window, seq, &slot.aggregate);
                         hold(&self.sql, conn, followers).await?;
-                        cut.insert(aggregate);
+                        cut.push(slot.aggregate.clone());
                     }
                 }
                 Err(other) => return Err(other),

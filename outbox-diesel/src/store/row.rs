@@ -45,9 +45,14 @@ pub(crate) struct EventRow {
 }
 
 impl EventRow {
-    /// Its aggregate type and id.
-    pub(crate) fn aggregate(&self) -> (String, String) {
-        (self.aggregate_type.clone(), self.aggregate_id.clone())
+    /// Its aggregate type.
+    pub(crate) fn aggregate_type(&self) -> &str {
+        &self.aggregate_type
+    }
+
+    /// Its aggregate id.
+    pub(crate) fn aggregate_id(&self) -> &str {
+        &self.aggregate_id
     }
 
     pub(crate) fn into_record(self) -> Result<OutboxRecord> {
