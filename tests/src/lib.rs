@@ -49,5 +49,8 @@ mod traffic;
 pub use pki::TestPki;
 pub use relay_process::RelayProcess;
 pub use scenario::{Committed, Scenario, Servers, Summary, connect_amqp, connect_db};
-pub use servers::{PrivatePostgres, PrivateRabbit};
-pub use traffic::{Delivery, HandlerFaults, Inbox, Produced, ProducerConfig, Producers, Tap, Tick};
+pub use servers::{Frozen, PrivatePostgres, PrivateRabbit};
+pub use traffic::{
+    Delivery, HandlerFaults, Inbox, Late, Produced, ProducerConfig, Producers, Tap, Tick,
+    commit_burst,
+};

@@ -67,6 +67,10 @@ pub struct Scenario {
     pub tap_queue: String,
     /// Queue bound with `#`, read by the inbox consumer.
     pub inbox_queue: String,
+    /// Routing keys both queues are bound with at the start.
+    bindings: Vec<String>,
+    /// Hand-written rows that must end `dead` (not counted as unsent).
+    expected_dead: Mutex<HashSet<Uuid>>,
     pool: Pool<AsyncPgConnection>,
     faults: Mutex<Vec<(Instant, String)>>,
     started: Instant,
@@ -116,9 +120,16 @@ struct EffectCount {
 
 impl Scenario {
     /// Creates the schema (outbox migrations plus `orders` and `effects`),
-    /// the exchange and both queues. Panics, saying how to start them, when
-    /// the servers are not reachable.
+    /// the exchange and both queues, bound with `#`. Panics, saying how to
+    /// start them, when the servers are not reachable.
     pub async fn new(test: &str, servers: Servers) -> Scenario {
+        Scenario::with_bindings(test, servers, &["#"]).await
+    }
+
+    /// [`Scenario::new`] with both queues bound with `bindings` only: a
+    /// routing key none of them matches is unroutable until
+    /// [`bind`](Self::bind) adds it.
+    pub async fn with_bindings(test: &str, servers: Servers, bindings: &[&str]) -> Scenario {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("fault_{test}_{}_{n}", std::process::id());
         let schema = name.clone();
@@ -142,7 +153,9 @@ impl Scenario {
             exchange: format!("{name}.x"),
             tap_queue: format!("{name}.tap"),
             inbox_queue: format!("{name}.inbox"),
-            pool: outbox::postgres::pool(&servers.database_url, 4)
+            bindings: bindings.iter().map(|b| (*b).to_owned()).collect(),
+            expected_dead: Mutex::default(),
+            pool: outbox::postgres::pool(&servers.database_url, 8)
                 .unwrap_or_else(|e| panic!("pool: {e}")),
             name,
             servers,
@@ -183,16 +196,9 @@ impl Scenario {
             )
             .await
             .unwrap_or_else(|e| panic!("tap queue: {e}"));
-        channel
-            .queue_bind(
-                self.tap_queue.as_str().into(),
-                self.exchange.as_str().into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("tap binding: {e}"));
+        for binding in &self.bindings {
+            bind(&channel, &self.tap_queue, &self.exchange, binding).await;
+        }
         self.inbox_topology()
             .declare(&channel)
             .await
@@ -200,12 +206,36 @@ impl Scenario {
         let _ = amqp.close(200, "setup done".into()).await;
     }
 
-    /// The inbox consumer's queue: bound to the exchange with `#`, with
-    /// its dead-letter exchange and queue (`<queue>.dlx`, `<queue>.dead`).
+    /// Binds the tap's and the inbox consumer's queues with `routing_key`
+    /// too (a missing binding appears).
+    pub async fn bind(&self, routing_key: &str) {
+        let amqp = connect_amqp(&self.servers.amqp_url, &format!("{}.setup", self.name)).await;
+        let channel = amqp
+            .create_channel()
+            .await
+            .unwrap_or_else(|e| panic!("channel: {e}"));
+        for queue in [&self.tap_queue, &self.inbox_queue] {
+            bind(&channel, queue, &self.exchange, routing_key).await;
+        }
+        let _ = amqp.close(200, "binding done".into()).await;
+    }
+
+    /// The inbox consumer's queue: bound to the exchange with the
+    /// scenario's bindings, with its dead-letter exchange and queue
+    /// (`<queue>.dlx`, `<queue>.dead`).
     pub fn inbox_topology(&self) -> QueueTopology {
-        QueueTopology::new(&self.inbox_queue)
-            .exchange(&self.exchange)
-            .bind("#")
+        self.bindings.iter().fold(
+            QueueTopology::new(&self.inbox_queue).exchange(&self.exchange),
+            |topology, binding| topology.bind(binding),
+        )
+    }
+
+    /// Notes a row written by hand that must end `dead`: [`verify`](Self::verify)
+    /// does not wait for it to be sent.
+    pub fn expect_dead(&self, id: Uuid) {
+        if let Ok(mut dead) = self.expected_dead.lock() {
+            dead.insert(id);
+        }
     }
 
     /// A pool on the scenario's database.
@@ -249,7 +279,21 @@ impl Scenario {
             .unwrap_or(self.started)
     }
 
-    async fn query<T: QueryableByName<diesel::pg::Pg> + Send + 'static>(
+    /// Runs `sql` on the scenario's database; panics with the error.
+    pub async fn execute(&self, sql: &str) -> usize {
+        let mut conn = self
+            .pool
+            .get()
+            .await
+            .unwrap_or_else(|e| panic!("{}: no connection: {e}", self.name));
+        diesel::sql_query(sql)
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {sql}: {e}", self.name))
+    }
+
+    /// Loads the rows of `sql` from the scenario's database.
+    pub async fn query<T: QueryableByName<diesel::pg::Pg> + Send + 'static>(
         &self,
         sql: String,
     ) -> Result<Vec<T>, String> {
@@ -260,7 +304,8 @@ impl Scenario {
             .map_err(|e| e.to_string())
     }
 
-    async fn count(&self, sql: String) -> Result<i64, String> {
+    /// The `n` column of the first row of `sql` (a `count(*) AS n`).
+    pub async fn count(&self, sql: String) -> Result<i64, String> {
         Ok(self
             .query::<Count>(sql)
             .await?
@@ -270,10 +315,23 @@ impl Scenario {
             .unwrap_or(0))
     }
 
-    /// Outbox rows not yet sent (pending, retrying or dead).
+    /// Outbox rows not yet sent (pending, retrying, held or dead), but for
+    /// those [expected dead](Self::expect_dead) and those an operator
+    /// skipped.
     pub async fn unsent(&self) -> Result<i64, String> {
+        let expected: Vec<String> = self
+            .expected_dead
+            .lock()
+            .map(|dead| dead.iter().map(|id| format!("'{id}'")).collect())
+            .unwrap_or_default();
+        let except = if expected.is_empty() {
+            String::new()
+        } else {
+            format!(" AND id NOT IN ({})", expected.join(","))
+        };
         self.count(format!(
-            "SELECT count(*) AS n FROM \"{}\".outbox_events WHERE status <> 'sent'",
+            "SELECT count(*) AS n FROM \"{}\".outbox_events \
+             WHERE status NOT IN ('sent', 'skipped'){except}",
             self.schema
         ))
         .await
@@ -319,6 +377,7 @@ impl Scenario {
         limit: Duration,
     ) -> Summary {
         let deadline = Instant::now() + limit;
+        let mut last_report = Instant::now();
         let committed = loop {
             let state = async {
                 let committed = self.committed().await?;
@@ -349,6 +408,10 @@ impl Scenario {
                 }
                 Err(e) => format!("database not answering: {e}"),
             };
+            if last_report.elapsed() >= Duration::from_secs(5) {
+                last_report = Instant::now();
+                tracing::info!(scenario = %self.name, "draining: {pending}");
+            }
             assert!(
                 Instant::now() < deadline,
                 "{}: not drained within {limit:?} of verifying ({:.1} s after the last fault): \
@@ -508,6 +571,20 @@ impl std::fmt::Display for Summary {
             self.drain_after_last_fault.as_secs_f64()
         )
     }
+}
+
+/// Binds `queue` to `exchange` with `routing_key`.
+async fn bind(channel: &lapin::Channel, queue: &str, exchange: &str, routing_key: &str) {
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            routing_key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("binding {queue} to {exchange} with {routing_key}: {e}"));
 }
 
 /// A direct connection, or a panic saying how to start PostgreSQL.

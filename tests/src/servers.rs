@@ -440,6 +440,45 @@ impl PrivateRabbit {
     }
 }
 
+/// A [`PrivateRabbit`] node stopped with SIGSTOP (its sockets stay open,
+/// nothing answers, not even heartbeats: a hung VM or a long GC pause);
+/// continued when dropped, also when the test fails.
+#[derive(Debug)]
+pub struct Frozen {
+    pid: String,
+}
+
+impl PrivateRabbit {
+    /// Freezes the node until the returned guard is dropped.
+    pub fn freeze(&self) -> Frozen {
+        let pid = self
+            .ctl(&["eval", "os:getpid()."])
+            .trim()
+            .trim_matches('"')
+            .to_owned();
+        assert!(
+            pid.chars().all(|c| c.is_ascii_digit()) && !pid.is_empty(),
+            "the node's OS pid: {pid:?}"
+        );
+        signal(&pid, "-STOP");
+        Frozen { pid }
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal(&self.pid, "-CONT");
+    }
+}
+
+fn signal(pid: &str, which: &str) {
+    let status = Command::new("kill").args([which, pid]).status();
+    assert!(
+        status.is_ok_and(|s| s.success()),
+        "kill {which} {pid} failed"
+    );
+}
+
 /// Force-closes the connections of the shared broker whose client-provided
 /// name starts with `prefix`; returns how many.
 pub fn close_shared_connections(prefix: &str) -> usize {

@@ -35,6 +35,27 @@ pub struct Tick {
     pub seq: i32,
 }
 
+/// The same event under an event type the scenario may leave unbound
+/// (`fault.late`): its payload reads as a [`Tick`].
+#[derive(Debug, Serialize, Deserialize, DomainEvent)]
+#[domain_event(aggregate = "fault", event_type = "fault.late")]
+pub struct Late {
+    /// Aggregate id.
+    #[aggregate_id]
+    pub aggregate: String,
+    /// As [`Tick::seq`].
+    pub seq: i32,
+}
+
+impl From<&Tick> for Late {
+    fn from(tick: &Tick) -> Late {
+        Late {
+            aggregate: tick.aggregate.clone(),
+            seq: tick.seq,
+        }
+    }
+}
+
 /// How the producers run.
 #[derive(Debug, Clone)]
 pub struct ProducerConfig {
@@ -47,6 +68,10 @@ pub struct ProducerConfig {
     /// Every `rollback_every`-th transaction records its events and rolls
     /// back on purpose (0: never).
     pub rollback_every: usize,
+    /// The first `late_producers` producers record the events of every
+    /// third transaction on their first two aggregates as [`Late`] (event
+    /// type `fault.late`) instead of [`Tick`]s.
+    pub late_producers: usize,
 }
 
 impl Default for ProducerConfig {
@@ -56,6 +81,7 @@ impl Default for ProducerConfig {
             aggregates: 10,
             interval: Duration::from_millis(10),
             rollback_every: 7,
+            late_producers: 0,
         }
     }
 }
@@ -168,9 +194,15 @@ async fn produce(
         // commit order even when a COMMIT's outcome is unknown.
         seqs[a] += events.len() as i32;
         let roll_back = config.rollback_every > 0 && round.is_multiple_of(config.rollback_every);
+        let late = producer < config.late_producers && a < 2 && round.is_multiple_of(3);
         let result = c
             .transaction::<_, TxError, _>(async |tx| {
-                let ids = outbox.record_all(tx, &events).await?;
+                let ids = if late {
+                    let events: Vec<Late> = events.iter().map(Late::from).collect();
+                    outbox.record_all(tx, &events).await?
+                } else {
+                    outbox.record_all(tx, &events).await?
+                };
                 for (id, event) in ids.iter().zip(&events) {
                     diesel::sql_query(&insert)
                         .bind::<diesel::sql_types::Uuid, _>(id)
@@ -197,6 +229,52 @@ async fn produce(
         tokio::time::sleep(config.interval).await;
     }
     produced
+}
+
+/// Commits `count` [`Tick`]s of `aggregate` (with their `orders` rows) in
+/// one transaction, numbered from `first_seq`; returns their ids.
+pub async fn commit_burst(
+    scenario: &Scenario,
+    aggregate: &str,
+    first_seq: i32,
+    count: usize,
+) -> Vec<Uuid> {
+    let schema = &scenario.schema;
+    let outbox = Outbox::new(schema).unwrap_or_else(|e| panic!("outbox: {e}"));
+    let events: Vec<Tick> = (0..count)
+        .map(|i| Tick {
+            aggregate: aggregate.to_owned(),
+            seq: first_seq + i32::try_from(i).unwrap_or(i32::MAX),
+        })
+        .collect();
+    let insert = format!(
+        "INSERT INTO \"{schema}\".orders (event_id, aggregate, seq) \
+         SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[])"
+    );
+    let mut conn = scenario
+        .pool()
+        .get()
+        .await
+        .unwrap_or_else(|e| panic!("no connection: {e}"));
+    conn.transaction::<_, TxError, _>(async |tx| {
+        let ids = outbox.record_all(tx, &events).await?;
+        diesel::sql_query(&insert)
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Uuid>, _>(&ids)
+            .bind::<diesel::sql_types::Array<Text>, _>(
+                events
+                    .iter()
+                    .map(|e| e.aggregate.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind::<diesel::sql_types::Array<Integer>, _>(
+                events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            )
+            .execute(tx)
+            .await?;
+        Ok(ids)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("committing {count} events of {aggregate}: {e:?}"))
 }
 
 /// One message received by the [`Tap`].
@@ -403,6 +481,17 @@ impl Inbox {
     /// Retries wait 200 ms; a message is dead-lettered after 5 failed
     /// attempts (the library's default). A database outage spends none.
     pub fn start(scenario: &Scenario, prefetch: u16, faults: HandlerFaults) -> Inbox {
+        Inbox::start_concurrent(scenario, prefetch, 1, faults)
+    }
+
+    /// [`Inbox::start`] handling `concurrency` deliveries at once (of
+    /// different aggregates; the scenario's pool has 8 connections).
+    pub fn start_concurrent(
+        scenario: &Scenario,
+        prefetch: u16,
+        concurrency: usize,
+        faults: HandlerFaults,
+    ) -> Inbox {
         let name = format!("{}.inbox", scenario.name);
         let inbox = PgInbox::new(&scenario.schema).unwrap_or_else(|e| panic!("inbox: {e}"));
         let handler = WriteEffect {
@@ -423,6 +512,7 @@ impl Inbox {
         )
         .declare(scenario.inbox_topology())
         .prefetch(prefetch)
+        .concurrency(concurrency)
         .max_attempts(5)
         .retry_delay(Duration::from_millis(200))
         .reconnect_backoff(Duration::from_millis(100), Duration::from_secs(1))

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use outbox_tests::{
     HandlerFaults, Inbox, PrivatePostgres, PrivateRabbit, ProducerConfig, Producers, RelayProcess,
-    Scenario, Servers, Tap, connect_amqp, connect_db,
+    Scenario, Servers, Summary, Tap, commit_burst, connect_amqp, connect_db,
 };
+use uuid::Uuid;
 
 /// The relay binary of this package.
 const RELAY: &str = env!("CARGO_BIN_EXE_outbox-fault-relay");
@@ -66,8 +67,9 @@ impl Rng {
 fn logs() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,lapin::returned_messages=error")
+            }),
         )
         .with_test_writer()
         .try_init();
@@ -119,25 +121,39 @@ async fn a_relay_killed_at_each_failpoint_loses_nothing_and_keeps_order() {
     finish(vec![last], inbox, tap).await;
 }
 
+/// The `random kills` scenario, run once per test process: its test and
+/// the `poison` scenario (whose drain it is the yardstick of) share it.
+static RANDOM_KILLS: tokio::sync::OnceCell<Summary> = tokio::sync::OnceCell::const_new();
+
+async fn random_kills() -> Summary {
+    RANDOM_KILLS
+        .get_or_init(|| async {
+            let mut rng = Rng::new("random_kills");
+            let scenario = Scenario::new("random_kills", Servers::shared()).await;
+            let tap = Tap::start(&scenario);
+            let inbox = Inbox::start(&scenario, 50, HandlerFaults::default());
+            let producers = Producers::start(&scenario, ProducerConfig::default());
+            let mut current = relay(&scenario, "relay-0").await;
+            for kill in 1..=8 {
+                tokio::time::sleep(rng.millis(100, 1200)).await;
+                current.kill().await;
+                scenario.fault("relay SIGKILL");
+                current = relay(&scenario, &format!("relay-{kill}")).await;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let produced = producers.stop().await;
+            let summary = scenario.verify(&tap, &produced, DRAIN).await;
+            finish(vec![current], inbox, tap).await;
+            summary
+        })
+        .await
+        .clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_relay_sigkilled_at_random_moments_loses_nothing_and_keeps_order() {
-    let mut rng = Rng::new("random_kills");
-    let scenario = Scenario::new("random_kills", Servers::shared()).await;
-    let tap = Tap::start(&scenario);
-    let inbox = Inbox::start(&scenario, 50, HandlerFaults::default());
-    let producers = Producers::start(&scenario, ProducerConfig::default());
-    let mut current = relay(&scenario, "relay-0").await;
-    for kill in 1..=8 {
-        tokio::time::sleep(rng.millis(100, 1200)).await;
-        current.kill().await;
-        scenario.fault("relay SIGKILL");
-        current = relay(&scenario, &format!("relay-{kill}")).await;
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let produced = producers.stop().await;
-    let summary = scenario.verify(&tap, &produced, DRAIN).await;
+    let summary = random_kills().await;
     assert!(summary.duplicates <= 8 * 2 * 50, "{summary}");
-    finish(vec![current], inbox, tap).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -283,7 +299,16 @@ async fn database_sessions_killed_and_the_database_restarted_lose_nothing() {
     let relay_sessions = format!("{}.relay", scenario.name);
     for round in 0..2 {
         tokio::time::sleep(Duration::from_millis(700)).await;
-        let killed = terminate_backends(&pg.url(), &relay_sessions).await;
+        // After the first round the relay reconnects once its pause after
+        // the failure is over: wait for its sessions to be back.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let killed = loop {
+            let killed = terminate_backends(&pg.url(), &relay_sessions).await;
+            if killed >= 1 || Instant::now() > deadline {
+                break killed;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         assert!(killed >= 1, "the relay's sessions were found: {killed}");
         scenario.fault(format!(
             "pg_terminate_backend of {killed} relay sessions #{round}"
@@ -383,4 +408,254 @@ async fn a_slow_failing_consumer_with_lost_connections_applies_each_event_once()
         "transient failures are retried, never dead-lettered"
     );
     finish(vec![relay], inbox, tap).await;
+}
+
+/// Waits (up to `limit`) until `probe` holds; panics naming `what`.
+async fn eventually(what: &str, limit: Duration, mut probe: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !probe().await {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[derive(diesel::QueryableByName, Debug)]
+struct DeadRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    status: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    last_error: Option<String>,
+}
+
+/// Poison and misconfiguration, with producers committing all along and
+/// two relays running: one event type unroutable for 30 s until its
+/// binding appears, a malformed row, a row whose headers exceed the
+/// broker's limits at the head of an aggregate with 2,000 events behind it
+/// (skipped by the operator once it is dead), and the broker frozen for
+/// 20 s. Healthy aggregates flow throughout, nothing spends an attempt but
+/// the poison, and the drain after the last fault stays within twice the
+/// `random kills` scenario's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn poison_misconfiguration_and_a_frozen_broker_stop_no_healthy_aggregate() {
+    logs();
+    let rabbit = std::sync::Arc::new(
+        tokio::task::spawn_blocking(PrivateRabbit::start)
+            .await
+            .unwrap(),
+    );
+    let servers = Servers {
+        database_url: outbox_tests::servers::database_url(),
+        amqp_url: rabbit.url(),
+    };
+    // `fault.late` (producer 0's every third transaction) is unbound.
+    let scenario = Scenario::with_bindings("poison", servers, &["fault.tick"]).await;
+    let table = format!("\"{}\".outbox_events", scenario.schema);
+    let tap = Tap::start(&scenario);
+    let inbox = Inbox::start_concurrent(&scenario, 50, 4, HandlerFaults::default());
+    let producers = Producers::start(
+        &scenario,
+        // Two producers, 50 ms apart: about 60 events/s, which leaves the
+        // inbox consumer (a debug build, on two cores shared with
+        // everything else) the headroom to catch up after the freeze.
+        ProducerConfig {
+            producers: 2,
+            late_producers: 1,
+            interval: Duration::from_millis(50),
+            ..ProducerConfig::default()
+        },
+    );
+    let unbound_since = Instant::now();
+    let relays = vec![
+        relay(&scenario, "relay-0").await,
+        relay(&scenario, "relay-1").await,
+    ];
+    let healthy = |tap: &Tap| {
+        tap.deliveries()
+            .iter()
+            .filter(|d| !d.aggregate.starts_with("p0-") && d.aggregate != "doomed")
+            .count()
+    };
+    let status_of = async |id: Uuid| {
+        scenario
+            .query::<DeadRow>(format!(
+                "SELECT status, last_error FROM {table} WHERE id = '{id}'"
+            ))
+            .await
+            .unwrap()
+            .pop()
+            .unwrap()
+    };
+    let count = async |filter: &str| {
+        scenario
+            .count(format!("SELECT count(*) AS n FROM {table} WHERE {filter}"))
+            .await
+            .unwrap()
+    };
+
+    // Poison written by hand: a row whose headers are JSON null, and an
+    // aggregate whose head carries 300 headers of 500 bytes (over the
+    // header limit and RabbitMQ's 128 KiB frame), with 2,000 committed
+    // events behind it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let malformed = Uuid::now_v7();
+    let oversized = Uuid::now_v7();
+    scenario
+        .execute(&format!(
+            "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, schema_version, \
+               payload, headers, occurred_at) \
+             VALUES ('{malformed}', 'fault', 'malformed', 'fault.tick', 1, '{{}}', 'null', now()), \
+               ('{oversized}', 'fault', 'doomed', 'fault.tick', 1, '{{}}', \
+                (SELECT jsonb_object_agg('h' || i, repeat('x', 500)) \
+                 FROM generate_series(1, 300) i), now())"
+        ))
+        .await;
+    scenario.expect_dead(malformed);
+    scenario.expect_dead(oversized);
+    let behind = commit_burst(&scenario, "doomed", 0, 2000).await;
+    scenario.fault("a malformed row; an oversized head with 2,000 events behind it");
+    eventually(
+        "both poison rows dead",
+        Duration::from_secs(30),
+        async || {
+            status_of(malformed).await.status == "dead"
+                && status_of(oversized).await.status == "dead"
+        },
+    )
+    .await;
+    eventually(
+        "the 2,000 events behind the dead head held",
+        Duration::from_secs(30),
+        async || count("aggregate_id = 'doomed' AND status = 'held'").await == 2000,
+    )
+    .await;
+    let before = healthy(&tap);
+    eventually(
+        "healthy aggregates flow behind the poison",
+        Duration::from_secs(10),
+        async || healthy(&tap) > before + 50,
+    )
+    .await;
+    // The operator skips the dead head: the 2,000 behind it flow.
+    let skipped = scenario
+        .execute(&format!(
+            "UPDATE {table} SET status = 'skipped' WHERE id = '{oversized}' AND status = 'dead'"
+        ))
+        .await;
+    assert_eq!(skipped, 1, "the operator skipped the dead head");
+    scenario.fault("the operator skips the dead head");
+    let released_at = (Instant::now(), healthy(&tap));
+    eventually(
+        "the 2,000 events behind the skipped head delivered",
+        Duration::from_secs(60),
+        async || {
+            let delivered = tap.unique_ids();
+            behind.iter().all(|id| delivered.contains(id))
+        },
+    )
+    .await;
+    println!(
+        "poison: the 2,000 released events took {:.1} s; {} healthy events delivered meanwhile",
+        released_at.0.elapsed().as_secs_f64(),
+        healthy(&tap) - released_at.1
+    );
+
+    // The broker frozen for 20 s (sockets open, nothing answers).
+    let frozen = {
+        let rabbit = std::sync::Arc::clone(&rabbit);
+        tokio::task::spawn_blocking(move || rabbit.freeze())
+            .await
+            .unwrap()
+    };
+    scenario.fault("broker frozen (SIGSTOP)");
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    drop(frozen);
+    scenario.fault("broker thawed (SIGCONT)");
+    let thawed = Instant::now();
+    let before = healthy(&tap);
+    eventually(
+        "healthy aggregates flow after the thaw",
+        Duration::from_secs(30),
+        async || healthy(&tap) > before + 50,
+    )
+    .await;
+
+    // The backlog of the freeze drains, to the relays and through the inbox
+    // consumer (but for the aggregates held behind unroutable events),
+    // before the binding appears.
+    let unapplied = format!(
+        "SELECT count(*) AS n FROM \"{schema}\".orders o WHERE aggregate NOT LIKE 'p0-%' \
+         AND NOT EXISTS (SELECT 1 FROM \"{schema}\".effects e WHERE e.event_id = o.event_id)",
+        schema = scenario.schema
+    );
+    eventually(
+        "the backlog of the freeze drained",
+        Duration::from_secs(240),
+        async || {
+            count("status = 'pending' AND aggregate_id NOT LIKE 'p0-%'").await < 100
+                && scenario.count(unapplied.clone()).await.unwrap() < 100
+        },
+    )
+    .await;
+    println!(
+        "poison: the freeze's backlog drained {:.1} s after the thaw",
+        thawed.elapsed().as_secs_f64()
+    );
+
+    // The unbound event type is held, spending nothing, until its binding
+    // appears (at least 30 s after the first one was recorded).
+    let held_unroutable =
+        count("event_type = 'fault.late' AND status = 'retry' AND unroutable_since IS NOT NULL")
+            .await;
+    assert!(
+        held_unroutable > 0,
+        "fault.late events are held as unroutable"
+    );
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(unbound_since.elapsed())).await;
+    scenario.bind("fault.late").await;
+    scenario.fault("the binding of fault.late appears");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let produced = producers.stop().await;
+    let summary = scenario.verify(&tap, &produced, DRAIN).await;
+
+    // What the poison cost, and what it did not.
+    let malformed_row = status_of(malformed).await;
+    assert_eq!(malformed_row.status, "dead");
+    assert!(
+        malformed_row
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("malformed")),
+        "the malformed row says why: {malformed_row:?}"
+    );
+    let oversized_row = status_of(oversized).await;
+    assert!(
+        oversized_row
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("headers")),
+        "the oversized head says why: {oversized_row:?}"
+    );
+    assert!(
+        count("event_type = 'fault.late'").await > 0,
+        "producer 0 recorded fault.late events"
+    );
+    assert_eq!(
+        count(&format!(
+            "attempts > 0 AND id NOT IN ('{malformed}', '{oversized}')"
+        ))
+        .await,
+        0,
+        "neither the unroutable events nor the frozen broker spent an attempt"
+    );
+    let baseline = random_kills().await;
+    assert!(
+        summary.drain_after_last_fault <= 2 * baseline.drain_after_last_fault,
+        "the drain after the last fault ({:.2} s) is within twice the random kills \
+         scenario's ({:.2} s)",
+        summary.drain_after_last_fault.as_secs_f64(),
+        baseline.drain_after_last_fault.as_secs_f64()
+    );
+    finish(relays, inbox, tap).await;
+    drop(scenario);
+    drop(rabbit);
 }

@@ -28,8 +28,9 @@ use uuid::Uuid;
 fn logs() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,lapin::returned_messages=error")
+            }),
         )
         .with_test_writer()
         .try_init();
@@ -41,42 +42,6 @@ async fn private_rabbit() -> Arc<PrivateRabbit> {
             .await
             .unwrap(),
     )
-}
-
-/// The node stopped with SIGSTOP (its sockets stay open, nothing answers,
-/// not even heartbeats); continued on drop, also when the test fails.
-struct Frozen {
-    pid: String,
-}
-
-impl Frozen {
-    fn new(rabbit: &PrivateRabbit) -> Frozen {
-        let pid = rabbit
-            .ctl(&["eval", "os:getpid()."])
-            .trim()
-            .trim_matches('"')
-            .to_owned();
-        assert!(
-            pid.chars().all(|c| c.is_ascii_digit()) && !pid.is_empty(),
-            "the node's OS pid: {pid:?}"
-        );
-        signal(&pid, "-STOP");
-        Frozen { pid }
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        signal(&self.pid, "-CONT");
-    }
-}
-
-fn signal(pid: &str, which: &str) {
-    let status = std::process::Command::new("kill")
-        .args([which, pid])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {which} {pid}");
 }
 
 /// The exchange (declared by the publisher) and a queue bound to it for
@@ -217,7 +182,7 @@ async fn a_frozen_broker_holds_no_publish_beyond_its_timeouts() {
         [PublishOutcome::Acked]
     );
 
-    let frozen = Frozen::new(&rabbit);
+    let frozen = rabbit.freeze();
     // Several batches at once, as the relay's loops do: one takes the idle
     // channel, the others need new channels (channel.open is never
     // answered); a large one fills the socket buffers, so basic_publish
@@ -355,7 +320,7 @@ async fn relay_through(test: &str, fault: Fault) {
     match fault {
         Fault::Freeze(how_long) => {
             let rabbit = Arc::clone(&rabbit);
-            let frozen = tokio::task::spawn_blocking(move || Frozen::new(&rabbit))
+            let frozen = tokio::task::spawn_blocking(move || rabbit.freeze())
                 .await
                 .unwrap();
             tokio::time::sleep(how_long).await;

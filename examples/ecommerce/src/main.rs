@@ -30,12 +30,15 @@ Environment:
   BIND          default 127.0.0.1:3000 (roles api and all)
   EXCHANGE      default ecommerce.events
   QUEUE_PREFIX  default ecommerce
-  RUST_LOG      default info";
+  RUST_LOG      default info,lapin::returned_messages=error";
 
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,lapin::returned_messages=error".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
