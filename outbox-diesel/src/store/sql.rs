@@ -87,19 +87,24 @@ impl Sql {
             "(w0.aggregate_type, w0.aggregate_id) IN ( \
                SELECT aggregate_type, aggregate_id FROM {t} WHERE status IN ({heads}))"
         );
+        // `r` locks the window's due retries by primary key. Its conditions
+        // are wrapped in `IS TRUE` so that no partial index can serve them:
+        // with statistics taken while `outbox_events_blocking` was nearly
+        // empty, the planner would walk every dead event in it (measured:
+        // 213 of a claim's buffers with 1,000 dead heads).
         let ordered = |gate: &str| {
             format!(
                 "WITH w0 AS ( \
-                   SELECT c.seq, c.aggregate_type, c.aggregate_id FROM ( \
-                     (SELECT seq, aggregate_type, aggregate_id FROM {t} \
+                   SELECT c.seq, c.aggregate_type, c.aggregate_id, c.retry FROM ( \
+                     (SELECT seq, aggregate_type, aggregate_id, false AS retry FROM {t} \
                       WHERE status IN ({pending}) ORDER BY seq LIMIT $1) \
                      UNION ALL \
-                     (SELECT seq, aggregate_type, aggregate_id FROM {t} \
+                     (SELECT seq, aggregate_type, aggregate_id, true AS retry FROM {t} \
                       WHERE status IN ({retry}) AND next_attempt_at <= now() \
                       ORDER BY next_attempt_at LIMIT $1) \
                    ) c ORDER BY c.seq LIMIT $1 \
                  ), w AS ( \
-                   SELECT w0.seq, w0.aggregate_type, w0.aggregate_id, \
+                   SELECT w0.seq, w0.aggregate_type, w0.aggregate_id, w0.retry, \
                      {gate} AND {probe} AS blocked \
                    FROM w0 \
                  ), l AS ( \
@@ -109,8 +114,8 @@ impl Sql {
                    ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED \
                  ), r AS ( \
                    SELECT {COLUMNS} FROM {t} \
-                   WHERE status IN ({retry}) AND next_attempt_at <= now() \
-                     AND (seq IN (SELECT seq FROM w WHERE NOT blocked)) IS TRUE \
+                   WHERE seq = ANY (ARRAY(SELECT seq FROM w WHERE retry AND NOT blocked)) \
+                     AND (status IN ({retry}) AND next_attempt_at <= now()) IS TRUE \
                    ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED \
                  ), h AS ( \
                    UPDATE {t} AS t SET status = {held} \
