@@ -452,7 +452,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         sending.iter().map(|(i, _)| &records[*i].envelope).collect();
                     let outcomes = if alone {
                         let _alone = self.solo.write().await;
-                        warn!(
+                        info!(
                             event_id = %envelopes[0].id,
                             suspect_count = records[sending[0].0].suspect_count,
                             suspect_limit = self.suspect_limit,
@@ -656,7 +656,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                      flight, the last time with it alone: {reason}; replay it once the broker \
                      (or a proxy in front of it) accepts it"
                 );
-                error!(
+                warn!(
                     event_id = %record.id(),
                     event_type = %record.envelope.event_type,
                     suspect_count = count,
