@@ -429,42 +429,16 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         None => sending.push((i, destination)),
                     }
                 }
-                // Suspects (events in flight when the connection died
-                // before) go alone, each in a call of its own after the
-                // rest of the wave, with no other batch of this relay in
-                // flight: if the connection dies again, it was them.
-                let (solos, shared): (Vec<_>, Vec<_>) = sending
-                    .into_iter()
-                    .partition(|(i, _)| records[*i].suspect_count > 0);
-                let mut calls: Vec<(Vec<(usize, String)>, bool)> = Vec::new();
-                if !shared.is_empty() {
-                    calls.push((shared, false));
-                }
-                calls.extend(solos.into_iter().map(|solo| (vec![solo], true)));
-                for (sending, alone) in calls {
+                for (sending, alone) in publish_calls(records, sending) {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         warn!(
                             "outbox relay: claim lapsed before the batch was published; releasing the rest"
                         );
                         break 'waves;
                     }
-                    let envelopes: Vec<&EventEnvelope> =
-                        sending.iter().map(|(i, _)| &records[*i].envelope).collect();
-                    let outcomes = if alone {
-                        let _alone = self.solo.write().await;
-                        info!(
-                            event_id = %envelopes[0].id,
-                            suspect_count = records[sending[0].0].suspect_count,
-                            suspect_limit = self.suspect_limit,
-                            "outbox relay: publishing a suspect event alone (the broker connection \
-                             died while it was in flight before)",
-                        );
-                        self.publisher.publish(&envelopes, deadline).await
-                    } else {
-                        let _shared = self.solo.read().await;
-                        self.publisher.publish(&envelopes, deadline).await
-                    };
-                    let mut outcomes = outcomes.into_iter();
+                    let batch: Vec<&crate::OutboxRecord> =
+                        sending.iter().map(|(i, _)| &records[*i]).collect();
+                    let mut outcomes = self.publish_call(&batch, alone, deadline).await.into_iter();
                     let mut unconfirmed: Vec<(usize, &str, String)> = Vec::new();
                     for (i, destination) in &sending {
                         let i = *i;
@@ -630,6 +604,35 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         Ok(report)
     }
 
+    /// Publishes one call's events. A call of a suspect (`alone`) holds the
+    /// relay's publisher exclusively: no other batch of this relay is in
+    /// flight meanwhile, so if the connection dies, it died with the
+    /// suspect alone.
+    async fn publish_call(
+        &self,
+        batch: &[&crate::OutboxRecord],
+        alone: bool,
+        deadline: Option<Instant>,
+    ) -> Vec<PublishOutcome> {
+        let envelopes: Vec<&EventEnvelope> = batch.iter().map(|r| &r.envelope).collect();
+        if alone {
+            let _alone = self.solo.write().await;
+            for record in batch {
+                info!(
+                    event_id = %record.id(),
+                    suspect_count = record.suspect_count,
+                    suspect_limit = self.suspect_limit,
+                    "outbox relay: publishing a suspect event alone (the broker connection died \
+                     while it was in flight before)",
+                );
+            }
+            self.publisher.publish(&envelopes, deadline).await
+        } else {
+            let _shared = self.solo.read().await;
+            self.publisher.publish(&envelopes, deadline).await
+        }
+    }
+
     /// Counts the events that were in flight when the connection died
     /// (`died`: batch index, whether it was alone, the cause) as suspects;
     /// one that was alone and reaches the suspect limit is parked `Dead`
@@ -791,6 +794,26 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             () = self.handle.shutdown_requested() => {}
         }
     }
+}
+
+/// Splits a wave's events to send (batch index, destination) into publish
+/// calls: one for the events that are not suspects, then one per suspect
+/// (an event in flight when the connection died before), flagged `alone`.
+/// Each is the head of its aggregate in the batch, so the order of the
+/// calls does not matter for per-aggregate order.
+fn publish_calls(
+    records: &[crate::OutboxRecord],
+    sending: Vec<(usize, String)>,
+) -> Vec<(Vec<(usize, String)>, bool)> {
+    let (solos, shared): (Vec<_>, Vec<_>) = sending
+        .into_iter()
+        .partition(|(i, _)| records[*i].suspect_count > 0);
+    let mut calls = Vec::with_capacity(solos.len() + 1);
+    if !shared.is_empty() {
+        calls.push((shared, false));
+    }
+    calls.extend(solos.into_iter().map(|solo| (vec![solo], true)));
+    calls
 }
 
 /// Releases `record` until `at` without spending an attempt.
