@@ -374,6 +374,11 @@ pub struct OutboxRecord {
     /// Since when every publish of it came back unroutable, while the
     /// relay holds it under [`UnroutablePolicy::Hold`](crate::UnroutablePolicy).
     pub unroutable_since: Option<DateTime<Utc>>,
+    /// How many times the broker connection died while this event was in
+    /// flight ([`PublishOutcome::ConnectionDied`](crate::PublishOutcome::ConnectionDied)).
+    /// From 1 on, every relay publishes it alone; see
+    /// [`RelayBuilder::suspect_limit`](crate::RelayBuilder::suspect_limit).
+    pub suspect_count: u32,
 }
 
 impl OutboxRecord {
@@ -388,6 +393,7 @@ impl OutboxRecord {
             last_error: None,
             published_at: None,
             unroutable_since: None,
+            suspect_count: 0,
         }
     }
 

@@ -41,6 +41,21 @@ pub enum PublishOutcome {
         /// What happened to the connection.
         reason: String,
     },
+    /// The connection died while this message was in flight (sent, not yet
+    /// confirmed), of a cause not known to be the broker's own: an I/O error
+    /// or an abrupt close, not a close the broker announced (e.g. `320
+    /// CONNECTION_FORCED`), a resource alarm or a confirm timeout. Nothing
+    /// is known about the message, and it may be what killed the
+    /// connection (a proxy or broker plugin that drops the connection on
+    /// it). Spends no attempt and pauses the relay like
+    /// [`ConnectionLost`](Self::ConnectionLost); the relay also counts the
+    /// event as a suspect in its row, publishes it alone from then on, and
+    /// parks it `Dead` once the connection died with it alone in flight at
+    /// the relay's [`suspect_limit`](crate::RelayBuilder::suspect_limit).
+    ConnectionDied {
+        /// What happened to the connection.
+        reason: String,
+    },
     /// The message was sent but the broker did not confirm it in time (or
     /// its confirm cannot be trusted). A broker answers a bad message with
     /// a nack, a return or a channel error, never with silence, so this is
@@ -79,6 +94,13 @@ impl PublishOutcome {
     /// A [`PublishOutcome::ConnectionLost`] with `reason`.
     pub fn connection_lost(reason: impl Into<String>) -> Self {
         PublishOutcome::ConnectionLost {
+            reason: reason.into(),
+        }
+    }
+
+    /// A [`PublishOutcome::ConnectionDied`] with `reason`.
+    pub fn connection_died(reason: impl Into<String>) -> Self {
+        PublishOutcome::ConnectionDied {
             reason: reason.into(),
         }
     }

@@ -115,7 +115,8 @@ pub trait OutboxStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 
     /// Turns the selected `Dead` events back to `Pending` (keeping their `seq`,
-    /// so order is preserved) with their attempts reset; returns how many.
+    /// so order is preserved) with their attempts and suspect counts reset;
+    /// returns how many.
     fn replay_dead(
         &self,
         selector: DeadSelector,
@@ -171,6 +172,19 @@ pub trait Claim: Send {
 
     /// Marks events of this claim `Sent` (broker-confirmed), in one statement.
     fn mark_sent(&mut self, ids: &[Uuid]) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Counts the connection's death against each of these events of the
+    /// claim (they were in flight when the broker connection died, see
+    /// [`PublishOutcome::ConnectionDied`](crate::PublishOutcome::ConnectionDied)):
+    /// `suspect_count + 1` and `last_error = reason`, nothing else (status,
+    /// attempts and retry time unchanged). The count is kept in the row so
+    /// that every relay sees it. The relay calls it before
+    /// [`mark_failed`](Self::mark_failed) in the same claim.
+    fn mark_suspect(
+        &mut self,
+        ids: &[Uuid],
+        reason: &str,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Stores failed attempts: `Retry` with its next attempt time, or `Dead`.
     fn mark_failed(

@@ -44,6 +44,8 @@ use crate::{Error, Result};
 diesel::table! {
     /// The outbox (`outbox_events`). This definition has no schema: it names
     /// the table found through `search_path` (the default schema `public`).
+    /// It lists 16 columns, diesel's limit without its `32-column-tables`
+    /// feature: `unroutable_since` (migration 2) is left out.
     outbox_events (seq) {
         /// Database-assigned order.
         seq -> Int8,
@@ -75,6 +77,9 @@ diesel::table! {
         last_error -> Nullable<Text>,
         /// When the broker confirmed it.
         published_at -> Nullable<Timestamptz>,
+        /// How many times the broker connection died while it was in
+        /// flight (migration 2); from 1 on it is published alone.
+        suspect_count -> Int4,
     }
 }
 

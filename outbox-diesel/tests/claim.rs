@@ -664,3 +664,94 @@ async fn an_event_queued_behind_a_batch_in_flight_goes_as_soon_as_that_batch_end
     handle.shutdown();
     task.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mark_suspect_counts_in_the_row_and_every_claim_sees_it() {
+    let db = TestDb::new("claim_suspect").await;
+    let ids = record(&db, &[("a".into(), 0), ("a".into(), 1), ("b".into(), 0)]).await;
+    let (a0, a1, b0) = (ids[0], ids[1], ids[2]);
+    let store = db.store();
+
+    // Twice in flight when the connection died: counted, nothing else.
+    for round in 1..=2 {
+        let mut claim = store.claim(100).await.unwrap().unwrap();
+        assert_eq!(ids_of(&claim), ids);
+        claim
+            .mark_suspect(&[a0, b0], &format!("connection died ({round})"))
+            .await
+            .unwrap();
+        claim.finish().await.unwrap();
+    }
+    let claim = store.claim(100).await.unwrap().unwrap();
+    let counts: Vec<(Uuid, u32, EventStatus, u32, Option<String>)> = claim
+        .records()
+        .iter()
+        .map(|r| {
+            (
+                r.id(),
+                r.suspect_count,
+                r.status,
+                r.attempts,
+                r.last_error.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            (
+                a0,
+                2,
+                EventStatus::Pending,
+                0,
+                Some("connection died (2)".into())
+            ),
+            (a1, 0, EventStatus::Pending, 0, None),
+            (
+                b0,
+                2,
+                EventStatus::Pending,
+                0,
+                Some("connection died (2)".into())
+            ),
+        ],
+        "suspect_count + 1 and the reason, status and attempts unchanged"
+    );
+    // Dropped without finish: released, unmarked.
+    drop(claim);
+
+    // Parked dead, then replayed: the count starts again.
+    let mut claim = store.claim(100).await.unwrap().unwrap();
+    claim.mark_suspect(&[a0], "died alone").await.unwrap();
+    claim
+        .mark_failed(&[FailedAttempt {
+            id: a0,
+            attempts: 0,
+            error: "the connection died 3 times".into(),
+            next: NextStep::Dead,
+            unroutable_since: None,
+        }])
+        .await
+        .unwrap();
+    claim.finish().await.unwrap();
+    assert_eq!(
+        db.count(
+            "outbox_events",
+            &format!("WHERE id = '{a0}' AND status = 'dead' AND suspect_count = 3")
+        ),
+        1
+    );
+    assert_eq!(
+        db.count(
+            "outbox_events",
+            &format!("WHERE id = '{a1}' AND status = 'held'")
+        ),
+        1,
+        "its follower is held"
+    );
+    assert_eq!(store.replay_dead(DeadSelector::Id(a0)).await.unwrap(), 1);
+    let claim = store.claim(100).await.unwrap().unwrap();
+    let a0_again = claim.records().iter().find(|r| r.id() == a0).unwrap();
+    assert_eq!(a0_again.suspect_count, 0, "replay resets the suspect count");
+    claim.finish().await.unwrap();
+}

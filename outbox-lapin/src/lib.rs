@@ -42,6 +42,7 @@
 //! | no confirm in time | no attempt spent: the relay pauses, or holds that destination back behind a circuit breaker | – |
 //! | channel closed by the broker for a message (404 exchange, 406) | narrowed to that message (bisect), attempt spent; the rest of the batch is published | – |
 //! | connection lost or `connection.blocked` | no attempt spent; relay pauses, reconnects on the next batch | reconnects with backoff; unacked deliveries come back and dedup in the inbox |
+//! | connection dies under messages in flight without a reply code (I/O error, abrupt close: e.g. a proxy dropping it on one message) | no attempt spent; relay pauses as above, and counts those messages as suspects: each is then published alone, and one the connection dies with alone ends `Dead` at the relay's `suspect_limit` (default 3) | – |
 //! | duplicate delivery | – | inbox says duplicate: acked, handler not run |
 //! | handler error | – | rolled back; republished with `x-outbox-attempt` + 1 after `retry_delay`; dead-lettered after `max_attempts` with `x-outbox-dead-reason` |
 //! | undecodable message | – | dead-lettered at once with the reason |

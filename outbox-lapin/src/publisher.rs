@@ -55,9 +55,21 @@ pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
 /// - A connection closed by the broker is sorted by its reply code: 501
 ///   (frame error), 502 (syntax error) and 505 (unexpected frame) are about
 ///   a frame sent for a message, so the batch is narrowed down to it like
-///   a channel error (it ends [`PublishOutcome::Rejected`]); 320 (forced),
-///   other codes and I/O errors are the broker's
-///   ([`PublishOutcome::ConnectionLost`]).
+///   a channel error (it ends [`PublishOutcome::Rejected`]); 320 (forced:
+///   an operator, a broker shutting down) and other codes are the
+///   broker's ([`PublishOutcome::ConnectionLost`]), except 541 (internal
+///   error), which a message may cause (see the next point).
+/// - A connection that dies under messages in flight (sent, not yet
+///   confirmed) without the broker saying why (an I/O error, an abrupt
+///   close: e.g. a proxy or a broker plugin that drops the connection on
+///   one message) or with 541 makes them [`PublishOutcome::ConnectionDied`]:
+///   one of them may have killed it. The relay spends no attempt, counts
+///   them as suspects in their rows, publishes each suspect alone from then
+///   on, and parks one `Dead` once the connection died with it alone in
+///   flight often enough ([`suspect_limit`](outbox_core::RelayBuilder::suspect_limit)).
+///   Messages not sent yet, a missed heartbeat (the broker or the network
+///   went silent) and a close with a reply code other than 541 are
+///   `ConnectionLost` and make nothing suspect.
 /// - Only `basic.ack` without a return is [`PublishOutcome::Acked`]. A
 ///   `312 NO_ROUTE` return is [`PublishOutcome::Unroutable`] (what it costs
 ///   is the relay's `UnroutablePolicy`: by default nothing, the event is
@@ -76,8 +88,8 @@ pub const BLOCKED_GAUGE: &str = "outbox_broker_blocked";
 ///   given up), so nothing unroutable is ever taken as sent.
 /// - A lost connection (or a broker that blocks publishers because of a
 ///   resource alarm) is [`PublishOutcome::ConnectionLost`] for every message
-///   not yet confirmed: the relay pauses, spends no attempts, and the next
-///   batch reconnects.
+///   not yet confirmed (`ConnectionDied` for those in flight, as above):
+///   the relay pauses, spends no attempts, and the next batch reconnects.
 /// - Every broker call is bounded: connecting by
 ///   [`CONNECT_TIMEOUT`](crate::CONNECT_TIMEOUT), opening a channel,
 ///   `confirm.select`, declaring the exchange and closing a channel by
@@ -595,7 +607,7 @@ impl LapinPublisher {
                 }
                 Err(err) => {
                     clean = false;
-                    rounds.push(Some(classify(connection, &err)));
+                    rounds.push(Some(classify(connection, &err, false)));
                     confirms.push(None);
                 }
             }
@@ -603,7 +615,7 @@ impl LapinPublisher {
         let mut answer = |answered: lapin::Result<Confirmation>, clean: &mut bool| match answered {
             Err(err) => {
                 *clean = false;
-                classify(connection, &err)
+                classify(connection, &err, true)
             }
             Ok(Confirmation::Ack(message)) => {
                 note_return(&mut returned, message);
@@ -832,15 +844,33 @@ fn header_frame_fits(
     Ok(())
 }
 
-/// Sorts a lapin error into "connection lost" (spends nothing) or "the
-/// broker closed the channel" (a message caused it: narrow it down). A
-/// connection closed by the broker is sorted by its reply code: 501
+/// Sorts a lapin error into "connection lost" (spends nothing), "the
+/// connection died under this message" (spends nothing, but makes it a
+/// suspect) or "the broker closed the channel" (a message caused it: narrow
+/// it down). `sent` tells whether the message went out (the error is its
+/// confirm's) or not (the error is its `basic.publish`'s).
+///
+/// A connection closed by the broker is sorted by its reply code: 501
 /// (frame error), 502 (syntax error) and 505 (unexpected frame) are about
 /// a frame this publisher sent, so about a message (narrow it down, as for
-/// a channel error); 320 (forced), any other code and an I/O error are the
-/// broker's (connection lost).
-fn classify(connection: &ConnectionStatus, err: &lapin::Error) -> Round {
+/// a channel error); 541 (internal error) may be a message's too (a broker
+/// plugin failing on it), so the messages in flight are
+/// [`PublishOutcome::ConnectionDied`]; 320 (forced: an operator or a
+/// broker shutting down) and the other codes are the broker's (connection
+/// lost). A connection that ended without a reply code (an I/O error, an
+/// abrupt close: e.g. a proxy that drops it on a message) is
+/// `ConnectionDied` for the messages in flight, except when heartbeats
+/// stopped (the broker or the network went silent, as for a confirm
+/// timeout: connection lost).
+fn classify(connection: &ConnectionStatus, err: &lapin::Error, sent: bool) -> Round {
     let lost = |reason: String| Round::Done(PublishOutcome::connection_lost(reason));
+    let died = |reason: String| {
+        if sent {
+            Round::Done(PublishOutcome::connection_died(reason))
+        } else {
+            lost(reason)
+        }
+    };
     if let ErrorKind::ProtocolError(amqp) = err.kind()
         && let AMQPErrorKind::Hard(hard) = amqp.kind()
     {
@@ -853,11 +883,20 @@ fn classify(connection: &ConnectionStatus, err: &lapin::Error) -> Round {
                 amqp.get_id(),
                 amqp.get_message()
             )),
+            AMQPHardError::INTERNALERROR => died(format!(
+                "the broker closed the connection with an internal error while this message \
+                 was in flight: {amqp}"
+            )),
             _ => lost(format!("connection closed by the broker: {amqp}")),
         };
     }
-    if !connection.connected() {
+    if matches!(err.kind(), ErrorKind::MissingHeartbeatError) {
         return lost(format!("connection to RabbitMQ lost: {err}"));
+    }
+    if !connection.connected() {
+        return died(format!(
+            "the connection to RabbitMQ died while this message was in flight: {err}"
+        ));
     }
     match err.kind() {
         ErrorKind::ProtocolError(amqp) => match amqp.kind() {
@@ -871,6 +910,9 @@ fn classify(connection: &ConnectionStatus, err: &lapin::Error) -> Round {
         ErrorKind::InvalidChannelState(..) | ErrorKind::InvalidChannel(_) => {
             Round::ChannelClosed(format!("channel closed by the broker: {err}"))
         }
+        ErrorKind::IOError(_) => died(format!(
+            "the connection to RabbitMQ failed while this message was in flight: {err}"
+        )),
         _ => lost(format!("connection to RabbitMQ failed: {err}")),
     }
 }

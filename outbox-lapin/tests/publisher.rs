@@ -402,7 +402,7 @@ async fn an_event_whose_header_frame_exceeds_frame_max_is_unpublishable_and_the_
 }
 
 /// Publishes `events` and, like the relay, publishes again those that come
-/// back `ConnectionLost` (no attempt spent): a channel error can take the
+/// back `ConnectionLost` or `ConnectionDied` (no attempt spent): a channel error can take the
 /// connection down with it (see the `LapinPublisher` docs), so this loops
 /// until every event is acked or rejected.
 async fn publish_until_settled(
@@ -419,7 +419,10 @@ async fn publish_until_settled(
         }
         let batch: Vec<&EventEnvelope> = left.iter().map(|&i| events[i]).collect();
         for (i, outcome) in left.into_iter().zip(publisher.publish(&batch, None).await) {
-            if !matches!(outcome, PublishOutcome::ConnectionLost { .. }) {
+            if !matches!(
+                outcome,
+                PublishOutcome::ConnectionLost { .. } | PublishOutcome::ConnectionDied { .. }
+            ) {
                 settled[i] = Some(outcome);
             }
         }

@@ -18,7 +18,10 @@
 //! - [`Tap`] (records every message) and [`Inbox`] (the library's inbox
 //!   consumer, whose effects must happen exactly once);
 //! - [`TestPki`]: a throwaway CA and server certificate, for
-//!   [`PrivatePostgres::start_tls`].
+//!   [`PrivatePostgres::start_tls`];
+//! - [`KillingProxy`]: a TCP proxy in front of RabbitMQ that cuts a
+//!   connection when the client sends a marker (a message that kills the
+//!   connection it is sent on).
 //!
 //! ```no_run
 //! # async fn scenario() {
@@ -41,12 +44,14 @@
 //! ```
 
 pub mod pki;
+pub mod proxy;
 pub mod relay_process;
 mod scenario;
 pub mod servers;
 mod traffic;
 
 pub use pki::TestPki;
+pub use proxy::KillingProxy;
 pub use relay_process::RelayProcess;
 pub use scenario::{Committed, Scenario, Servers, Summary, connect_amqp, connect_db};
 pub use servers::{Frozen, PrivatePostgres, PrivateRabbit};

@@ -560,6 +560,11 @@ async fn forced_connection_closes_lose_nothing_and_mark_nothing_unconfirmed() {
         0,
         "connection loss spends no attempts"
     );
+    assert_eq!(
+        env.sql_count("WHERE suspect_count > 0 OR status = 'dead'"),
+        0,
+        "a connection the broker closes (320 CONNECTION_FORCED) makes nothing suspect"
+    );
     println!(
         "forced closes: {faults}, events: {}, received: {}, duplicates: {}",
         ids.len(),
@@ -569,4 +574,164 @@ async fn forced_connection_closes_lose_nothing_and_mark_nothing_unconfirmed() {
     if let Ok(env) = Arc::try_unwrap(env) {
         env.cleanup().await;
     }
+}
+
+/// An event whose note may carry the marker that makes the test proxy cut
+/// the connection it is sent on.
+#[derive(Serialize, DomainEvent)]
+#[domain_event(aggregate = "order")]
+struct OrderNoted {
+    #[aggregate_id]
+    order: String,
+    note: String,
+}
+
+const KILL_MARKER: &str = "KILL-THE-CONNECTION";
+
+impl Env {
+    /// Healthy events of 30 aggregates (5 each, interleaved), then one
+    /// poison event (its body carries the proxy's marker) of order `p` with
+    /// two later events of that order, then 30 more healthy events.
+    /// Returns (healthy ids, poison id, its followers).
+    async fn record_poisoned(&self) -> (Vec<Uuid>, Uuid, Vec<Uuid>) {
+        let mut healthy = self.record(&interleaved(30, 5)).await;
+        let mut conn = outbox::postgres::connect(&database_url()).await.unwrap();
+        let poison = conn
+            .transaction::<_, outbox::postgres::Error, _>(async |conn| {
+                let note = OrderNoted {
+                    order: "p".into(),
+                    note: format!("a message some proxy drops the connection on: {KILL_MARKER}"),
+                };
+                self.outbox.record(conn, &note).await
+            })
+            .await
+            .unwrap();
+        let followers = self.record(&[("p".into(), 1), ("p".into(), 2)]).await;
+        healthy.extend(
+            self.record(&(0..30).map(|a| (format!("o-{a}"), 5)).collect::<Vec<_>>())
+                .await,
+        );
+        (healthy, poison, followers)
+    }
+
+    fn suspect_count(&self, id: Uuid) -> i64 {
+        #[derive(diesel::QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Integer)]
+            suspect_count: i32,
+        }
+        let mut conn = PgConnection::establish(&database_url()).unwrap();
+        let row: Row = diesel::sql_query(format!(
+            "SELECT suspect_count FROM \"{}\".outbox_events WHERE id = '{id}'",
+            self.schema
+        ))
+        .get_result(&mut conn)
+        .unwrap();
+        i64::from(row.suspect_count)
+    }
+
+    /// A publisher that reaches the broker through `url` (the proxy).
+    fn publisher_via(&self, url: &str, relay: &str) -> LapinPublisher {
+        LapinPublisher::builder(url)
+            .exchange(&self.exchange)
+            .source("/tests")
+            .connection_name(format!("{}.{relay}", self.name))
+            .build()
+            .unwrap()
+    }
+}
+
+/// A message after which the connection dies (a proxy cuts it, not a
+/// broker reply code) is isolated: published alone, counted in its row,
+/// and parked `dead` with the reason at the suspect limit; everything else
+/// flows, its aggregate's later events are held, and the connection is
+/// killed a bounded number of times, with one relay or two at once.
+/// Returns a summary line.
+async fn poison_through_proxy(test: &str, relays: usize) -> String {
+    const LIMIT: i64 = 3;
+    let env = Env::new(test).await;
+    let received = env.collect().await;
+    let (proxy, url) = outbox_tests::KillingProxy::amqp(&amqp_url(), KILL_MARKER.as_bytes()).await;
+    let (healthy, poison, followers) = env.record_poisoned().await;
+    let running: Vec<_> = (0..relays)
+        .map(|r| {
+            env.start(
+                env.publisher_via(&url, &format!("relay{r}")),
+                RetryPolicy::default(),
+            )
+        })
+        .collect();
+    let total = healthy.len() as i64;
+    wait_until(
+        "every healthy event sent and the poison dead",
+        Duration::from_secs(120),
+        || {
+            env.sql_count("WHERE status = 'sent'") == total
+                && env.sql_count(&format!("WHERE id = '{poison}' AND status = 'dead'")) == 1
+        },
+    )
+    .await;
+    // Nothing else happens to it or its followers afterwards.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (handle, task) in running {
+        handle.shutdown();
+        task.await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // let the last deliveries land
+
+    let (status, attempts, last_error) = env.row(poison);
+    assert_eq!(status, "dead");
+    assert_eq!(attempts, 0, "a connection's death never spends an attempt");
+    let reason = last_error.unwrap();
+    assert!(
+        reason.contains("died 3 times") && reason.contains("alone") && reason.contains("replay"),
+        "the reason says what happened and what to do: {reason}"
+    );
+    assert_eq!(env.suspect_count(poison), LIMIT);
+    for id in &followers {
+        assert_eq!(env.row(*id).0, "held", "the poison's later events wait");
+    }
+    assert!(
+        proxy.kills() as i64 <= LIMIT + 2,
+        "the poison killed {} connections (limit {LIMIT})",
+        proxy.kills()
+    );
+    assert!(proxy.kills() >= 1, "the proxy did cut connections");
+    let received: HashSet<Uuid> = received.lock().unwrap().iter().copied().collect();
+    for id in &healthy {
+        assert!(
+            received.contains(id),
+            "healthy event {id} was not delivered"
+        );
+    }
+    assert!(!received.contains(&poison));
+    for id in &followers {
+        assert!(
+            !received.contains(id),
+            "a later event of the poison's order went out"
+        );
+    }
+    assert_eq!(
+        env.sql_count("WHERE attempts > 0"),
+        0,
+        "no attempt spent anywhere"
+    );
+    let summary = format!(
+        "{relays} relay(s): proxy kills {}, connections {}, bystander suspects {}",
+        proxy.kills(),
+        proxy.connections(),
+        env.sql_count(&format!("WHERE suspect_count > 0 AND id <> '{poison}'"))
+    );
+    env.cleanup().await;
+    summary
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_kills_the_connection_ends_dead_and_the_rest_flows() {
+    println!("{}", poison_through_proxy("poison_one", 1).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_isolate_a_connection_killing_message_together() {
+    println!("{}", poison_through_proxy("poison_two", 2).await);
 }

@@ -16,6 +16,7 @@ use crate::{Error, OutboxStore, Publisher, Relay, RelayHandle, RetryPolicy, Unro
 /// | [`shutdown_grace`](Self::shutdown_grace) | 30 s | how long shutdown waits for the batch in flight |
 /// | [`retry`](Self::retry) | [`RetryPolicy::default`] | backoff and attempt limit for failed publishes |
 /// | [`pause`](Self::pause) | 100 ms .. 30 s | backoff after a lost connection or store error |
+/// | [`suspect_limit`](Self::suspect_limit) | 3 | connection deaths with an event in flight, the last with it alone, after which it is parked `Dead` |
 /// | [`unroutable`](Self::unroutable) | [`UnroutablePolicy::default`] (hold up to 7 days) | what an event the broker returns as unroutable costs; per event type with [`unroutable_for`](Self::unroutable_for) |
 ///
 /// The batch size trades latency of a single batch against throughput; 100
@@ -34,6 +35,7 @@ pub struct RelayBuilder<S, P> {
     retry: RetryPolicy,
     pause_min: Duration,
     pause_max: Duration,
+    suspect_limit: u32,
     unroutable: super::unroutable::Unroutable,
 }
 
@@ -51,6 +53,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             retry: RetryPolicy::default(),
             pause_min: Duration::from_millis(100),
             pause_max: Duration::from_secs(30),
+            suspect_limit: 3,
             unroutable: super::unroutable::Unroutable::default(),
         }
     }
@@ -105,6 +108,33 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     pub fn pause(mut self, min: Duration, max: Duration) -> Self {
         self.pause_min = min;
         self.pause_max = max;
+        self
+    }
+
+    /// How many times the broker connection may die with an event in flight
+    /// before the relay parks it `Dead`. Default 3; at least 1.
+    ///
+    /// A message can kill the connection it is sent on in a way that is
+    /// not a per-message error (a proxy or broker plugin that drops the
+    /// connection on it): the publisher reports every message in flight
+    /// then as [`PublishOutcome::ConnectionDied`](crate::PublishOutcome::ConnectionDied).
+    /// The relay spends no attempt on it and pauses as for a lost
+    /// connection, but counts each such message as a suspect in its row
+    /// ([`Claim::mark_suspect`](crate::Claim::mark_suspect)), so that every
+    /// relay sees the count. An event with a suspect count of 1 or more is
+    /// published alone: in a call of its own, with no other batch of this
+    /// relay in flight on the publisher, while later events of its aggregate
+    /// wait for it. When the connection dies with it alone in flight and its
+    /// count reaches this limit, it is parked `Dead` with the reason
+    /// (attempts unchanged: a dead connection never spends attempts), which
+    /// holds its aggregate's later events until an operator replays (which
+    /// resets the count) or skips it. Innocent bystanders of the first death
+    /// are published alone once and sent; a broker that crashes (without
+    /// announcing the close) while a suspect is alone in flight counts
+    /// against that suspect too, so set the limit above the number of such
+    /// crashes you expect in a row.
+    pub fn suspect_limit(mut self, n: u32) -> Self {
+        self.suspect_limit = n;
         self
     }
 
@@ -165,6 +195,11 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
                 "relay pause max must not be below pause min".into(),
             ));
         }
+        if self.suspect_limit == 0 {
+            return Err(Error::Config(
+                "relay suspect_limit must be at least 1".into(),
+            ));
+        }
         self.retry.validate()?;
         Ok(Relay {
             store: self.store,
@@ -178,6 +213,8 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             retry: self.retry,
             pause_min: self.pause_min,
             pause_max: self.pause_max,
+            suspect_limit: self.suspect_limit,
+            solo: tokio::sync::RwLock::new(()),
             busy: std::sync::atomic::AtomicUsize::new(0),
             batch_done: tokio::sync::Notify::new(),
             empty_claim_done: tokio::sync::Notify::new(),

@@ -37,6 +37,10 @@ pub const BLOCKED_AGGREGATES: &str = "outbox_blocked_aggregates";
 pub const UNROUTABLE_EVENTS: &str = "outbox_unroutable_events";
 /// Counter: unroutable events marked sent under `UnroutablePolicy::Accept`.
 pub const UNROUTABLE_ACCEPTED_TOTAL: &str = "outbox_unroutable_accepted_total";
+/// Counter: times an event was counted as a suspect: it was in flight when
+/// the broker connection died of a cause not known to be the broker's (see
+/// `PublishOutcome::ConnectionDied`).
+pub const SUSPECT_EVENTS_TOTAL: &str = "outbox_suspect_events_total";
 /// Gauge: 1 while the relay is paused after losing the broker connection.
 pub const PAUSED: &str = "outbox_relay_paused";
 
@@ -59,6 +63,10 @@ pub fn describe() {
     describe_counter!(
         CONNECTION_LOST_TOTAL,
         "Batches interrupted by a lost broker connection"
+    );
+    describe_counter!(
+        SUSPECT_EVENTS_TOTAL,
+        "Events in flight when the broker connection died (counted as suspects)"
     );
     describe_counter!(STORE_ERRORS_TOTAL, "Outbox store errors seen by the relay");
     describe_histogram!(BATCH_SIZE, Unit::Count, "Events per claimed batch");

@@ -48,6 +48,18 @@ use waves::Waves;
 /// - [`PublishOutcome::ConnectionLost`] spends nothing: the rest of the batch
 ///   is released and the relay pauses with exponential backoff before claiming
 ///   again.
+/// - [`PublishOutcome::ConnectionDied`] (the connection died while the
+///   message was in flight, of a cause not known to be the broker's) does
+///   the same, and counts each such event as a suspect in its row
+///   ([`Claim::mark_suspect`]). A suspect is published alone: in a publish
+///   call of its own, after the rest of its wave, while no other batch of
+///   this relay is in flight, and later events of its aggregate wait for
+///   it as for any head. When the connection dies with it alone and its
+///   count reaches [`suspect_limit`](RelayBuilder::suspect_limit) (default
+///   3), it is parked `Dead` with the reason (no attempt spent), holding
+///   back its aggregate only. Other relays see the count in the row and
+///   publish it alone too, so one such message costs at most about
+///   `suspect_limit` connections across every relay.
 /// - [`PublishOutcome::Unconfirmed`] (no confirm in time) spends nothing
 ///   either: a broker answers a bad message with a nack, a return or a
 ///   channel error, never with silence. When a whole wave went unconfirmed
@@ -116,6 +128,11 @@ pub struct Relay<S, P> {
     retry: RetryPolicy,
     pause_min: Duration,
     pause_max: Duration,
+    suspect_limit: u32,
+    /// Held shared by every publish of a batch's wave and exclusively by the
+    /// publish of a suspect event, so that a suspect is the only message in
+    /// flight on this relay's publisher.
+    solo: tokio::sync::RwLock<()>,
     /// Loops inside a claim or a batch.
     busy: std::sync::atomic::AtomicUsize,
     /// Notified (all waiters) whenever a batch ends, releasing its rows.
@@ -142,6 +159,9 @@ struct BatchReport {
     /// Released with a delay and no attempt spent (unconfirmed, or held by
     /// a destination's open circuit breaker).
     held: usize,
+    /// Suspects parked `Dead` (no attempt spent) after the connection died
+    /// with them alone in flight once too often.
+    parked: usize,
     /// Set when the broker is unavailable (connection lost, blocked, or a
     /// whole wave unconfirmed): the relay pauses.
     connection_lost: Option<String>,
@@ -367,11 +387,15 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         let mut report = BatchReport::default();
         let mut sent: Vec<Uuid> = Vec::new();
         let mut failures: Vec<FailedAttempt> = Vec::new();
+        // Events in flight when the connection died: (batch index, whether
+        // it was alone, what happened to the connection).
+        let mut died: Vec<(usize, bool, String)> = Vec::new();
+        let suspects: Option<(Vec<Uuid>, String)>;
         {
             let records = claim.records();
             let deadline = claim.valid_until();
             let mut waves = Waves::new(records, claim.delivery_order());
-            loop {
+            'waves: loop {
                 let wave = waves.next_wave();
                 if wave.is_empty() {
                     break;
@@ -405,138 +429,151 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         None => sending.push((i, destination)),
                     }
                 }
-                if sending.is_empty() {
-                    continue;
-                }
-                let envelopes: Vec<&EventEnvelope> =
-                    sending.iter().map(|(i, _)| &records[*i].envelope).collect();
-                let mut outcomes = self
-                    .publisher
-                    .publish(&envelopes, deadline)
-                    .await
-                    .into_iter();
-                let mut unconfirmed: Vec<(usize, &str, String)> = Vec::new();
-                for (i, destination) in &sending {
-                    let i = *i;
-                    let record = &records[i];
-                    let outcome = outcomes.next().unwrap_or_else(|| {
-                        PublishOutcome::connection_lost(
-                            "publisher returned no outcome for this event",
-                        )
-                    });
-                    let (reason, hopeless) = match outcome {
-                        PublishOutcome::Acked => {
-                            self.breakers.confirmed(destination);
-                            sent.push(record.id());
-                            if record.status == crate::EventStatus::Retry {
-                                report.sent_retries += 1;
-                            }
-                            continue;
-                        }
-                        PublishOutcome::ConnectionLost { reason } => {
-                            report.connection_lost.get_or_insert(reason);
-                            waves.block_all();
-                            continue;
-                        }
-                        PublishOutcome::Unconfirmed { reason } => {
-                            unconfirmed.push((i, destination, reason));
-                            continue;
-                        }
-                        PublishOutcome::Unroutable { reason } => {
-                            match self.unroutable.policy(&record.envelope.event_type) {
-                                UnroutablePolicy::Accept => {
-                                    ::metrics::counter!(metrics::UNROUTABLE_ACCEPTED_TOTAL)
-                                        .increment(1);
-                                    sent.push(record.id());
-                                    continue;
+                for (sending, alone) in publish_calls(records, sending) {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        warn!(
+                            "outbox relay: claim lapsed before the batch was published; releasing the rest"
+                        );
+                        break 'waves;
+                    }
+                    let batch: Vec<&crate::OutboxRecord> =
+                        sending.iter().map(|(i, _)| &records[*i]).collect();
+                    let mut outcomes = self.publish_call(&batch, alone, deadline).await.into_iter();
+                    let mut unconfirmed: Vec<(usize, &str, String)> = Vec::new();
+                    for (i, destination) in &sending {
+                        let i = *i;
+                        let record = &records[i];
+                        let outcome = outcomes.next().unwrap_or_else(|| {
+                            PublishOutcome::connection_lost(
+                                "publisher returned no outcome for this event",
+                            )
+                        });
+                        let (reason, hopeless) = match outcome {
+                            PublishOutcome::Acked => {
+                                self.breakers.confirmed(destination);
+                                sent.push(record.id());
+                                if record.status == crate::EventStatus::Retry {
+                                    report.sent_retries += 1;
                                 }
-                                UnroutablePolicy::Hold {
-                                    max_hold,
-                                    max_delay,
-                                } => {
-                                    let now = Utc::now();
-                                    let since = record.unroutable_since.unwrap_or(now);
-                                    if (now - since).to_std().unwrap_or_default() <= max_hold {
-                                        if self.unroutable.should_warn(destination) {
-                                            warn!(
-                                                %destination,
-                                                event_type = %record.envelope.event_type,
-                                                %reason,
-                                                "outbox relay: unroutable events are held (no \
-                                                 attempt spent) until a queue is bound for \
-                                                 their routing key",
-                                            );
-                                        }
-                                        report.held += 1;
-                                        failures.push(FailedAttempt {
-                                            unroutable_since: Some(since),
-                                            ..held(
-                                                record,
-                                                UnroutablePolicy::next_try(since, now, max_delay),
-                                                format!("held: {reason}; no attempt spent"),
-                                            )
-                                        });
-                                        waves.block(i);
+                                continue;
+                            }
+                            PublishOutcome::ConnectionLost { reason } => {
+                                report.connection_lost.get_or_insert(reason);
+                                waves.block_all();
+                                continue;
+                            }
+                            PublishOutcome::ConnectionDied { reason } => {
+                                report.connection_lost.get_or_insert_with(|| reason.clone());
+                                died.push((i, alone, reason));
+                                waves.block_all();
+                                continue;
+                            }
+                            PublishOutcome::Unconfirmed { reason } => {
+                                unconfirmed.push((i, destination, reason));
+                                continue;
+                            }
+                            PublishOutcome::Unroutable { reason } => {
+                                match self.unroutable.policy(&record.envelope.event_type) {
+                                    UnroutablePolicy::Accept => {
+                                        ::metrics::counter!(metrics::UNROUTABLE_ACCEPTED_TOTAL)
+                                            .increment(1);
+                                        sent.push(record.id());
                                         continue;
                                     }
-                                    (
-                                        format!(
-                                            "unroutable for longer than {max_hold:?} (the \
+                                    UnroutablePolicy::Hold {
+                                        max_hold,
+                                        max_delay,
+                                    } => {
+                                        let now = Utc::now();
+                                        let since = record.unroutable_since.unwrap_or(now);
+                                        if (now - since).to_std().unwrap_or_default() <= max_hold {
+                                            if self.unroutable.should_warn(destination) {
+                                                warn!(
+                                                    %destination,
+                                                    event_type = %record.envelope.event_type,
+                                                    %reason,
+                                                    "outbox relay: unroutable events are held (no \
+                                                     attempt spent) until a queue is bound for \
+                                                     their routing key",
+                                                );
+                                            }
+                                            report.held += 1;
+                                            failures.push(FailedAttempt {
+                                                unroutable_since: Some(since),
+                                                ..held(
+                                                    record,
+                                                    UnroutablePolicy::next_try(
+                                                        since, now, max_delay,
+                                                    ),
+                                                    format!("held: {reason}; no attempt spent"),
+                                                )
+                                            });
+                                            waves.block(i);
+                                            continue;
+                                        }
+                                        (
+                                            format!(
+                                                "unroutable for longer than {max_hold:?} (the \
                                              unroutable policy's max_hold): {reason}"
-                                        ),
-                                        true,
-                                    )
+                                            ),
+                                            true,
+                                        )
+                                    }
+                                    _ => (reason, false),
                                 }
-                                _ => (reason, false),
                             }
+                            PublishOutcome::Rejected { reason } => (reason, false),
+                            PublishOutcome::Unpublishable { reason } => (reason, true),
+                        }; // `PublishOutcome` is non-exhaustive for other crates only.
+                        let attempts = record.attempts.saturating_add(1);
+                        let next = if hopeless {
+                            NextStep::Dead
+                        } else {
+                            self.retry.next_step(attempts, Utc::now())
+                        };
+                        warn!(
+                            event_id = %record.id(),
+                            event_type = %record.envelope.event_type,
+                            attempts,
+                            next = ?next,
+                            %reason,
+                            "outbox relay: publish failed",
+                        );
+                        if next == NextStep::Dead {
+                            report.dead += 1;
                         }
-                        PublishOutcome::Rejected { reason } => (reason, false),
-                        PublishOutcome::Unpublishable { reason } => (reason, true),
-                    }; // `PublishOutcome` is non-exhaustive for other crates only.
-                    let attempts = record.attempts.saturating_add(1);
-                    let next = if hopeless {
-                        NextStep::Dead
-                    } else {
-                        self.retry.next_step(attempts, Utc::now())
-                    };
-                    warn!(
-                        event_id = %record.id(),
-                        event_type = %record.envelope.event_type,
-                        attempts,
-                        next = ?next,
-                        %reason,
-                        "outbox relay: publish failed",
-                    );
-                    if next == NextStep::Dead {
-                        report.dead += 1;
+                        failures.push(FailedAttempt {
+                            id: record.id(),
+                            attempts,
+                            error: reason,
+                            next,
+                            unroutable_since: None,
+                        });
+                        waves.block(i);
                     }
-                    failures.push(FailedAttempt {
-                        id: record.id(),
-                        attempts,
-                        error: reason,
-                        next,
-                        unroutable_since: None,
-                    });
-                    waves.block(i);
-                }
-                self.settle_unconfirmed(
-                    records,
-                    &mut waves,
-                    unconfirmed,
-                    sending.len(),
-                    &mut report,
-                    &mut failures,
-                );
-                if report.connection_lost.is_some() {
-                    break;
+                    self.settle_unconfirmed(
+                        records,
+                        &mut waves,
+                        unconfirmed,
+                        sending.len(),
+                        &mut report,
+                        &mut failures,
+                    );
+                    if report.connection_lost.is_some() {
+                        break 'waves;
+                    }
                 }
             }
+            suspects = self.judge_suspects(records, died, &mut report, &mut failures);
         }
         failpoints::hit(failpoints::AFTER_CONFIRM_BEFORE_MARK);
         if !sent.is_empty() {
             claim.mark_sent(&sent).await?;
         }
         failpoints::hit(failpoints::DURING_MARK);
+        if let Some((ids, reason)) = &suspects {
+            claim.mark_suspect(ids, reason).await?;
+        }
         if !failures.is_empty() {
             claim.mark_failed(&failures).await?;
         }
@@ -544,7 +581,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         claim.finish().await?;
 
         report.sent = sent.len();
-        report.failed = failures.len() - report.held;
+        report.failed = failures.len() - report.held - report.parked;
         report.released = claimed - report.sent - failures.len();
         let span = tracing::Span::current();
         span.record("sent", report.sent);
@@ -565,6 +602,100 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             "outbox relay: batch done"
         );
         Ok(report)
+    }
+
+    /// Publishes one call's events. A call of a suspect (`alone`) holds the
+    /// relay's publisher exclusively: no other batch of this relay is in
+    /// flight meanwhile, so if the connection dies, it died with the
+    /// suspect alone.
+    async fn publish_call(
+        &self,
+        batch: &[&crate::OutboxRecord],
+        alone: bool,
+        deadline: Option<Instant>,
+    ) -> Vec<PublishOutcome> {
+        let envelopes: Vec<&EventEnvelope> = batch.iter().map(|r| &r.envelope).collect();
+        if alone {
+            let _alone = self.solo.write().await;
+            for record in batch {
+                info!(
+                    event_id = %record.id(),
+                    suspect_count = record.suspect_count,
+                    suspect_limit = self.suspect_limit,
+                    "outbox relay: publishing a suspect event alone (the broker connection died \
+                     while it was in flight before)",
+                );
+            }
+            self.publisher.publish(&envelopes, deadline).await
+        } else {
+            let _shared = self.solo.read().await;
+            self.publisher.publish(&envelopes, deadline).await
+        }
+    }
+
+    /// Counts the events that were in flight when the connection died
+    /// (`died`: batch index, whether it was alone, the cause) as suspects;
+    /// one that was alone and reaches the suspect limit is parked `Dead`
+    /// with the reason (no attempt spent). Returns the ids for
+    /// [`Claim::mark_suspect`] and the reason to store, if any died.
+    fn judge_suspects(
+        &self,
+        records: &[crate::OutboxRecord],
+        died: Vec<(usize, bool, String)>,
+        report: &mut BatchReport,
+        failures: &mut Vec<FailedAttempt>,
+    ) -> Option<(Vec<Uuid>, String)> {
+        let cause = died.first().map(|(_, _, reason)| reason.clone())?;
+        let limit = self.suspect_limit;
+        ::metrics::counter!(metrics::SUSPECT_EVENTS_TOTAL).increment(died.len() as u64);
+        let mut ids = Vec::with_capacity(died.len());
+        for (i, alone, reason) in died {
+            let record = &records[i];
+            let count = record.suspect_count.saturating_add(1);
+            ids.push(record.id());
+            if alone && count >= limit {
+                let error = format!(
+                    "the connection to the broker died {count} times while this event was in \
+                     flight, the last time with it alone: {reason}; replay it once the broker \
+                     (or a proxy in front of it) accepts it"
+                );
+                warn!(
+                    event_id = %record.id(),
+                    event_type = %record.envelope.event_type,
+                    suspect_count = count,
+                    suspect_limit = limit,
+                    %reason,
+                    "outbox relay: the broker connection died with this event alone in flight \
+                     too often; parked dead (no attempt spent)",
+                );
+                report.dead += 1;
+                report.parked += 1;
+                failures.push(FailedAttempt {
+                    id: record.id(),
+                    attempts: record.attempts,
+                    error,
+                    next: NextStep::Dead,
+                    unroutable_since: None,
+                });
+            } else {
+                warn!(
+                    event_id = %record.id(),
+                    event_type = %record.envelope.event_type,
+                    suspect_count = count,
+                    suspect_limit = limit,
+                    alone,
+                    %reason,
+                    "outbox relay: the broker connection died while this event was in flight; \
+                     it is a suspect and will be published alone (no attempt spent)",
+                );
+            }
+        }
+        let reason = format!(
+            "suspect: the connection to the broker died while this event was in flight \
+             ({cause}); it is published alone from now on and parked dead once the connection \
+             dies with it alone {limit} times in all (no attempt spent)"
+        );
+        Some((ids, reason))
     }
 
     /// Classifies a wave's [`PublishOutcome::Unconfirmed`] events (`sent`
@@ -663,6 +794,26 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             () = self.handle.shutdown_requested() => {}
         }
     }
+}
+
+/// Splits a wave's events to send (batch index, destination) into publish
+/// calls: one for the events that are not suspects, then one per suspect
+/// (an event in flight when the connection died before), flagged `alone`.
+/// Each is the head of its aggregate in the batch, so the order of the
+/// calls does not matter for per-aggregate order.
+fn publish_calls(
+    records: &[crate::OutboxRecord],
+    sending: Vec<(usize, String)>,
+) -> Vec<(Vec<(usize, String)>, bool)> {
+    let (solos, shared): (Vec<_>, Vec<_>) = sending
+        .into_iter()
+        .partition(|(i, _)| records[*i].suspect_count > 0);
+    let mut calls = Vec::with_capacity(solos.len() + 1);
+    if !shared.is_empty() {
+        calls.push((shared, false));
+    }
+    calls.extend(solos.into_iter().map(|solo| (vec![solo], true)));
+    calls
 }
 
 /// Releases `record` until `at` without spending an attempt.

@@ -294,6 +294,7 @@ impl OutboxStore for InMemoryStore {
             if selected && row.record.status == EventStatus::Dead {
                 row.record.status = row.record.status.apply(Transition::Replay)?;
                 row.record.attempts = 0;
+                row.record.suspect_count = 0;
                 row.record.next_attempt_at = None;
                 replayed += 1;
             }
@@ -400,6 +401,14 @@ impl Claim for InMemoryClaim {
         self.update(ids.iter().copied(), |record, _| {
             record.status = record.status.apply(Transition::Publish)?;
             record.published_at = Some(now);
+            Ok(())
+        })
+    }
+
+    async fn mark_suspect(&mut self, ids: &[Uuid], reason: &str) -> Result<(), StoreError> {
+        self.update(ids.iter().copied(), |record, _| {
+            record.suspect_count = record.suspect_count.saturating_add(1);
+            record.last_error = Some(reason.to_owned());
             Ok(())
         })
     }

@@ -12,6 +12,7 @@ use crate::failpoints;
 use crate::{EventEnvelope, PublishOutcome, Publisher};
 
 type Behaviour = Box<dyn FnMut(&EventEnvelope) -> PublishOutcome + Send>;
+type BatchBehaviour = Box<dyn FnMut(&[&EventEnvelope]) -> Vec<PublishOutcome> + Send>;
 
 /// One call's view of one message: what was sent and what the "broker" said.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +32,7 @@ struct Inner {
     deadlines: Vec<Option<Instant>>,
     calls: usize,
     behaviour: Option<Behaviour>,
+    batch_behaviour: Option<BatchBehaviour>,
 }
 
 /// A publisher for tests: acks everything by default, or answers with a
@@ -92,6 +94,17 @@ impl RecordingPublisher {
         self.lock().behaviour = Some(Box::new(behaviour));
     }
 
+    /// Answers each `publish` call (wave) as a whole with `behaviour`, which
+    /// returns one outcome per event (a missing one is `ConnectionLost`);
+    /// e.g. a message that kills the connection fails every message of its
+    /// call. Takes precedence over [`set_behaviour`](Self::set_behaviour).
+    pub fn set_batch_behaviour(
+        &self,
+        behaviour: impl FnMut(&[&EventEnvelope]) -> Vec<PublishOutcome> + Send + 'static,
+    ) {
+        self.lock().batch_behaviour = Some(Box::new(behaviour));
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner
             .lock()
@@ -148,10 +161,17 @@ impl Publisher for RecordingPublisher {
             inner.calls += 1;
             inner.deadlines.push(deadline);
             let mut outcomes = Vec::with_capacity(events.len());
+            let mut scripted = inner
+                .batch_behaviour
+                .as_mut()
+                .map(|behaviour| behaviour(events).into_iter());
             for event in events {
-                let outcome = match inner.behaviour.as_mut() {
-                    Some(behaviour) => behaviour(event),
-                    None => PublishOutcome::Acked,
+                let outcome = match (scripted.as_mut(), inner.behaviour.as_mut()) {
+                    (Some(scripted), _) => scripted.next().unwrap_or_else(|| {
+                        PublishOutcome::connection_lost("the batch behaviour gave no outcome")
+                    }),
+                    (None, Some(behaviour)) => behaviour(event),
+                    (None, None) => PublishOutcome::Acked,
                 };
                 if outcome == PublishOutcome::Acked {
                     inner.acked.push((*event).clone());

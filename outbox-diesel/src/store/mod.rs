@@ -865,6 +865,19 @@ impl Claim for PgClaim {
         Ok(())
     }
 
+    async fn mark_suspect(&mut self, ids: &[Uuid], reason: &str) -> Result<()> {
+        let seqs = self.seqs(ids.iter().copied())?;
+        let sql = Arc::clone(&self.sql);
+        diesel::sql_query(&sql.mark_suspect)
+            .bind::<Array<BigInt>, _>(seqs)
+            // PostgreSQL text cannot hold NUL.
+            .bind::<Text, _>(reason.replace('\0', "\u{FFFD}"))
+            .prepared(sql.prepare)
+            .execute(self.connection()?)
+            .await?;
+        Ok(())
+    }
+
     async fn mark_failed(&mut self, failures: &[FailedAttempt]) -> Result<()> {
         let seqs = self.seqs(failures.iter().map(|f| f.id))?;
         let mut statuses = Vec::with_capacity(failures.len());

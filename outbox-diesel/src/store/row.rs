@@ -42,6 +42,8 @@ pub(crate) struct EventRow {
     published_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Nullable<Timestamptz>)]
     unroutable_since: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Integer)]
+    suspect_count: i32,
 }
 
 impl EventRow {
@@ -80,6 +82,7 @@ impl EventRow {
             last_error: self.last_error,
             published_at: self.published_at,
             unroutable_since: self.unroutable_since,
+            suspect_count: u32::try_from(self.suspect_count).unwrap_or(0),
         })
     }
 }

@@ -16,7 +16,7 @@ pub(crate) fn literals(statuses: &[EventStatus]) -> String {
 /// The columns of an outbox row, as [`EventRow`](super::row::EventRow) reads them.
 pub(crate) const COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, aggregate_version, \
     event_type, schema_version, payload::text AS payload, headers::text AS headers, occurred_at, \
-    status, attempts, next_attempt_at, last_error, published_at, unroutable_since";
+    status, attempts, next_attempt_at, last_error, published_at, unroutable_since, suspect_count";
 
 #[derive(Debug)]
 pub(crate) struct Sql {
@@ -28,6 +28,9 @@ pub(crate) struct Sql {
     pub(crate) claim_unordered: String,
     pub(crate) mark_sent: String,
     pub(crate) mark_failed: String,
+    /// Counts a connection's death against rows (`$1`: seqs, `$2`: reason):
+    /// `suspect_count + 1`, `last_error`; nothing else.
+    pub(crate) mark_suspect: String,
     /// Holds the given rows (`$1`: seqs) that are still pending.
     pub(crate) hold: String,
     /// Releases every held row (unordered mode).
@@ -187,6 +190,10 @@ impl Sql {
                  WHERE t.seq = u.seq AND t.status IN ({from})",
                 from = literals(Transition::Retry.from()),
             ),
+            mark_suspect: format!(
+                "UPDATE {t} SET suspect_count = suspect_count + 1, last_error = $2 \
+                 WHERE seq = ANY($1)"
+            ),
             hold: format!(
                 "UPDATE {t} SET status = '{to}' WHERE seq IN ( \
                    SELECT seq FROM {t} WHERE seq = ANY($1) AND status IN ({from}) \
@@ -277,7 +284,7 @@ impl Sql {
 
 fn replay(t: &str) -> String {
     format!(
-        "UPDATE {t} SET status = '{to}', attempts = 0, next_attempt_at = NULL \
+        "UPDATE {t} SET status = '{to}', attempts = 0, suspect_count = 0, next_attempt_at = NULL \
          WHERE status IN ({from})",
         to = Transition::Replay.to().as_str(),
         from = literals(Transition::Replay.from()),
