@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use outbox_core::testing::{InMemoryStore, RecordingPublisher};
 use outbox_core::{
-    DeadSelector, DomainEvent, EventEnvelope, EventStatus, OutboxStore, PublishOutcome, Publisher,
-    Relay,
+    Claim, DeadSelector, DomainEvent, EventEnvelope, EventStatus, OutboxStore, PublishOutcome,
+    Publisher, Relay,
 };
 use serde::Serialize;
 use uuid::Uuid;
@@ -259,13 +259,14 @@ async fn a_message_that_kills_the_connection_is_published_alone_then_parked_dead
         "the first batch's messages became suspects"
     );
 
-    // A replay resets the count: the event is published as new.
+    // A replay lowers the count to 1: the event is published alone first,
+    // and parked again only after as many deaths as the limit allows.
     assert_eq!(
         store.replay_dead(DeadSelector::Id(poison)).await.unwrap(),
         1
     );
     let replayed = store.get(poison).unwrap();
-    assert_eq!(replayed.suspect_count, 0);
+    assert_eq!(replayed.suspect_count, 1);
     assert_eq!(replayed.status, EventStatus::Pending);
 }
 
@@ -365,10 +366,105 @@ async fn a_lost_connection_makes_nothing_suspect() {
 }
 
 #[test]
-fn a_zero_suspect_limit_is_rejected() {
-    let err = Relay::builder(InMemoryStore::new(), RecordingPublisher::new())
-        .suspect_limit(0)
+fn a_suspect_limit_below_two_is_rejected() {
+    for limit in [0, 1] {
+        let err = Relay::builder(InMemoryStore::new(), RecordingPublisher::new())
+            .suspect_limit(limit)
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("suspect_limit"), "{err}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn suspects_go_first_and_wait_for_a_later_batch_after_one_is_not_confirmed() {
+    #[derive(Serialize)]
+    struct Stuck {
+        aggregate: String,
+    }
+    impl DomainEvent for Stuck {
+        fn aggregate_type(&self) -> &'static str {
+            "thing"
+        }
+        fn event_type(&self) -> &'static str {
+            "thing.stuck"
+        }
+        fn aggregate_id(&self) -> String {
+            self.aggregate.clone()
+        }
+    }
+    let store = InMemoryStore::new();
+    // s1's destination (its event type) has a stuck queue.
+    let s1 = store
+        .record(&Stuck {
+            aggregate: "s1".into(),
+        })
+        .unwrap();
+    let s2 = record(&store, "s2", 0);
+    let healthy: Vec<Uuid> = (0..5)
+        .map(|n| record(&store, &format!("h{n}"), 0))
+        .collect();
+    // Both are suspects already (the connection died under them before).
+    let mut claim = store.claim(100).await.unwrap().unwrap();
+    claim
+        .mark_suspect(&[s1, s2], "earlier death")
+        .await
+        .unwrap();
+    claim.finish().await.unwrap();
+    // The broker does not confirm s1 (its queue is stuck); the rest is acked.
+    let calls: Arc<Mutex<Vec<Vec<Uuid>>>> = Arc::default();
+    let publisher = RecordingPublisher::new();
+    publisher.set_batch_behaviour({
+        let calls = Arc::clone(&calls);
+        move |events| {
+            calls
+                .lock()
+                .unwrap()
+                .push(events.iter().map(|e| e.id).collect());
+            events
+                .iter()
+                .map(|e| {
+                    if e.id == s1 {
+                        PublishOutcome::unconfirmed("no confirm in time")
+                    } else {
+                        PublishOutcome::Acked
+                    }
+                })
+                .collect()
+        }
+    });
+    let relay = Relay::builder(store.clone(), publisher)
+        .batch_size(10)
+        .concurrency(1)
+        .poll_interval(Duration::from_millis(5))
         .build()
-        .unwrap_err();
-    assert!(err.to_string().contains("suspect_limit"), "{err}");
+        .unwrap();
+    run_until(relay, &store, move |store| {
+        healthy
+            .iter()
+            .chain([&s2])
+            .all(|id| store.get(*id).unwrap().status == EventStatus::Sent)
+    })
+    .await;
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls[0], vec![s1], "a suspect goes first, alone: {calls:?}");
+    assert!(
+        calls[1].len() > 1 && !calls[1].contains(&s2),
+        "after s1 was not confirmed, s2 waits for a later batch and the shared call goes: \
+         {calls:?}"
+    );
+    assert!(
+        calls
+            .iter()
+            .filter(|c| c.contains(&s2))
+            .all(|c| c == &vec![s2]),
+        "s2 is only ever published alone: {calls:?}"
+    );
+    let s1_row = store.get(s1).unwrap();
+    assert_ne!(s1_row.status, EventStatus::Sent);
+    assert_eq!(
+        s1_row.attempts, 0,
+        "an unconfirmed publish spends no attempt"
+    );
+    assert!(store.records().iter().all(|r| r.attempts == 0));
 }

@@ -1,7 +1,6 @@
 -- Expand: the `held` status and the indexes of the claim that skips
--- blocked aggregates; `unroutable_since` for events held as unroutable;
--- `suspect_count` for events in flight when the broker connection died (a
--- constant default: a catalog change, no rewrite). Nothing here rewrites the table or blocks writers for
+-- blocked aggregates; `unroutable_since` for events held as unroutable.
+-- Nothing here rewrites the table or blocks writers for
 -- long: the constraint is swapped NOT VALID (a brief lock, bounded by
 -- lock_timeout) and validated without blocking writes; the indexes are
 -- built CONCURRENTLY, one statement at a time, outside a transaction.
@@ -11,7 +10,6 @@
 -- step: transaction
 ALTER TABLE {schema}.outbox_events
     ADD COLUMN IF NOT EXISTS unroutable_since timestamptz,
-    ADD COLUMN IF NOT EXISTS suspect_count integer NOT NULL DEFAULT 0,
     DROP CONSTRAINT IF EXISTS outbox_events_status_check,
     ADD CONSTRAINT outbox_events_status_check
         CHECK (status IN ('pending', 'retry', 'held', 'sent', 'dead', 'skipped')) NOT VALID,

@@ -10,8 +10,9 @@
 #![doc = include_str!("../sql/001_outbox.sql")]
 //! ```
 //!
-//! Later migrations (`sql/002_held.sql`, `sql/003_drop_unsent.sql`) add
-//! the `held` status and the indexes below; see [`migrate`](crate::migrate)
+//! Later migrations (`sql/002_held.sql`, `sql/003_drop_unsent.sql`,
+//! `sql/004_suspect_count.sql`) add the `held` status, the indexes below
+//! and the suspect count; see [`migrate`](crate::migrate)
 //! for how they are applied to a table in use.
 //!
 //! # Why these indexes
@@ -78,7 +79,7 @@ diesel::table! {
         /// When the broker confirmed it.
         published_at -> Nullable<Timestamptz>,
         /// How many times the broker connection died while it was in
-        /// flight (migration 2); from 1 on it is published alone.
+        /// flight (migration 4); from 1 on it is published alone.
         suspect_count -> Int4,
     }
 }
@@ -202,15 +203,21 @@ pub const MIGRATIONS: &[Migration] = &[
         phase: Phase::Contract,
         sql: include_str!("../sql/003_drop_unsent.sql"),
     },
+    Migration {
+        version: 4,
+        name: "suspect count",
+        phase: Phase::Expand,
+        sql: include_str!("../sql/004_suspect_count.sql"),
+    },
 ];
 
 /// The newest migration a store of this version needs applied; relays
 /// refuse to claim from an outbox below it (run [`migrate`](crate::migrate)).
-pub(crate) const REQUIRED_VERSION: i32 = 2;
+pub(crate) const REQUIRED_VERSION: i32 = 4;
 
 /// The newest migration this version knows; relays refuse to claim from an
 /// outbox migrated past it by a newer version.
-pub(crate) const KNOWN_VERSION: i32 = 3;
+pub(crate) const KNOWN_VERSION: i32 = 4;
 
 /// A validated PostgreSQL schema name and the identifiers derived from it.
 #[derive(Debug, Clone, PartialEq, Eq)]

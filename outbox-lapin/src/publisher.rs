@@ -534,7 +534,11 @@ impl LapinPublisher {
     }
 
     /// Sends `events` pipelined on `channel`; returns each publish's
-    /// confirm (or the error of sending it). Awaits no confirm. Sending is
+    /// confirm (or the error of sending it), and whether the channel was
+    /// open when the publish began: a publish that began on an open channel
+    /// and failed was on the wire when the connection died (lapin resolves a
+    /// publish once its last frame is written), one that did not was never
+    /// sent. Awaits no confirm. Sending is
     /// bounded by `deadline`: under TCP backpressure (a broker that stopped
     /// reading, e.g. for a resource alarm raised mid-batch) `basic_publish`
     /// blocks, and the events not sent by then are left out (the result is
@@ -545,13 +549,14 @@ impl LapinPublisher {
         events: &[&EventEnvelope],
         targets: &[&(String, String)],
         deadline: Instant,
-    ) -> Vec<lapin::Result<PublisherConfirm>> {
+    ) -> Vec<(lapin::Result<PublisherConfirm>, bool)> {
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
         let mut pending = Vec::with_capacity(events.len());
         for (envelope, (exchange, routing_key)) in events.iter().zip(targets) {
+            let began_open = channel.status().connected();
             let publishing = channel.basic_publish(
                 exchange.as_str().into(),
                 routing_key.as_str().into(),
@@ -560,7 +565,7 @@ impl LapinPublisher {
                 wire::properties(envelope, &self.inner.source),
             );
             match tokio::time::timeout_at(deadline, publishing).await {
-                Ok(sent) => pending.push(sent),
+                Ok(sent) => pending.push((sent, began_open)),
                 Err(_) => break,
             }
         }
@@ -592,14 +597,14 @@ impl LapinPublisher {
         &self,
         connection: &ConnectionStatus,
         events: &[&EventEnvelope],
-        pending: Vec<lapin::Result<PublisherConfirm>>,
+        pending: Vec<(lapin::Result<PublisherConfirm>, bool)>,
         deadline: Instant,
     ) -> (Vec<Round>, bool) {
         let mut clean = true;
         let mut returned: HashMap<String, PublishOutcome> = HashMap::new();
         let mut rounds: Vec<Option<Round>> = Vec::with_capacity(pending.len());
         let mut confirms: Vec<Option<PublisherConfirm>> = Vec::with_capacity(pending.len());
-        for sent in pending {
+        for (sent, began_open) in pending {
             match sent {
                 Ok(confirm) => {
                     rounds.push(None);
@@ -607,7 +612,7 @@ impl LapinPublisher {
                 }
                 Err(err) => {
                     clean = false;
-                    rounds.push(Some(classify(connection, &err, false)));
+                    rounds.push(Some(classify(connection, &err, began_open)));
                     confirms.push(None);
                 }
             }
@@ -892,6 +897,18 @@ fn classify(connection: &ConnectionStatus, err: &lapin::Error, sent: bool) -> Ro
     }
     if matches!(err.kind(), ErrorKind::MissingHeartbeatError) {
         return lost(format!("connection to RabbitMQ lost: {err}"));
+    }
+    // The broker's verdict on a channel (404, 406, ...) is about a message
+    // even when the connection went down right after (lapin's close race,
+    // see the type's docs): narrow it down, do not count it a suspect.
+    if let ErrorKind::ProtocolError(amqp) = err.kind()
+        && let AMQPErrorKind::Soft(_) = amqp.kind()
+    {
+        return Round::ChannelClosed(format!(
+            "channel closed by the broker: {} {}",
+            amqp.get_id(),
+            amqp.get_message()
+        ));
     }
     if !connection.connected() {
         return died(format!(

@@ -128,7 +128,9 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     /// count reaches this limit, it is parked `Dead` with the reason
     /// (attempts unchanged: a dead connection never spends attempts), which
     /// holds its aggregate's later events until an operator replays (which
-    /// resets the count) or skips it. Innocent bystanders of the first death
+    /// lowers the count to 1, so the event goes alone first) or skips it.
+    /// At least 2: an event's first death is never with it alone (it was
+    /// not a suspect yet). Innocent bystanders of the first death
     /// are published alone once and sent; a broker that crashes (without
     /// announcing the close) while a suspect is alone in flight counts
     /// against that suspect too, so set the limit above the number of such
@@ -195,9 +197,11 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
                 "relay pause max must not be below pause min".into(),
             ));
         }
-        if self.suspect_limit == 0 {
+        if self.suspect_limit < 2 {
             return Err(Error::Config(
-                "relay suspect_limit must be at least 1".into(),
+                "relay suspect_limit must be at least 2 (an event's first connection death is \
+                 never with it alone: it was not a suspect yet)"
+                    .into(),
             ));
         }
         self.retry.validate()?;

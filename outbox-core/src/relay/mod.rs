@@ -429,6 +429,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         None => sending.push((i, destination)),
                     }
                 }
+                // After a suspect's call the broker did not confirm, the
+                // wave's other suspects wait for a later batch (unsent, no
+                // attempt spent) instead of each waiting a confirm timeout.
+                let mut solos_stalled = false;
                 for (sending, alone) in publish_calls(records, sending) {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         warn!(
@@ -436,9 +440,46 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         );
                         break 'waves;
                     }
+                    // A breaker an earlier call of this wave tripped holds
+                    // the later calls' events of that destination too.
+                    let now = Utc::now();
+                    let mut call = Vec::with_capacity(sending.len());
+                    for (i, destination) in sending {
+                        if alone && solos_stalled {
+                            waves.block(i);
+                            continue;
+                        }
+                        match self.breakers.open_until(&destination, now) {
+                            Some(until) => {
+                                report.held += 1;
+                                failures.push(held(
+                                    &records[i],
+                                    until,
+                                    format!(
+                                        "held back: the broker confirmed nothing published to \
+                                         {destination} lately (circuit breaker open); no attempt \
+                                         spent"
+                                    ),
+                                ));
+                                waves.block(i);
+                            }
+                            None => call.push((i, destination)),
+                        }
+                    }
+                    let sending = call;
+                    if sending.is_empty() {
+                        continue;
+                    }
                     let batch: Vec<&crate::OutboxRecord> =
                         sending.iter().map(|(i, _)| &records[*i]).collect();
-                    let mut outcomes = self.publish_call(&batch, alone, deadline).await.into_iter();
+                    let Some(outcomes) = self.publish_call(&batch, alone, deadline).await else {
+                        warn!(
+                            "outbox relay: claim lapsed while a suspect event waited to be \
+                             published alone; releasing the rest"
+                        );
+                        break 'waves;
+                    };
+                    let mut outcomes = outcomes.into_iter();
                     let mut unconfirmed: Vec<(usize, &str, String)> = Vec::new();
                     for (i, destination) in &sending {
                         let i = *i;
@@ -551,6 +592,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         });
                         waves.block(i);
                     }
+                    if alone && !unconfirmed.is_empty() {
+                        solos_stalled = true;
+                    }
                     self.settle_unconfirmed(
                         records,
                         &mut waves,
@@ -607,16 +651,28 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// Publishes one call's events. A call of a suspect (`alone`) holds the
     /// relay's publisher exclusively: no other batch of this relay is in
     /// flight meanwhile, so if the connection dies, it died with the
-    /// suspect alone.
+    /// suspect alone. `None` when the claim's deadline passed while a
+    /// suspect waited for the other batches in flight to finish.
     async fn publish_call(
         &self,
         batch: &[&crate::OutboxRecord],
         alone: bool,
         deadline: Option<Instant>,
-    ) -> Vec<PublishOutcome> {
+    ) -> Option<Vec<PublishOutcome>> {
         let envelopes: Vec<&EventEnvelope> = batch.iter().map(|r| &r.envelope).collect();
         if alone {
-            let _alone = self.solo.write().await;
+            let locking = self.solo.write();
+            let _alone = match deadline {
+                Some(deadline) => {
+                    let at = tokio::time::Instant::from_std(deadline);
+                    let guard = tokio::time::timeout_at(at, locking).await.ok()?;
+                    if Instant::now() >= deadline {
+                        return None;
+                    }
+                    guard
+                }
+                None => locking.await,
+            };
             for record in batch {
                 info!(
                     event_id = %record.id(),
@@ -626,10 +682,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                      while it was in flight before)",
                 );
             }
-            self.publisher.publish(&envelopes, deadline).await
+            Some(self.publisher.publish(&envelopes, deadline).await)
         } else {
             let _shared = self.solo.read().await;
-            self.publisher.publish(&envelopes, deadline).await
+            Some(self.publisher.publish(&envelopes, deadline).await)
         }
     }
 
@@ -797,8 +853,8 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
 }
 
 /// Splits a wave's events to send (batch index, destination) into publish
-/// calls: one for the events that are not suspects, then one per suspect
-/// (an event in flight when the connection died before), flagged `alone`.
+/// calls: one per suspect (an event in flight when the connection died
+/// before), flagged `alone`, then one for the events that are not suspects.
 /// Each is the head of its aggregate in the batch, so the order of the
 /// calls does not matter for per-aggregate order.
 fn publish_calls(
@@ -808,11 +864,14 @@ fn publish_calls(
     let (solos, shared): (Vec<_>, Vec<_>) = sending
         .into_iter()
         .partition(|(i, _)| records[*i].suspect_count > 0);
-    let mut calls = Vec::with_capacity(solos.len() + 1);
+    // Suspects first: a shared call whose connection dies ends the wave,
+    // and a suspect behind it would never get its call alone. (A wave
+    // holds one event per aggregate, so the order of its calls keeps
+    // per-aggregate order.)
+    let mut calls: Vec<_> = solos.into_iter().map(|solo| (vec![solo], true)).collect();
     if !shared.is_empty() {
         calls.push((shared, false));
     }
-    calls.extend(solos.into_iter().map(|solo| (vec![solo], true)));
     calls
 }
 

@@ -294,7 +294,7 @@ impl OutboxStore for InMemoryStore {
             if selected && row.record.status == EventStatus::Dead {
                 row.record.status = row.record.status.apply(Transition::Replay)?;
                 row.record.attempts = 0;
-                row.record.suspect_count = 0;
+                row.record.suspect_count = row.record.suspect_count.min(1);
                 row.record.next_attempt_at = None;
                 replayed += 1;
             }

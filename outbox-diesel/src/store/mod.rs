@@ -47,11 +47,7 @@
 //!   event before it, so that event cannot be sent, replayed or skipped
 //!   until the hold is committed. (Without that lock, a hold committed
 //!   after the release ran would leave an orphan that the gate below does
-//!   not see, and the aggregate's next event would overtake it. The lock
-//!   has a cost: it writes the event's tuple, which clears its heap page's
-//!   all-visible bit, so the gate fetches those pages again until the next
-//!   vacuum: measured with 1,000 dead heads, about 6 buffers all-visible
-//!   and about 210 not.)
+//!   not see, and the aggregate's next event would overtake it.)
 //! - **Released** by a trigger of the table (migration 2), in the
 //!   transaction that removes the `retry` or `dead` event they waited
 //!   behind, whoever removes it: a send, a replay or a skip by this

@@ -284,7 +284,7 @@ impl Sql {
 
 fn replay(t: &str) -> String {
     format!(
-        "UPDATE {t} SET status = '{to}', attempts = 0, suspect_count = 0, next_attempt_at = NULL \
+        "UPDATE {t} SET status = '{to}', attempts = 0, suspect_count = LEAST(suspect_count, 1), next_attempt_at = NULL \
          WHERE status IN ({from})",
         to = Transition::Replay.to().as_str(),
         from = literals(Transition::Replay.from()),
