@@ -150,19 +150,40 @@ async fn apply(
             schema.table("outbox_schema_version")
         );
         if steps.iter().all(|s| s.kind == StepKind::Transaction) {
-            // All or nothing, version row included.
-            conn.transaction::<_, Error, _>(async |conn| {
-                for step in &steps {
-                    conn.batch_execute(&step.sql).await?;
+            // All or nothing, version row included; each lock waited for
+            // at most the lock timeout (a table lock queued behind an old
+            // relay's claim would stall every producer's insert meanwhile),
+            // the whole retried.
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let result = conn
+                    .transaction::<_, Error, _>(async |conn| {
+                        conn.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+                            .await?;
+                        for step in &steps {
+                            conn.batch_execute(&step.sql).await?;
+                        }
+                        diesel::sql_query(&record)
+                            .bind::<Integer, _>(migration.version)
+                            .bind::<Text, _>(migration.name)
+                            .execute(conn)
+                            .await?;
+                        Ok(())
+                    })
+                    .await;
+                match result {
+                    Err(error) if tries < LOCK_TRIES && is_lock_timeout(&error) => {
+                        tracing::warn!(
+                            tries,
+                            version = migration.version,
+                            "outbox migration waited too long for a lock; retrying"
+                        );
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    }
+                    other => break other?,
                 }
-                diesel::sql_query(&record)
-                    .bind::<Integer, _>(migration.version)
-                    .bind::<Text, _>(migration.name)
-                    .execute(conn)
-                    .await?;
-                Ok(())
-            })
-            .await?;
+            }
         } else {
             for step in &steps {
                 match step.kind {
@@ -212,6 +233,15 @@ async fn applied_versions(conn: &mut AsyncPgConnection, schema: &Schema) -> Resu
 /// times out waiting for a lock (SQLSTATE 55P03): a long transaction (a
 /// claim in flight) then delays the step instead of stalling every writer
 /// queued behind it.
+/// Whether `error` is PostgreSQL's "canceling statement due to lock timeout".
+fn is_lock_timeout(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::Database(diesel::result::Error::DatabaseError(_, info))
+            if info.message().contains("lock timeout")
+    )
+}
+
 async fn with_lock_timeout(conn: &mut AsyncPgConnection, sql: &str) -> Result<()> {
     let mut tries = 0;
     loop {
@@ -226,9 +256,7 @@ async fn with_lock_timeout(conn: &mut AsyncPgConnection, sql: &str) -> Result<()
             })
             .await;
         match result {
-            Err(Error::Database(diesel::result::Error::DatabaseError(_, info)))
-                if tries < LOCK_TRIES && info.message().contains("lock timeout") =>
-            {
+            Err(error) if tries < LOCK_TRIES && is_lock_timeout(&error) => {
                 tracing::warn!(
                     tries,
                     "outbox migration step waited too long for a lock; retrying"

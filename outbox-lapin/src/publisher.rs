@@ -534,11 +534,12 @@ impl LapinPublisher {
     }
 
     /// Sends `events` pipelined on `channel`; returns each publish's
-    /// confirm (or the error of sending it), and whether the channel was
-    /// open when the publish began: a publish that began on an open channel
-    /// and failed was on the wire when the connection died (lapin resolves a
-    /// publish once its last frame is written), one that did not was never
-    /// sent. Awaits no confirm. Sending is
+    /// confirm (or the error of sending it), and whether it may have been
+    /// partly on the wire: only the first publish that fails, and only if
+    /// it began on an open channel (lapin resolves a publish once its last
+    /// frame is written, so that one may have been cut mid-write; every
+    /// later one is refused before anything of it is written). Awaits no
+    /// confirm. Sending is
     /// bounded by `deadline`: under TCP backpressure (a broker that stopped
     /// reading, e.g. for a resource alarm raised mid-batch) `basic_publish`
     /// blocks, and the events not sent by then are left out (the result is
@@ -555,8 +556,9 @@ impl LapinPublisher {
             ..BasicPublishOptions::default()
         };
         let mut pending = Vec::with_capacity(events.len());
+        let mut failed = false;
         for (envelope, (exchange, routing_key)) in events.iter().zip(targets) {
-            let began_open = channel.status().connected();
+            let began_open = !failed && channel.status().connected();
             let publishing = channel.basic_publish(
                 exchange.as_str().into(),
                 routing_key.as_str().into(),
@@ -565,7 +567,10 @@ impl LapinPublisher {
                 wire::properties(envelope, &self.inner.source),
             );
             match tokio::time::timeout_at(deadline, publishing).await {
-                Ok(sent) => pending.push((sent, began_open)),
+                Ok(sent) => {
+                    failed |= sent.is_err();
+                    pending.push((sent, began_open));
+                }
                 Err(_) => break,
             }
         }

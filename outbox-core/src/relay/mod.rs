@@ -395,6 +395,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             let records = claim.records();
             let deadline = claim.valid_until();
             let mut waves = Waves::new(records, claim.delivery_order());
+            // After a suspect's call the broker did not confirm, the batch's
+            // other suspects wait for a later batch (unsent, no attempt
+            // spent) instead of each waiting a confirm timeout.
+            let mut solos_stalled = false;
             'waves: loop {
                 let wave = waves.next_wave();
                 if wave.is_empty() {
@@ -429,10 +433,6 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         None => sending.push((i, destination)),
                     }
                 }
-                // After a suspect's call the broker did not confirm, the
-                // wave's other suspects wait for a later batch (unsent, no
-                // attempt spent) instead of each waiting a confirm timeout.
-                let mut solos_stalled = false;
                 for (sending, alone) in publish_calls(records, sending) {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         warn!(
@@ -651,8 +651,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// Publishes one call's events. A call of a suspect (`alone`) holds the
     /// relay's publisher exclusively: no other batch of this relay is in
     /// flight meanwhile, so if the connection dies, it died with the
-    /// suspect alone. `None` when the claim's deadline passed while a
-    /// suspect waited for the other batches in flight to finish.
+    /// suspect alone. `None` when the claim's deadline passed while the
+    /// call waited for the publisher (a suspect for the batches in flight,
+    /// a batch for a suspect's call).
     async fn publish_call(
         &self,
         batch: &[&crate::OutboxRecord],
@@ -684,7 +685,19 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             }
             Some(self.publisher.publish(&envelopes, deadline).await)
         } else {
-            let _shared = self.solo.read().await;
+            // Queued behind a suspect's call, the wait may outlast the claim.
+            let locking = self.solo.read();
+            let _shared = match deadline {
+                Some(deadline) => {
+                    let at = tokio::time::Instant::from_std(deadline);
+                    let guard = tokio::time::timeout_at(at, locking).await.ok()?;
+                    if Instant::now() >= deadline {
+                        return None;
+                    }
+                    guard
+                }
+                None => locking.await,
+            };
             Some(self.publisher.publish(&envelopes, deadline).await)
         }
     }
