@@ -150,45 +150,14 @@ async fn apply(
             schema.table("outbox_schema_version")
         );
         if steps.iter().all(|s| s.kind == StepKind::Transaction) {
-            // All or nothing, version row included; each lock waited for
-            // at most the lock timeout (a table lock queued behind an old
-            // relay's claim would stall every producer's insert meanwhile),
-            // the whole retried.
-            let mut tries = 0;
-            loop {
-                tries += 1;
-                let result = conn
-                    .transaction::<_, Error, _>(async |conn| {
-                        conn.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
-                            .await?;
-                        for step in &steps {
-                            conn.batch_execute(&step.sql).await?;
-                        }
-                        diesel::sql_query(&record)
-                            .bind::<Integer, _>(migration.version)
-                            .bind::<Text, _>(migration.name)
-                            .execute(conn)
-                            .await?;
-                        Ok(())
-                    })
-                    .await;
-                match result {
-                    Err(error) if tries < LOCK_TRIES && is_lock_timeout(&error) => {
-                        tracing::warn!(
-                            tries,
-                            version = migration.version,
-                            "outbox migration waited too long for a lock; retrying"
-                        );
-                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                    }
-                    other => break other?,
-                }
-            }
+            // All or nothing, version row included.
+            let sql: Vec<&str> = steps.iter().map(|s| s.sql.as_str()).collect();
+            with_lock_timeout(conn, &sql, Some((&record, migration))).await?;
         } else {
             for step in &steps {
                 match step.kind {
                     StepKind::Concurrently => concurrently(conn, schema, &step.sql).await?,
-                    _ => with_lock_timeout(conn, &step.sql).await?,
+                    _ => with_lock_timeout(conn, &[&step.sql], None).await?,
                 }
             }
             diesel::sql_query(&record)
@@ -229,10 +198,6 @@ async fn applied_versions(conn: &mut AsyncPgConnection, schema: &Schema) -> Resu
     Ok(rows.into_iter().map(|v| v.version).collect())
 }
 
-/// Runs a transactional step with a short `lock_timeout`, retrying when it
-/// times out waiting for a lock (SQLSTATE 55P03): a long transaction (a
-/// claim in flight) then delays the step instead of stalling every writer
-/// queued behind it.
 /// Whether `error` is PostgreSQL's "canceling statement due to lock timeout".
 fn is_lock_timeout(error: &Error) -> bool {
     matches!(
@@ -242,16 +207,33 @@ fn is_lock_timeout(error: &Error) -> bool {
     )
 }
 
-async fn with_lock_timeout(conn: &mut AsyncPgConnection, sql: &str) -> Result<()> {
+/// Runs `sql` (and `record`'s version row, if given) in one transaction in
+/// which each lock is waited for at most [`LOCK_TIMEOUT`]: a table lock
+/// queued behind a long transaction (an old relay's claim) would stall
+/// every producer's insert meanwhile. A lock timeout is retried, the whole
+/// transaction, up to [`LOCK_TRIES`] times.
+async fn with_lock_timeout(
+    conn: &mut AsyncPgConnection,
+    sql: &[&str],
+    record: Option<(&str, &Migration)>,
+) -> Result<()> {
     let mut tries = 0;
     loop {
         tries += 1;
         let result = conn
             .transaction::<_, Error, _>(async |conn| {
-                conn.batch_execute(&format!(
-                    "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';\n{sql}"
-                ))
-                .await?;
+                conn.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+                    .await?;
+                for step in sql {
+                    conn.batch_execute(step).await?;
+                }
+                if let Some((insert, migration)) = record {
+                    diesel::sql_query(insert)
+                        .bind::<Integer, _>(migration.version)
+                        .bind::<Text, _>(migration.name)
+                        .execute(conn)
+                        .await?;
+                }
                 Ok(())
             })
             .await;

@@ -662,18 +662,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     ) -> Option<Vec<PublishOutcome>> {
         let envelopes: Vec<&EventEnvelope> = batch.iter().map(|r| &r.envelope).collect();
         if alone {
-            let locking = self.solo.write();
-            let _alone = match deadline {
-                Some(deadline) => {
-                    let at = tokio::time::Instant::from_std(deadline);
-                    let guard = tokio::time::timeout_at(at, locking).await.ok()?;
-                    if Instant::now() >= deadline {
-                        return None;
-                    }
-                    guard
-                }
-                None => locking.await,
-            };
+            let _alone = before(deadline, self.solo.write()).await?;
             for record in batch {
                 info!(
                     event_id = %record.id(),
@@ -686,18 +675,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             Some(self.publisher.publish(&envelopes, deadline).await)
         } else {
             // Queued behind a suspect's call, the wait may outlast the claim.
-            let locking = self.solo.read();
-            let _shared = match deadline {
-                Some(deadline) => {
-                    let at = tokio::time::Instant::from_std(deadline);
-                    let guard = tokio::time::timeout_at(at, locking).await.ok()?;
-                    if Instant::now() >= deadline {
-                        return None;
-                    }
-                    guard
-                }
-                None => locking.await,
-            };
+            let _shared = before(deadline, self.solo.read()).await?;
             Some(self.publisher.publish(&envelopes, deadline).await)
         }
     }
@@ -897,6 +875,20 @@ fn held(record: &crate::OutboxRecord, at: chrono::DateTime<Utc>, error: String) 
         next: NextStep::RetryAt(at),
         unroutable_since: None,
     }
+}
+
+/// Awaits `lock` until `deadline`, if any: `None` once it has passed (a
+/// call that got the publisher only then must not publish).
+async fn before<T>(
+    deadline: Option<Instant>,
+    lock: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let Some(deadline) = deadline else {
+        return Some(lock.await);
+    };
+    let at = tokio::time::Instant::from_std(deadline);
+    let guard = tokio::time::timeout_at(at, lock).await.ok()?;
+    (Instant::now() < deadline).then_some(guard)
 }
 
 /// Runs `fut`, then never completes (for `select!` arms that must not end the loop).
