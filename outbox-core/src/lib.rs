@@ -60,6 +60,7 @@
 //! | `failpoints` | no | the named [`failpoints`] (via the `fail` crate) |
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+pub mod admin;
 pub mod context;
 mod envelope;
 mod error;
@@ -84,7 +85,7 @@ pub use retry::{NextStep, RetryPolicy};
 pub use status::{EventStatus, Transition};
 pub use store::{
     Claim, DeadSelector, DeliveryOrder, FailedAttempt, InboxDatabase, InboxOutcome, InboxStore,
-    OutboxStats, OutboxStore,
+    OutboxStats, OutboxStore, RelayControl, RelayRegistration,
 };
 
 /// `#[derive(DomainEvent)]` (feature `derive`); see `outbox-macros`.

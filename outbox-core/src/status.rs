@@ -9,7 +9,7 @@
 //!     │  │ Retry ─────┴──────────────────────┘
 //!     │  │   │ failed, no attempts left
 //!     ▼  │   ▼
-//!     Dead ──── skip (operator) ───► Skipped
+//!     Dead ──── skip (operator) ───► Skipped ◄── skip (operator) ── Retry
 //!       └────── replay (operator) ─► Pending
 //!
 //!  Pending, ── hold (an earlier event of its aggregate ──► Held
@@ -35,7 +35,8 @@ use crate::Error;
 ///
 /// "In flight" is not a status: a claimed event keeps its status while a relay
 /// holds it; how the claim is held (row lock or lease) is the store's business.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum EventStatus {
     /// Recorded and waiting for its first publish.
@@ -48,7 +49,8 @@ pub enum EventStatus {
     /// replay or skip it. In ordered mode it blocks the later events of its
     /// aggregate until then.
     Dead,
-    /// An operator gave up on a `Dead` event. Terminal; unblocks its aggregate.
+    /// An operator gave up on a `Dead` or `Retry` event. Terminal; unblocks its
+    /// aggregate.
     Skipped,
     /// Waiting behind an earlier `Retry`, `Dead` or `Held` event of the same
     /// aggregate (ordered mode); back to `Pending` when that event is sent,
@@ -68,7 +70,7 @@ pub enum Transition {
     Kill,
     /// An operator sends a `Dead` event again (keeps its sequence number).
     Replay,
-    /// An operator gives up on a `Dead` event.
+    /// An operator gives up on a `Dead` or `Retry` event.
     Skip,
     /// An earlier event of the aggregate blocks it (ordered mode). A retry
     /// keeps its attempts.
@@ -83,7 +85,8 @@ impl Transition {
         use EventStatus::*;
         match self {
             Transition::Publish | Transition::Retry | Transition::Kill => &[Pending, Retry],
-            Transition::Replay | Transition::Skip => &[Dead],
+            Transition::Replay => &[Dead],
+            Transition::Skip => &[Retry, Dead],
             Transition::Hold => &[Pending, Retry],
             Transition::Release => &[Held],
         }
@@ -209,6 +212,7 @@ mod tests {
             (Retry, Transition::Kill, Dead),
             (Dead, Transition::Replay, Pending),
             (Dead, Transition::Skip, Skipped),
+            (Retry, Transition::Skip, Skipped),
             (Pending, Transition::Hold, Held),
             (Retry, Transition::Hold, Held),
             (Held, Transition::Release, Pending),

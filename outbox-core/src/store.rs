@@ -41,6 +41,68 @@ pub struct OutboxStats {
     /// Events held because the broker returned them as unroutable (no
     /// binding for their routing key), across every relay of the outbox.
     pub unroutable: u64,
+    /// Relays whose heartbeat is recent (within three of their heartbeat
+    /// intervals), across the outbox; 0 for a store that does not keep
+    /// relays.
+    pub relays_live: u64,
+}
+
+/// A relay as it registers itself with its store when it starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayRegistration {
+    /// Unique per outbox (see [`RelayBuilder::name`](crate::RelayBuilder::name)).
+    pub name: String,
+    /// The host it runs on.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// The library version.
+    pub version: String,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// How often it heartbeats (its stats interval).
+    pub heartbeat_interval: Duration,
+}
+
+impl RelayRegistration {
+    /// A registration for this process: host from `HOSTNAME` or
+    /// `/etc/hostname`, this pid and library version, started now.
+    pub fn new(name: impl Into<String>, heartbeat_interval: Duration) -> Self {
+        RelayRegistration {
+            name: name.into(),
+            host: host_name(),
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            started_at: Utc::now(),
+            heartbeat_interval,
+        }
+    }
+}
+
+/// This machine's name, or `unknown`.
+pub(crate) fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// What a relay learns from its heartbeat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayControl {
+    /// An operator paused it: claim nothing until resumed.
+    pub paused: bool,
+}
+
+impl RelayControl {
+    /// Running, or paused.
+    pub fn new(paused: bool) -> Self {
+        RelayControl { paused }
+    }
 }
 
 /// A failed publish attempt, ready to be stored.
@@ -131,6 +193,35 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// the stats: e.g. repairing bookkeeping a race may leave behind. The
     /// default does nothing.
     fn maintain(&self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// Registers a relay when it starts (replacing a registration of the same
+    /// name). The default keeps no registry.
+    fn register_relay(
+        &self,
+        relay: &RelayRegistration,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = relay;
+        std::future::ready(Ok(()))
+    }
+
+    /// Records that relay `name` is alive with `in_flight` batches, every
+    /// [`stats_interval`](crate::RelayBuilder::stats_interval); returns
+    /// whether an operator paused it. The default never pauses.
+    fn heartbeat(
+        &self,
+        name: &str,
+        in_flight: u32,
+    ) -> impl Future<Output = Result<RelayControl, Self::Error>> + Send {
+        let _ = (name, in_flight);
+        std::future::ready(Ok(RelayControl::default()))
+    }
+
+    /// Removes relay `name` from the registry when it stops cleanly. The
+    /// default does nothing.
+    fn deregister_relay(&self, name: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = name;
         std::future::ready(Ok(()))
     }
 

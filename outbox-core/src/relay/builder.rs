@@ -17,6 +17,7 @@ use crate::{Error, OutboxStore, Publisher, Relay, RelayHandle, RetryPolicy, Unro
 /// | [`retry`](Self::retry) | [`RetryPolicy::default`] | backoff and attempt limit for failed publishes |
 /// | [`pause`](Self::pause) | 100 ms .. 30 s | backoff after a lost connection or store error |
 /// | [`suspect_limit`](Self::suspect_limit) | 3 | connection deaths with an event in flight, the last with it alone, after which it is parked `Dead` |
+/// | [`name`](Self::name) | `<host>-<pid>-<random>` | the relay's name in the store's registry (`outbox relays list`, pause and resume) |
 /// | [`unroutable`](Self::unroutable) | [`UnroutablePolicy::default`] (hold up to 7 days) | what an event the broker returns as unroutable costs; per event type with [`unroutable_for`](Self::unroutable_for) |
 ///
 /// The batch size trades latency of a single batch against throughput; 100
@@ -27,6 +28,7 @@ pub struct RelayBuilder<S, P> {
     store: S,
     publisher: P,
     handle: Option<RelayHandle>,
+    name: Option<String>,
     batch_size: usize,
     concurrency: usize,
     poll_interval: Duration,
@@ -45,6 +47,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             store,
             publisher,
             handle: None,
+            name: None,
             batch_size: 100,
             concurrency: 2,
             poll_interval: Duration::from_secs(1),
@@ -56,6 +59,15 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             suspect_limit: 3,
             unroutable: super::unroutable::Unroutable::default(),
         }
+    }
+
+    /// The relay's name in the store's registry of relays (unique per
+    /// outbox; 1 to 200 bytes). Default `<host>-<pid>-<4 random hex digits>`.
+    /// A relay registered under the name of another replaces its entry, so
+    /// give each relay its own (e.g. the pod name).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
     }
 
     /// Events claimed per batch (1..=10 000). Default 100.
@@ -205,7 +217,19 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             ));
         }
         self.retry.validate()?;
+        let name = match self.name {
+            Some(name) if name.trim().is_empty() || name.len() > 200 => {
+                return Err(Error::Config(
+                    "relay name must be 1 to 200 bytes and not blank".into(),
+                ));
+            }
+            Some(name) => name,
+            None => default_name(),
+        };
         Ok(Relay {
+            registration: crate::RelayRegistration::new(name, self.stats_interval),
+            paused: std::sync::atomic::AtomicBool::new(false),
+            resumed: tokio::sync::Notify::new(),
             store: self.store,
             publisher: self.publisher,
             handle: self.handle.unwrap_or_default(),
@@ -227,4 +251,14 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             unroutable: self.unroutable,
         })
     }
+}
+
+/// `<host>-<pid>-<4 random hex digits>`: unique for relays of one process too.
+fn default_name() -> String {
+    let random = uuid::Uuid::now_v7().as_u128() & 0xffff;
+    format!(
+        "{}-{}-{random:04x}",
+        crate::store::host_name(),
+        std::process::id()
+    )
 }

@@ -43,6 +43,11 @@ pub const UNROUTABLE_ACCEPTED_TOTAL: &str = "outbox_unroutable_accepted_total";
 pub const SUSPECT_EVENTS_TOTAL: &str = "outbox_suspect_events_total";
 /// Gauge: 1 while the relay is paused after losing the broker connection.
 pub const PAUSED: &str = "outbox_relay_paused";
+/// Gauge: 1 while an operator has paused the relay (`outbox relays pause`).
+pub const OPERATOR_PAUSED: &str = "outbox_relay_operator_paused";
+/// Gauge: relays of the outbox whose heartbeat is recent, read from the
+/// store (store-wide: every relay exports the same value, so alert on `max`).
+pub const RELAYS_LIVE: &str = "outbox_relays_live";
 
 /// Registers descriptions and units of every metric above with the installed
 /// recorder. Optional; call it once after installing your recorder.
@@ -95,6 +100,12 @@ pub fn describe() {
     describe_counter!(
         UNROUTABLE_ACCEPTED_TOTAL,
         "Unroutable events marked sent by the Accept policy"
+    );
+    describe_gauge!(OPERATOR_PAUSED, "1 while an operator has paused the relay");
+    describe_gauge!(
+        RELAYS_LIVE,
+        Unit::Count,
+        "Relays of the outbox with a recent heartbeat"
     );
     describe_gauge!(
         PAUSED,

@@ -117,6 +117,11 @@ use waves::Waves;
 /// ```
 #[derive(Debug)]
 pub struct Relay<S, P> {
+    registration: crate::RelayRegistration,
+    /// Set by the heartbeat while an operator has paused this relay.
+    paused: std::sync::atomic::AtomicBool,
+    /// Notified when a heartbeat finds the relay resumed.
+    resumed: tokio::sync::Notify,
     store: S,
     publisher: P,
     handle: RelayHandle,
@@ -178,6 +183,11 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         self.handle.clone()
     }
 
+    /// Its name in the store's registry of relays.
+    pub fn name(&self) -> &str {
+        &self.registration.name
+    }
+
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
@@ -192,6 +202,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// retried with backoff; the relay never gives up on its own.
     pub async fn run(self) {
         info!(
+            relay = %self.registration.name,
             batch_size = self.batch_size,
             concurrency = self.concurrency,
             "outbox relay started"
@@ -207,7 +218,15 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             () = forever(self.store.wakeups(self.handle.clone())) => {}
             () = forever(self.stats_loop()) => {}
         }
-        info!("outbox relay stopped");
+        let name = &self.registration.name;
+        match tokio::time::timeout(DEREGISTER_TIMEOUT, self.store.deregister_relay(name)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                warn!(error = %err, relay = %name, "outbox relay: deregistering failed")
+            }
+            Err(_) => warn!(relay = %name, "outbox relay: deregistering timed out"),
+        }
+        info!(relay = %name, "outbox relay stopped");
     }
 
     /// The polls of loop `i`: every `poll_interval`, shifted by `i` /
@@ -276,6 +295,19 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             }
             follow = None;
             follow_empty = None;
+            // Paused by an operator: claim nothing until a heartbeat finds
+            // the relay resumed (batches in flight finish).
+            if self.paused.load(Ordering::SeqCst) {
+                let resumed = self.resumed.notified();
+                if self.paused.load(Ordering::SeqCst) {
+                    tokio::select! {
+                        () = resumed => {}
+                        () = self.handle.shutdown_requested() => break,
+                    }
+                }
+                wait = false;
+                continue;
+            }
             // A lost connection pauses every loop of the relay.
             if let Some(until) = pause.until() {
                 tokio::select! {
@@ -808,7 +840,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     }
 
     async fn stats_loop(&self) {
+        let mut registered = false;
         loop {
+            self.heartbeat(&mut registered).await;
             match self.store.stats().await {
                 Ok(stats) => {
                     ::metrics::gauge!(metrics::BACKLOG).set(stats.backlog as f64);
@@ -818,6 +852,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     ::metrics::gauge!(metrics::BLOCKED_AGGREGATES)
                         .set(stats.blocked_aggregates as f64);
                     ::metrics::gauge!(metrics::UNROUTABLE_EVENTS).set(stats.unroutable as f64);
+                    ::metrics::gauge!(metrics::RELAYS_LIVE).set(stats.relays_live as f64);
                 }
                 Err(err) => {
                     ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
@@ -831,6 +866,41 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             tokio::select! {
                 () = tokio::time::sleep(self.stats_interval) => {}
                 () = self.handle.shutdown_requested() => return,
+            }
+        }
+    }
+
+    /// Registers the relay (until that succeeds), then records it alive and
+    /// reads whether an operator paused it.
+    async fn heartbeat(&self, registered: &mut bool) {
+        let name = &self.registration.name;
+        if !*registered {
+            match self.store.register_relay(&self.registration).await {
+                Ok(()) => *registered = true,
+                Err(err) => {
+                    ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                    warn!(error = %err, relay = %name, "outbox relay: registering failed");
+                    return;
+                }
+            }
+        }
+        let in_flight = u32::try_from(self.busy.load(Ordering::SeqCst)).unwrap_or(u32::MAX);
+        match self.store.heartbeat(name, in_flight).await {
+            Ok(control) => {
+                let was = self.paused.swap(control.paused, Ordering::SeqCst);
+                ::metrics::gauge!(metrics::OPERATOR_PAUSED).set(u8::from(control.paused));
+                if was != control.paused {
+                    if control.paused {
+                        warn!(relay = %name, "outbox relay: paused by an operator; claiming nothing until resumed");
+                    } else {
+                        info!(relay = %name, "outbox relay: resumed by an operator");
+                        self.resumed.notify_waiters();
+                    }
+                }
+            }
+            Err(err) => {
+                ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                warn!(error = %err, relay = %name, "outbox relay: heartbeat failed");
             }
         }
     }
@@ -969,6 +1039,9 @@ impl Backoff {
 
 /// Stands in for "never" in poll times (a year).
 const FAR_FUTURE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// How long a stopping relay waits to remove itself from the registry.
+const DEREGISTER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Fixed-rate poll times of one relay loop: `origin + k × interval`.
 #[derive(Debug, Clone, Copy)]

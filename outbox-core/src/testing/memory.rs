@@ -7,9 +7,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use crate::admin::{Attempt, AttemptOutcome, AuditRecord, RelayInfo};
 use crate::{
     Claim, DeadSelector, DeliveryOrder, DomainEvent, Error, EventEnvelope, EventStatus,
-    FailedAttempt, NextStep, OutboxRecord, OutboxStats, OutboxStore, Transition,
+    FailedAttempt, NextStep, OutboxRecord, OutboxStats, OutboxStore, RelayControl,
+    RelayRegistration, Transition,
 };
 
 /// Errors of the in-memory store.
@@ -33,7 +35,30 @@ struct State {
     next_seq: i64,
     next_claim: u64,
     fail_next: usize,
+    /// Failed attempts per `seq`, the last [`ATTEMPTS_KEPT`](crate::admin::ATTEMPTS_KEPT).
+    attempts: BTreeMap<i64, Vec<Attempt>>,
+    audit: Vec<AuditRecord>,
+    /// Registered relays with their heartbeat interval.
+    relays: BTreeMap<String, (RelayInfo, Duration)>,
 }
+
+impl State {
+    fn record_attempt(&mut self, seq: i64, outcome: AttemptOutcome, error: &str) {
+        let kept = self.attempts.entry(seq).or_default();
+        kept.push(Attempt::new(Utc::now(), None, outcome, error));
+        let excess = kept.len().saturating_sub(crate::admin::ATTEMPTS_KEPT);
+        kept.drain(..excess);
+    }
+
+    fn seq_of(&self, id: Uuid) -> Option<i64> {
+        self.rows
+            .iter()
+            .find(|(_, r)| r.record.id() == id)
+            .map(|(seq, _)| *seq)
+    }
+}
+
+mod admin;
 
 #[derive(Debug)]
 struct Row {
@@ -254,7 +279,22 @@ impl OutboxStore for InMemoryStore {
                 stats.blocked_aggregates += 1;
             }
         }
+        stats.relays_live = Self::live_relays(&state);
         Ok(stats)
+    }
+
+    async fn register_relay(&self, relay: &RelayRegistration) -> Result<(), StoreError> {
+        self.register(relay);
+        Ok(())
+    }
+
+    async fn heartbeat(&self, name: &str, in_flight: u32) -> Result<RelayControl, StoreError> {
+        Ok(self.beat(name, in_flight))
+    }
+
+    async fn deregister_relay(&self, name: &str) -> Result<(), StoreError> {
+        self.lock().relays.remove(name);
+        Ok(())
     }
 
     async fn purge_sent(&self, before: DateTime<Utc>, limit: usize) -> Result<u64, StoreError> {
@@ -273,6 +313,7 @@ impl OutboxStore for InMemoryStore {
             .collect();
         for seq in &doomed {
             state.rows.remove(seq);
+            state.attempts.remove(seq);
         }
         Ok(doomed.len() as u64)
     }
@@ -410,7 +451,14 @@ impl Claim for InMemoryClaim {
             record.suspect_count = record.suspect_count.saturating_add(1);
             record.last_error = Some(reason.to_owned());
             Ok(())
-        })
+        })?;
+        let mut state = self.lock();
+        for id in ids {
+            if let Some(seq) = state.seq_of(*id) {
+                state.record_attempt(seq, AttemptOutcome::Suspect, reason);
+            }
+        }
+        Ok(())
     }
 
     async fn mark_failed(&mut self, failures: &[FailedAttempt]) -> Result<(), StoreError> {
@@ -426,7 +474,18 @@ impl Claim for InMemoryClaim {
             record.last_error = Some(failure.error.clone());
             record.unroutable_since = failure.unroutable_since;
             Ok(())
-        })
+        })?;
+        let mut state = self.lock();
+        for failure in failures {
+            let outcome = match failure.next {
+                NextStep::RetryAt(_) => AttemptOutcome::Retry,
+                NextStep::Dead => AttemptOutcome::Dead,
+            };
+            if let Some(seq) = state.seq_of(failure.id) {
+                state.record_attempt(seq, outcome, &failure.error);
+            }
+        }
+        Ok(())
     }
 
     async fn finish(self) -> Result<(), StoreError> {

@@ -700,6 +700,7 @@ impl OutboxStore for PgOutboxStore {
                 .map(|secs| Duration::from_secs_f64(secs.max(0.0))),
             dead: u64::try_from(row.dead).unwrap_or(0),
             unroutable: u64::try_from(row.unroutable).unwrap_or(0),
+            relays_live: 0,
             blocked_aggregates: if ordered {
                 u64::try_from(row.blocked).unwrap_or(0)
             } else {
