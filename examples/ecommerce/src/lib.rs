@@ -42,6 +42,7 @@ use std::sync::Arc;
 use outbox::axum::OutboxLayer;
 use outbox::postgres::{PgOutboxStore, PgTransaction};
 use outbox::rabbitmq::{EventHandler, LapinPublisher, QueueTopology};
+use outbox::admin::Janitor;
 use outbox::{Relay, RelayHandle};
 use tokio::task::JoinSet;
 
@@ -336,6 +337,9 @@ async fn run_relay(
         .source(topology::SOURCE)
         .connection_name("ecommerce-relay")
         .build()?;
+    // Retention beside the relay: sent events after 7 days, inbox entries
+    // after 14 (the janitor's defaults); dead events stay for an operator.
+    let janitor = Janitor::new(store.clone());
     let relay = Relay::builder(store, publisher)
         .handle(handle.clone())
         .build()?;
@@ -343,7 +347,7 @@ async fn run_relay(
         shutdown.wait().await;
         handle.shutdown();
     };
-    tokio::join!(relay.run(), stop);
+    tokio::join!(relay.run(), janitor.run(handle.clone()), stop);
     Ok(())
 }
 

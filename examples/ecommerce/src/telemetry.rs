@@ -53,6 +53,7 @@ pub async fn refresh_outbox_gauges(store: &PgOutboxStore) -> Result<(), outbox::
     metrics::gauge!(names::DEAD).set(stats.dead as f64);
     metrics::gauge!(names::BLOCKED_AGGREGATES).set(stats.blocked_aggregates as f64);
     metrics::gauge!(names::UNROUTABLE_EVENTS).set(stats.unroutable as f64);
+    metrics::gauge!(names::RELAYS_LIVE).set(stats.relays_live as f64);
     metrics::gauge!(names::OLDEST_UNSENT_AGE_SECONDS)
         .set(stats.oldest_unsent_age.map_or(0.0, |age| age.as_secs_f64()));
     Ok(())
