@@ -39,10 +39,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use outbox::admin::Janitor;
 use outbox::axum::OutboxLayer;
 use outbox::postgres::{PgOutboxStore, PgTransaction};
 use outbox::rabbitmq::{EventHandler, LapinPublisher, QueueTopology};
-use outbox::admin::Janitor;
 use outbox::{Relay, RelayHandle};
 use tokio::task::JoinSet;
 
