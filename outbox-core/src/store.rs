@@ -218,8 +218,9 @@ pub trait OutboxStore: Send + Sync + 'static {
         std::future::ready(Ok(RelayControl::default()))
     }
 
-    /// Removes relay `name` from the registry when it stops cleanly. The
-    /// default does nothing.
+    /// Removes relay `name` from the registry when it stops cleanly, unless
+    /// an operator paused it (its entry stays, so that the next instance
+    /// under that name starts paused). The default does nothing.
     fn deregister_relay(&self, name: &str) -> impl Future<Output = Result<(), Self::Error>> + Send {
         let _ = name;
         std::future::ready(Ok(()))

@@ -393,3 +393,51 @@ async fn a_relay_registers_heartbeats_and_obeys_pause_and_resume() {
         .collect();
     assert_eq!(actions, ["resume", "pause"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_relay_restarted_under_a_paused_name_claims_nothing() {
+    let store = InMemoryStore::new();
+    let publisher = RecordingPublisher::new();
+    let admin = Admin::new(store.clone());
+    let build = || {
+        Relay::builder(store.clone(), publisher.clone())
+            .name("relay-one")
+            .stats_interval(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    };
+    let first = build();
+    let handle = first.handle();
+    let task = tokio::spawn(first.run());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    admin
+        .set_paused(&operator(), "relay-one", true)
+        .await
+        .unwrap();
+    handle.shutdown();
+    task.await.unwrap();
+    // A paused relay keeps its registry entry when it stops: the next
+    // instance under that name starts paused.
+    assert!(admin.relays().await.unwrap()[0].paused);
+    store
+        .record(&Changed {
+            aggregate: "a".into(),
+        })
+        .unwrap();
+    let second = build();
+    let handle = second.handle();
+    let task = tokio::spawn(second.run());
+    handle.notify();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        publisher.published().is_empty(),
+        "paused from its first claim"
+    );
+    admin
+        .set_paused(&operator(), "relay-one", false)
+        .await
+        .unwrap();
+    publisher.wait_for(1).await;
+    handle.shutdown();
+    task.await.unwrap();
+}

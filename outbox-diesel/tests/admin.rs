@@ -257,6 +257,13 @@ async fn relays_register_heartbeat_pause_and_deregister() {
     db.execute("UPDATE {schema}.outbox_relays SET heartbeat_at = now() - interval '1 minute'");
     assert!(!admin.relays().await.unwrap()[0].live);
     assert_eq!(store.stats().await.unwrap().relays_live, 0);
+    // A paused relay's entry outlives it (the next instance starts paused),
+    // also past the janitor's stale cutoff.
+    admin.set_paused(&operator(), "r1", true).await.unwrap();
+    store.deregister_relay("r1").await.unwrap();
+    assert_eq!(store.purge_stale_relays(Utc::now()).await.unwrap(), 0);
+    assert_eq!(admin.relays().await.unwrap().len(), 1);
+    admin.set_paused(&operator(), "r1", false).await.unwrap();
     store.deregister_relay("r1").await.unwrap();
     assert!(admin.relays().await.unwrap().is_empty());
 }

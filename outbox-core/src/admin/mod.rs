@@ -197,7 +197,8 @@ pub trait OutboxAdmin: Send + Sync + 'static {
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 
     /// Removes relays whose last heartbeat is older than `before` (crashed
-    /// relays that never deregistered); returns how many.
+    /// relays that never deregistered), except paused ones (an operator's
+    /// pause outlives the process); returns how many.
     fn purge_stale_relays(
         &self,
         before: DateTime<Utc>,

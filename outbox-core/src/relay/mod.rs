@@ -207,6 +207,12 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             concurrency = self.concurrency,
             "outbox relay started"
         );
+        // Registered and told whether an operator paused it before the
+        // first claim (a relay restarted under a paused name stays paused);
+        // a store that does not answer in time is retried by the stats loop.
+        let mut registered = false;
+        let _ =
+            tokio::time::timeout(FIRST_HEARTBEAT_TIMEOUT, self.heartbeat(&mut registered)).await;
         let pause = Pause::new(self.pause_min, self.pause_max);
         let started = tokio::time::Instant::now();
         let loops = futures_util::future::join_all(
@@ -216,7 +222,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             biased;
             _ = loops => {}
             () = forever(self.store.wakeups(self.handle.clone())) => {}
-            () = forever(self.stats_loop()) => {}
+            () = forever(self.stats_loop(registered)) => {}
         }
         let name = &self.registration.name;
         match tokio::time::timeout(DEREGISTER_TIMEOUT, self.store.deregister_relay(name)).await {
@@ -839,8 +845,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
     }
 
-    async fn stats_loop(&self) {
-        let mut registered = false;
+    async fn stats_loop(&self, mut registered: bool) {
         loop {
             self.heartbeat(&mut registered).await;
             match self.store.stats().await {
@@ -1039,6 +1044,10 @@ impl Backoff {
 
 /// Stands in for "never" in poll times (a year).
 const FAR_FUTURE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// How long a starting relay waits for its registration and first
+/// heartbeat before claiming.
+const FIRST_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a stopping relay waits to remove itself from the registry.
 const DEREGISTER_TIMEOUT: Duration = Duration::from_secs(5);

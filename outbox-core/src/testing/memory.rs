@@ -293,7 +293,10 @@ impl OutboxStore for InMemoryStore {
     }
 
     async fn deregister_relay(&self, name: &str) -> Result<(), StoreError> {
-        self.lock().relays.remove(name);
+        // A paused relay's entry stays, so that it restarts paused.
+        self.lock()
+            .relays
+            .retain(|n, (info, _)| n != name || info.paused);
         Ok(())
     }
 

@@ -400,9 +400,12 @@ impl OutboxAdmin for PgOutboxStore {
             "SELECT \
                (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE status = 'sent' LIMIT $1) s) AS sent, \
                (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE status = 'skipped' LIMIT $1) s) AS skipped, \
-               (SELECT greatest(reltuples, 0)::int8 FROM pg_class WHERE oid = '{t}'::regclass) AS estimate"
+               coalesce((SELECT greatest(c.reltuples, 0)::int8 FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $2 AND c.relname = 'outbox_events'), 0) AS estimate"
         ))
         .bind::<BigInt, _>(EXACT_COUNT_LIMIT)
+        .bind::<Text, _>(self.schema.name())
         .get_result(&mut *self.conn().await?)
         .await?;
         counts.skipped = count(done.skipped);
@@ -714,10 +717,12 @@ impl OutboxAdmin for PgOutboxStore {
 
     async fn purge_stale_relays(&self, before: DateTime<Utc>) -> Result<u64> {
         let r = self.table("outbox_relays");
-        let deleted = diesel::sql_query(format!("DELETE FROM {r} WHERE heartbeat_at < $1"))
-            .bind::<Timestamptz, _>(before)
-            .execute(&mut *self.conn().await?)
-            .await?;
+        let deleted = diesel::sql_query(format!(
+            "DELETE FROM {r} WHERE heartbeat_at < $1 AND NOT paused"
+        ))
+        .bind::<Timestamptz, _>(before)
+        .execute(&mut *self.conn().await?)
+        .await?;
         Ok(deleted as u64)
     }
 

@@ -845,7 +845,7 @@ impl OutboxStore for PgOutboxStore {
 
     async fn deregister_relay(&self, name: &str) -> Result<()> {
         let r = self.schema.table("outbox_relays");
-        diesel::sql_query(format!("DELETE FROM {r} WHERE name = $1"))
+        diesel::sql_query(format!("DELETE FROM {r} WHERE name = $1 AND NOT paused"))
             .bind::<Text, _>(name)
             .execute(&mut *self.conn().await?)
             .await?;

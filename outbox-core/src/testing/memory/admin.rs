@@ -338,6 +338,9 @@ impl OutboxAdmin for InMemoryStore {
 impl InMemoryStore {
     pub(super) fn register(&self, relay: &RelayRegistration) {
         let now = Utc::now();
+        let mut state = self.lock();
+        // Registering again under a name keeps an operator's pause.
+        let paused = state.relays.get(&relay.name).is_some_and(|(r, _)| r.paused);
         let info = RelayInfo {
             name: relay.name.clone(),
             host: relay.host.clone(),
@@ -346,10 +349,10 @@ impl InMemoryStore {
             started_at: relay.started_at,
             heartbeat_at: now,
             in_flight: 0,
-            paused: false,
+            paused,
             live: true,
         };
-        self.lock()
+        state
             .relays
             .insert(relay.name.clone(), (info, relay.heartbeat_interval));
     }
