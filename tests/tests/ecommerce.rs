@@ -152,6 +152,8 @@ struct Shop {
     channel: Channel,
     /// Messages taken from the capture queue and not yet asked for.
     captured: Mutex<Vec<Delivery>>,
+    /// More environment for every role started from now on.
+    env: Vec<(&'static str, String)>,
 }
 
 impl Shop {
@@ -199,6 +201,7 @@ impl Shop {
             _amqp: amqp,
             channel,
             captured: Mutex::new(Vec::new()),
+            env: Vec::new(),
         }
     }
 
@@ -229,6 +232,7 @@ impl Shop {
             .env("EXCHANGE", &self.exchange)
             .env("QUEUE_PREFIX", &self.prefix)
             .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -1296,6 +1300,70 @@ async fn a_relay_killed_with_sigkill_and_restarted_loses_nothing() {
     for order in orders {
         assert_eq!(shop.status(order).await, "paid");
     }
+}
+
+/// With retentions of seconds, the janitor beside the relay keeps both
+/// tables at what the last seconds produced while orders keep coming, and
+/// empties them once traffic stops: nothing sent or received lingers past
+/// its retention (plus the janitor's interval and a margin).
+#[tokio::test(flavor = "multi_thread")]
+async fn with_short_retentions_the_outbox_and_inbox_stop_growing() {
+    let mut shop = Shop::new("retention").await;
+    shop.env.push(("SENT_RETENTION", "3s".into()));
+    shop.env.push(("INBOX_RETENTION", "4s".into()));
+    shop.env.push(("JANITOR_INTERVAL", "500ms".into()));
+    shop.start(&["api", "relay", "inventory", "loyalty"]).await;
+    shop.set_stock("mug", 1_000_000).await;
+    let customer = Uuid::now_v7();
+    let started = std::time::Instant::now();
+    let mut orders: i64 = 0;
+    let mut checks = 0;
+    let mut last_check = started;
+    while started.elapsed() < Duration::from_secs(30) {
+        let order = shop.place(customer, &[("mug", 1, 150)]).await;
+        shop.transition(order, "pay", "paid").await;
+        orders += 1;
+        if last_check.elapsed() >= Duration::from_secs(1)
+            && started.elapsed() > Duration::from_secs(10)
+        {
+            last_check = std::time::Instant::now();
+            checks += 1;
+            let old_sent = shop
+                .count(
+                    "SELECT count(*) AS n FROM outbox_events WHERE status = 'sent' \
+                     AND coalesce(published_at, occurred_at) < now() - interval '8 seconds'",
+                )
+                .await;
+            let old_inbox = shop
+                .count(
+                    "SELECT count(*) AS n FROM inbox_events \
+                     WHERE received_at < now() - interval '9 seconds'",
+                )
+                .await;
+            assert_eq!(
+                (old_sent, old_inbox),
+                (0, 0),
+                "sent events and inbox entries past their retention remain after {:?}",
+                started.elapsed()
+            );
+        }
+    }
+    assert!(
+        orders > 50 && checks >= 15,
+        "{orders} orders, {checks} checks"
+    );
+    eventually("inventory and loyalty saw every order", orders, || {
+        shop.points(customer)
+    })
+    .await;
+    eventually("the outbox emptied", 0, || {
+        shop.count("SELECT count(*) AS n FROM outbox_events")
+    })
+    .await;
+    eventually("the inbox emptied", 0, || {
+        shop.count("SELECT count(*) AS n FROM inbox_events")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

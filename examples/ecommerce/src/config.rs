@@ -8,11 +8,15 @@
 //! | `BIND` | `127.0.0.1:3000` | `api`, `all` |
 //! | `EXCHANGE` | `ecommerce.events` | every role |
 //! | `QUEUE_PREFIX` | `ecommerce` (queues are `<prefix>.inventory`, `<prefix>.loyalty`, `<prefix>.orders`) | every role |
+//! | `SENT_RETENTION` | `7d`: the janitor deletes sent events older than this | `relay`, `all` |
+//! | `INBOX_RETENTION` | `14d`: and inbox entries older than this (at least the broker's redelivery window + the consumers' retry window + the replay window) | `relay`, `all` |
+//! | `JANITOR_INTERVAL` | `5m`: time between janitor runs | `relay`, `all` |
 //! | `RUST_LOG` | `info` | every role (read in `main`) |
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
+use std::time::Duration;
 
 /// Default of `DATABASE_URL`.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/ecommerce";
@@ -24,6 +28,14 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:3000";
 pub const DEFAULT_EXCHANGE: &str = "ecommerce.events";
 /// Default of `QUEUE_PREFIX`.
 pub const DEFAULT_QUEUE_PREFIX: &str = "ecommerce";
+
+/// Default of `SENT_RETENTION`.
+pub const DEFAULT_SENT_RETENTION: &str = "7d";
+/// Default of `INBOX_RETENTION`: at least the broker's redelivery window,
+/// plus the consumers' retry window, plus the replay window.
+pub const DEFAULT_INBOX_RETENTION: &str = "14d";
+/// Default of `JANITOR_INTERVAL`.
+pub const DEFAULT_JANITOR_INTERVAL: &str = "5m";
 
 /// The service's settings.
 #[derive(Clone)]
@@ -38,6 +50,12 @@ pub struct Config {
     pub exchange: String,
     /// The prefix of the queue names.
     pub queue_prefix: String,
+    /// How long the janitor keeps sent events (`SENT_RETENTION`, e.g. `7d`).
+    pub sent_retention: Duration,
+    /// How long the janitor keeps inbox entries (`INBOX_RETENTION`).
+    pub inbox_retention: Duration,
+    /// Time between janitor runs (`JANITOR_INTERVAL`).
+    pub janitor_interval: Duration,
 }
 
 impl fmt::Debug for Config {
@@ -49,6 +67,9 @@ impl fmt::Debug for Config {
             .field("bind", &self.bind)
             .field("exchange", &self.exchange)
             .field("queue_prefix", &self.queue_prefix)
+            .field("sent_retention", &self.sent_retention)
+            .field("inbox_retention", &self.inbox_retention)
+            .field("janitor_interval", &self.janitor_interval)
             .finish()
     }
 }
@@ -63,6 +84,17 @@ pub enum ConfigError {
     /// A variable is set but empty.
     #[error("environment variable {0} is set but empty; unset it to use the default")]
     Empty(&'static str),
+    /// A duration variable does not parse.
+    #[error("{name}={value:?} is not a duration such as 30s, 15m or 7d: {source}")]
+    Duration {
+        /// The variable.
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it does not parse.
+        #[source]
+        source: humantime::DurationError,
+    },
     /// `BIND` is not an address.
     #[error("BIND={value:?} is not a socket address such as 127.0.0.1:3000: {source}")]
     Bind {
@@ -99,6 +131,14 @@ impl Config {
             }
         };
         let bind = var("BIND", DEFAULT_BIND)?;
+        let duration = |name: &'static str, default: &str| -> Result<Duration, ConfigError> {
+            let value = var(name, default)?;
+            humantime::parse_duration(&value).map_err(|source| ConfigError::Duration {
+                name,
+                value,
+                source,
+            })
+        };
         Ok(Config {
             database_url: var("DATABASE_URL", DEFAULT_DATABASE_URL)?,
             amqp_url: var("AMQP_URL", DEFAULT_AMQP_URL)?,
@@ -108,6 +148,9 @@ impl Config {
             })?,
             exchange: var("EXCHANGE", DEFAULT_EXCHANGE)?,
             queue_prefix: var("QUEUE_PREFIX", DEFAULT_QUEUE_PREFIX)?,
+            sent_retention: duration("SENT_RETENTION", DEFAULT_SENT_RETENTION)?,
+            inbox_retention: duration("INBOX_RETENTION", DEFAULT_INBOX_RETENTION)?,
+            janitor_interval: duration("JANITOR_INTERVAL", DEFAULT_JANITOR_INTERVAL)?,
         })
     }
 
@@ -145,6 +188,21 @@ mod tests {
         assert_eq!(config.bind.to_string(), "127.0.0.1:3000");
         assert_eq!(config.exchange, "ecommerce.events");
         assert_eq!(config.queue("inventory"), "ecommerce.inventory");
+        assert_eq!(config.sent_retention, Duration::from_secs(7 * 86_400));
+        assert_eq!(config.inbox_retention, Duration::from_secs(14 * 86_400));
+        assert_eq!(config.janitor_interval, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn retentions_are_durations() {
+        let config = config(&[("SENT_RETENTION", "30s"), ("INBOX_RETENTION", "2m")]).unwrap();
+        assert_eq!(config.sent_retention, Duration::from_secs(30));
+        assert_eq!(config.inbox_retention, Duration::from_secs(120));
+        let err = super::tests::config(&[("SENT_RETENTION", "a week")]).unwrap_err();
+        assert!(
+            err.to_string().starts_with("SENT_RETENTION=\"a week\""),
+            "{err}"
+        );
     }
 
     #[test]

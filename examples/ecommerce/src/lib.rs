@@ -337,9 +337,12 @@ async fn run_relay(
         .source(topology::SOURCE)
         .connection_name("ecommerce-relay")
         .build()?;
-    // Retention beside the relay: sent events after 7 days, inbox entries
-    // after 14 (the janitor's defaults); dead events stay for an operator.
-    let janitor = Janitor::new(store.clone());
+    // Retention beside the relay (`SENT_RETENTION`, `INBOX_RETENTION`);
+    // dead events stay for an operator.
+    let janitor = Janitor::new(store.clone())
+        .sent_retention(config.sent_retention)
+        .inbox_retention(config.inbox_retention)
+        .interval(config.janitor_interval);
     let relay = Relay::builder(store, publisher)
         .handle(handle.clone())
         .build()?;
