@@ -11,9 +11,11 @@
 //! ```
 //!
 //! Later migrations (`sql/002_held.sql`, `sql/003_drop_unsent.sql`,
-//! `sql/004_suspect_count.sql`) add the `held` status, the indexes below
-//! and the suspect count; see [`migrate`](crate::migrate)
-//! for how they are applied to a table in use.
+//! `sql/004_suspect_count.sql`, `sql/005_admin.sql`) add the `held` status,
+//! the indexes below, the suspect count, and the admin API's tables
+//! (`outbox_attempts`, `outbox_audit`, `outbox_relays`) with autovacuum
+//! settings for a table that works as a queue (the migration says why); see
+//! [`migrate`](crate::migrate) for how they are applied to a table in use.
 //!
 //! # Why these indexes
 //! - **`outbox_events_pkey (seq)`**: the order of events; purges walk it.
@@ -209,15 +211,21 @@ pub const MIGRATIONS: &[Migration] = &[
         phase: Phase::Expand,
         sql: include_str!("../sql/004_suspect_count.sql"),
     },
+    Migration {
+        version: 5,
+        name: "admin tables and autovacuum settings",
+        phase: Phase::Expand,
+        sql: include_str!("../sql/005_admin.sql"),
+    },
 ];
 
 /// The newest migration a store of this version needs applied; relays
 /// refuse to claim from an outbox below it (run [`migrate`](crate::migrate)).
-pub(crate) const REQUIRED_VERSION: i32 = 4;
+pub(crate) const REQUIRED_VERSION: i32 = 5;
 
 /// The newest migration this version knows; relays refuse to claim from an
 /// outbox migrated past it by a newer version.
-pub(crate) const KNOWN_VERSION: i32 = 4;
+pub(crate) const KNOWN_VERSION: i32 = 5;
 
 /// A validated PostgreSQL schema name and the identifiers derived from it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -295,7 +295,7 @@ async fn a_store_refuses_an_outbox_not_migrated_or_migrated_past_it() {
     assert!(err.to_string().contains("outbox_diesel::migrate"), "{err}");
     db.execute(
         "INSERT INTO {schema}.outbox_schema_version (version, name) VALUES (2, 'x'), (3, 'y'), \
-         (4, 'z'), \
+         (4, 'z'), (5, 'w'), \
          (99, 'from the future')",
     );
     let err = store.claim(10).await.unwrap_err();

@@ -133,7 +133,7 @@ async fn second_run_applies_nothing_and_keeps_the_data() {
     let applied = outbox_diesel::migrate(&mut conn, &schema.name)
         .await
         .unwrap();
-    assert_eq!(applied, vec![1, 2, 3, 4]);
+    assert_eq!(applied, vec![1, 2, 3, 4, 5]);
     assert_outbox_works(&schema.url, &schema.name).await;
 
     let again = outbox_diesel::migrate(&mut conn, &schema.name)
@@ -144,14 +144,17 @@ async fn second_run_applies_nothing_and_keeps_the_data() {
         schema.tables(),
         [
             "inbox_events",
+            "outbox_attempts",
+            "outbox_audit",
             "outbox_events",
+            "outbox_relays",
             "outbox_schema_version",
             "outbox_settings"
         ]
     );
     assert_eq!(schema.count("outbox_events", "WHERE status = 'sent'"), 1);
     assert_eq!(schema.count("outbox_settings", ""), 1);
-    assert_eq!(schema.count("outbox_schema_version", ""), 4);
+    assert_eq!(schema.count("outbox_schema_version", ""), 5);
     // And through the URL shorthand, likewise nothing.
     let via_url = outbox_diesel::migrate_url(&schema.url, &schema.name)
         .await
@@ -185,10 +188,10 @@ async fn concurrent_runs_apply_once_without_error() {
     results.sort();
     assert_eq!(
         results,
-        vec![vec![], vec![], vec![], vec![1, 2, 3, 4]],
+        vec![vec![], vec![], vec![], vec![1, 2, 3, 4, 5]],
         "exactly one instance applies the migration"
     );
-    assert_eq!(schema.count("outbox_schema_version", ""), 4);
+    assert_eq!(schema.count("outbox_schema_version", ""), 5);
     assert_eq!(schema.count("outbox_settings", ""), 1);
     assert_outbox_works(&schema.url, &schema.name).await;
 }
@@ -202,7 +205,7 @@ async fn diesel_migration_table_is_never_created() {
         outbox_diesel::migrate(&mut conn, &schema.name)
             .await
             .unwrap(),
-        vec![1, 2, 3, 4]
+        vec![1, 2, 3, 4, 5]
     );
     assert_eq!(
         schema.regclass(&format!("\"{}\".__diesel_schema_migrations", schema.name)),
@@ -229,7 +232,10 @@ async fn ddl_applied_by_hand_gives_a_working_outbox() {
         schema.tables(),
         [
             "inbox_events",
+            "outbox_attempts",
+            "outbox_audit",
             "outbox_events",
+            "outbox_relays",
             "outbox_schema_version",
             "outbox_settings"
         ],

@@ -1,7 +1,8 @@
 //! `InboxConsumer` and `QueueTopology` against the real RabbitMQ, with the
 //! in-memory inbox (the PostgreSQL inbox is tested end to end in the
 //! workspace's `tests` crate): malformed messages, retries, dead letters,
-//! duplicates, shutdown, per-aggregate order under concurrency, reconnects.
+//! duplicates, shutdown, per-aggregate order under concurrency, reconnects,
+//! the dead-letter queue depth gauge.
 //!
 //! Each test declares its own exchange and queues, named after the test and
 //! the process, and deletes them when it ends, also when it fails.
@@ -9,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox_core::testing::{InMemoryInbox, InboxTx};
 use outbox_core::{DomainEvent, EventEnvelope};
+use outbox_lapin::consumer_metrics::DEAD_LETTERS;
 use outbox_lapin::wire::{self, header_i64, header_str};
 use outbox_lapin::{
     ATTEMPT_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError, InboxConsumer,
@@ -1228,4 +1230,180 @@ async fn an_original_routing_key_header_longer_than_amqp_allows_does_not_loop_fo
     assert_eq!(handled.len(), 1, "a permanent error: one call");
     assert_eq!(handled[0].event.routing_key, "order.placed");
     assert_eq!(broker.ready(broker.queue()).await, 0, "nothing requeued");
+}
+
+/// The gauges set through the `metrics` facade, by name and `consumer`
+/// label: a recorder of this test binary's own, installed once (counters
+/// and histograms are dropped).
+#[derive(Default)]
+struct Gauges(Mutex<HashMap<(String, String), Arc<AtomicU64>>>);
+
+impl Gauges {
+    fn installed() -> &'static Gauges {
+        static GAUGES: std::sync::OnceLock<&'static Gauges> = std::sync::OnceLock::new();
+        GAUGES.get_or_init(|| {
+            let gauges: &'static Gauges = Box::leak(Box::default());
+            metrics::set_global_recorder(GaugeRecorder(gauges))
+                .expect("no other metrics recorder in this test binary");
+            gauges
+        })
+    }
+
+    fn get(&self, name: &str, consumer: &str) -> Option<f64> {
+        self.0
+            .lock()
+            .unwrap()
+            .get(&(name.to_owned(), consumer.to_owned()))
+            .map(|value| f64::from_bits(value.load(Ordering::Relaxed)))
+    }
+
+    /// Waits up to `within` for the gauge to read `expected`.
+    async fn wait_for(&self, name: &str, consumer: &str, expected: f64, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let got = self.get(name, consumer);
+            if got == Some(expected) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}{{consumer={consumer:?}}} is {got:?} after {within:?}, expected {expected}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+struct GaugeRecorder(&'static Gauges);
+
+impl metrics::Recorder for GaugeRecorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        let consumer = key
+            .labels()
+            .find(|label| label.key() == "consumer")
+            .map(|label| label.value().to_owned())
+            .unwrap_or_default();
+        let value = self
+            .0
+            .0
+            .lock()
+            .unwrap()
+            .entry((key.name().to_owned(), consumer))
+            .or_default()
+            .clone();
+        metrics::Gauge::from_arc(value)
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+#[tokio::test]
+async fn the_dead_letter_gauge_follows_the_depth_of_the_dead_letter_queue() {
+    let gauges = Gauges::installed();
+    let broker = Broker::new("dead_letter_depth").await;
+    // Two dead letters are waiting before the consumer starts.
+    for n in 0..2 {
+        let confirm = broker
+            .channel
+            .basic_publish(
+                "".into(),
+                broker.dead_letter_queue().into(),
+                BasicPublishOptions::default(),
+                format!("old dead letter {n}").as_bytes(),
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(confirm, lapin::Confirmation::Ack(None));
+    }
+    let name = broker.consumer_name();
+    let consumer = InboxConsumer::builder(
+        amqp_url(),
+        broker.queue(),
+        &name,
+        InMemoryInbox::new(),
+        recording(&Calls::default(), |_, _| Ok(())),
+    )
+    .declare(broker.topology.clone())
+    .build()
+    .unwrap();
+    // The same queue without a declared topology: the consumer does not
+    // know its dead-letter queue, so it exports no depth.
+    let blind_name = format!("{name}.blind");
+    let blind = InboxConsumer::builder(
+        amqp_url(),
+        broker.queue(),
+        &blind_name,
+        InMemoryInbox::new(),
+        recording(&Calls::default(), |_, _| Ok(())),
+    )
+    .build()
+    .unwrap();
+    let running = Running::start(consumer);
+    let running_blind = Running::start(blind);
+
+    // Read when the session starts.
+    gauges.wait_for(DEAD_LETTERS, &name, 2.0, WAIT).await;
+
+    // A malformed message is dead-lettered; the next read (every 15 s)
+    // sees the real depth.
+    broker
+        .publish_raw("order.placed", b"not json {", BasicProperties::default())
+        .await;
+    let deadline = Instant::now() + WAIT;
+    while broker.ready(broker.dead_letter_queue()).await < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the malformed message is dead-lettered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    gauges
+        .wait_for(
+            DEAD_LETTERS,
+            &name,
+            f64::from(broker.ready(broker.dead_letter_queue()).await),
+            Duration::from_secs(15) + WAIT,
+        )
+        .await;
+    assert_eq!(gauges.get(DEAD_LETTERS, &name), Some(3.0));
+    assert_eq!(
+        gauges.get(DEAD_LETTERS, &blind_name),
+        None,
+        "a consumer that does not know its dead-letter queue exports no depth"
+    );
+
+    running_blind.stop().await;
+    running.stop().await;
 }

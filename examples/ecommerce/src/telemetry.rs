@@ -4,9 +4,9 @@
 //! the relay's counters (`outbox_published_total`, `outbox_failed_total`,
 //! ...) where a relay runs in the process, the inbox consumers' counters,
 //! and the outbox gauges (`outbox_backlog`, `outbox_oldest_unsent_age_seconds`,
-//! `outbox_dead`, `outbox_blocked_aggregates`), which [`outbox_gauges`] reads
-//! from the database every few seconds: every process that serves HTTP
-//! shows them, whether or not a relay runs in it.
+//! `outbox_dead`, `outbox_blocked_aggregates`, `outbox_unroutable_events`),
+//! which [`outbox_gauges`] reads from the database every few seconds: every
+//! process that serves HTTP shows them, whether or not a relay runs in it.
 
 use std::time::Duration;
 
@@ -33,11 +33,13 @@ pub fn install_metrics() -> Result<PrometheusHandle, metrics_exporter_prometheus
 }
 
 /// Shows the relay's counters at 0 before its first batch (a counter is
-/// otherwise absent until first incremented).
+/// otherwise absent until first incremented), and `outbox_relay_paused` at
+/// 0 until the relay first pauses (the dashboard in `docs/ops/` plots it).
 pub fn register_relay_counters() {
     metrics::counter!(names::PUBLISHED_TOTAL).increment(0);
     metrics::counter!(names::FAILED_TOTAL).increment(0);
     metrics::counter!(names::DEAD_TOTAL).increment(0);
+    metrics::gauge!(names::PAUSED).set(0.0);
 }
 
 /// Reads the outbox's numbers once and sets the gauges.
@@ -50,6 +52,7 @@ pub async fn refresh_outbox_gauges(store: &PgOutboxStore) -> Result<(), outbox::
     metrics::gauge!(names::BACKLOG).set(stats.backlog as f64);
     metrics::gauge!(names::DEAD).set(stats.dead as f64);
     metrics::gauge!(names::BLOCKED_AGGREGATES).set(stats.blocked_aggregates as f64);
+    metrics::gauge!(names::UNROUTABLE_EVENTS).set(stats.unroutable as f64);
     metrics::gauge!(names::OLDEST_UNSENT_AGE_SECONDS)
         .set(stats.oldest_unsent_age.map_or(0.0, |age| age.as_secs_f64()));
     Ok(())

@@ -17,6 +17,10 @@
 //! | purge | [`Admin::purge`] | sent events or inbox entries older than a duration |
 //! | relays | [`Admin::relays`], [`Admin::set_paused`] | registered relays, pause and resume |
 //!
+//! Retention runs by itself: a [`Janitor`] beside each relay purges sent
+//! events and inbox entries past their retention (dead events are kept
+//! until an operator acts).
+//!
 //! Every mutation needs a [`Caller`] with [`Role::Operator`], writes an
 //! [`AuditEntry`] before its first change (each chunk adds its count in its
 //! own transaction) and a `tracing` event.
@@ -58,12 +62,14 @@ use uuid::Uuid;
 mod audit;
 mod filter;
 mod group;
+mod janitor;
 mod report;
 mod service;
 
 pub use audit::{AuditEntry, AuditRecord, Caller, Role};
 pub use filter::{EventFilter, Page};
 pub use group::{MAX_NORMALIZED_BYTES, group_id, normalize_error};
+pub use janitor::{Janitor, JanitorReport};
 pub use report::{
     Attempt, AttemptOutcome, EventDetail, EventSummary, EventTypeCounts, FailureGroup, OrderName,
     RelayInfo, StatusCounts, StatusReport, group_failures,
@@ -188,6 +194,13 @@ pub trait OutboxAdmin: Send + Sync + 'static {
         before: DateTime<Utc>,
         limit: usize,
         audit: Option<i64>,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Removes relays whose last heartbeat is older than `before` (crashed
+    /// relays that never deregistered); returns how many.
+    fn purge_stale_relays(
+        &self,
+        before: DateTime<Utc>,
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 
     /// Registered relays.

@@ -146,6 +146,30 @@ pub struct RelayInfo {
     pub live: bool,
 }
 
+impl RelayInfo {
+    /// A relay that started at `started_at` and has not heartbeaten since
+    /// (set the other fields after).
+    pub fn new(
+        name: impl Into<String>,
+        host: impl Into<String>,
+        pid: u32,
+        version: impl Into<String>,
+        started_at: DateTime<Utc>,
+    ) -> Self {
+        RelayInfo {
+            name: name.into(),
+            host: host.into(),
+            pid,
+            version: version.into(),
+            started_at,
+            heartbeat_at: started_at,
+            in_flight: 0,
+            paused: false,
+            live: false,
+        }
+    }
+}
+
 /// One event in a listing: everything but payload and headers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]

@@ -49,6 +49,10 @@ pub const OPERATOR_PAUSED: &str = "outbox_relay_operator_paused";
 /// store (store-wide: every relay exports the same value, so alert on `max`).
 pub const RELAYS_LIVE: &str = "outbox_relays_live";
 
+/// Counter: rows the [`Janitor`](crate::admin::Janitor) deleted, labelled
+/// `table` (`outbox_events`, `inbox_events`).
+pub const PURGED_TOTAL: &str = "outbox_purged_total";
+
 /// Registers descriptions and units of every metric above with the installed
 /// recorder. Optional; call it once after installing your recorder.
 pub fn describe() {

@@ -75,6 +75,7 @@
 //! statement of the store runs prepared (see the [`crate`] docs, "Prepared
 //! statements").
 
+mod admin;
 mod listen;
 mod plan;
 mod row;
@@ -95,7 +96,7 @@ use diesel_async::{
 use crate::PgTransaction;
 use outbox_core::{
     Claim, DeadSelector, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxRecord,
-    OutboxStats, OutboxStore, RelayHandle,
+    OutboxStats, OutboxStore, RelayControl, RelayHandle, RelayRegistration,
 };
 use uuid::Uuid;
 
@@ -138,6 +139,9 @@ pub struct PgOutboxStore {
     blocking_cache: Arc<std::sync::Mutex<Option<(bool, Instant)>>>,
     /// The outbox's schema version was found to be one this store reads.
     version_ok: Arc<std::sync::atomic::AtomicBool>,
+    /// The relay registered through this store (its name goes into the
+    /// attempt history of what its claims mark failed).
+    relay: Arc<std::sync::Mutex<Option<RelayRegistration>>>,
 }
 
 /// How long a claim trusts its count of blocking events.
@@ -285,6 +289,7 @@ impl PgOutboxStoreBuilder {
             order_cache: Arc::default(),
             blocking_cache: Arc::default(),
             version_ok: Arc::default(),
+            relay: Arc::default(),
         })
     }
 }
@@ -325,6 +330,14 @@ impl PgOutboxStore {
             keep_sent: true,
             prepare: true,
         }
+    }
+
+    fn relay_name(&self) -> Option<String> {
+        self.relay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|r| r.name.clone())
     }
 
     /// The schema of this outbox.
@@ -600,6 +613,7 @@ impl PgOutboxStore {
                         .bind::<Text, _>(
                             format!("malformed row: {reason}").replace('\0', "\u{FFFD}"),
                         )
+                        .bind::<Nullable<Text>, _>(self.relay_name())
                         .prepared(self.sql.prepare)
                         .execute(&mut *conn)
                         .await?;
@@ -683,6 +697,7 @@ impl OutboxStore for PgOutboxStore {
             order,
             sql: Arc::clone(&self.sql),
             valid_until: Instant::now() + self.claim_timeout.mul_f64(0.8),
+            relay: self.relay_name(),
         }))
     }
 
@@ -700,7 +715,7 @@ impl OutboxStore for PgOutboxStore {
                 .map(|secs| Duration::from_secs_f64(secs.max(0.0))),
             dead: u64::try_from(row.dead).unwrap_or(0),
             unroutable: u64::try_from(row.unroutable).unwrap_or(0),
-            relays_live: 0,
+            relays_live: u64::try_from(row.relays_live).unwrap_or(0),
             blocked_aggregates: if ordered {
                 u64::try_from(row.blocked).unwrap_or(0)
             } else {
@@ -782,6 +797,61 @@ impl OutboxStore for PgOutboxStore {
         Ok(())
     }
 
+    async fn register_relay(&self, relay: &RelayRegistration) -> Result<()> {
+        let r = self.schema.table("outbox_relays");
+        // A relay that registers again under its name keeps its pause.
+        diesel::sql_query(format!(
+            "INSERT INTO {r} (name, host, pid, version, started_at, heartbeat_at, \
+               heartbeat_interval_ms) VALUES ($1, $2, $3, $4, $5, now(), $6) \
+             ON CONFLICT (name) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, \
+               version = EXCLUDED.version, started_at = EXCLUDED.started_at, \
+               heartbeat_at = now(), heartbeat_interval_ms = EXCLUDED.heartbeat_interval_ms, \
+               in_flight = 0"
+        ))
+        .bind::<Text, _>(&relay.name)
+        .bind::<Text, _>(&relay.host)
+        .bind::<Integer, _>(i32::try_from(relay.pid).unwrap_or(i32::MAX))
+        .bind::<Text, _>(&relay.version)
+        .bind::<Timestamptz, _>(relay.started_at)
+        .bind::<BigInt, _>(i64::try_from(relay.heartbeat_interval.as_millis()).unwrap_or(i64::MAX))
+        .execute(&mut *self.conn().await?)
+        .await?;
+        *self.relay.lock().unwrap_or_else(|p| p.into_inner()) = Some(relay.clone());
+        Ok(())
+    }
+
+    async fn heartbeat(&self, name: &str, in_flight: u32) -> Result<RelayControl> {
+        let r = self.schema.table("outbox_relays");
+        let paused: Vec<row::PausedRow> = diesel::sql_query(format!(
+            "UPDATE {r} SET heartbeat_at = now(), in_flight = $2 WHERE name = $1 RETURNING paused"
+        ))
+        .bind::<Text, _>(name)
+        .bind::<Integer, _>(i32::try_from(in_flight).unwrap_or(i32::MAX))
+        .load(&mut *self.conn().await?)
+        .await?;
+        match <[row::PausedRow]>::first(&paused) {
+            Some(row) => Ok(RelayControl::new(row.paused)),
+            // Removed meanwhile (by the janitor as stale, or by hand):
+            // register again.
+            None => {
+                let registration = self.relay.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                if let Some(registration) = registration.filter(|r| r.name == name) {
+                    self.register_relay(&registration).await?;
+                }
+                Ok(RelayControl::default())
+            }
+        }
+    }
+
+    async fn deregister_relay(&self, name: &str) -> Result<()> {
+        let r = self.schema.table("outbox_relays");
+        diesel::sql_query(format!("DELETE FROM {r} WHERE name = $1"))
+            .bind::<Text, _>(name)
+            .execute(&mut *self.conn().await?)
+            .await?;
+        Ok(())
+    }
+
     async fn wakeups(&self, relay: RelayHandle) {
         match &self.listen_url {
             Some(url) => listen::run(url, &self.schema, &relay).await,
@@ -804,6 +874,8 @@ pub struct PgClaim {
     order: DeliveryOrder,
     sql: Arc<Sql>,
     valid_until: Instant,
+    /// The relay whose attempts this claim records.
+    relay: Option<String>,
 }
 
 impl std::fmt::Debug for PgClaim {
@@ -869,6 +941,7 @@ impl Claim for PgClaim {
             .bind::<Array<BigInt>, _>(seqs)
             // PostgreSQL text cannot hold NUL.
             .bind::<Text, _>(reason.replace('\0', "\u{FFFD}"))
+            .bind::<Nullable<Text>, _>(self.relay.clone())
             .prepared(sql.prepare)
             .execute(self.connection()?)
             .await?;
@@ -908,6 +981,7 @@ impl Claim for PgClaim {
             held.dedup();
         }
         let sql = Arc::clone(&self.sql);
+        let relay = self.relay.clone();
         let conn = self.connection()?;
         diesel::sql_query(&sql.mark_failed)
             .bind::<Array<BigInt>, _>(seqs)
@@ -916,6 +990,7 @@ impl Claim for PgClaim {
             .bind::<Array<Nullable<Timestamptz>>, _>(next_at)
             .bind::<Array<Text>, _>(errors)
             .bind::<Array<Nullable<Timestamptz>>, _>(unroutable)
+            .bind::<Nullable<Text>, _>(relay)
             .prepared(sql.prepare)
             .execute(&mut *conn)
             .await?;

@@ -57,13 +57,28 @@ impl EventRow {
         &self.aggregate_id
     }
 
+    /// As [`into_record`](Self::into_record), but a row whose headers are
+    /// not a map of strings reads with none (what the admin API shows of a
+    /// malformed row, whose `last_error` says what is wrong).
+    pub(crate) fn into_record_lenient(self) -> OutboxRecord {
+        let headers = serde_json::from_str(&self.headers).unwrap_or_default();
+        // The table's CHECK constraint allows only known statuses.
+        let status = self.status.parse().unwrap_or(EventStatus::Dead);
+        self.build(headers, status)
+    }
+
     pub(crate) fn into_record(self) -> Result<OutboxRecord> {
         let seq = self.seq;
         let malformed = |reason: String| Error::MalformedRow { seq, reason };
         let headers: Headers = serde_json::from_str(&self.headers)
             .map_err(|e| malformed(format!("headers are not a map of strings: {e}")))?;
         let status: EventStatus = self.status.parse().map_err(|e| malformed(format!("{e}")))?;
-        Ok(OutboxRecord {
+        Ok(self.build(headers, status))
+    }
+
+    fn build(self, headers: Headers, status: EventStatus) -> OutboxRecord {
+        let seq = self.seq;
+        OutboxRecord {
             seq,
             envelope: EventEnvelope {
                 id: self.id,
@@ -83,7 +98,7 @@ impl EventRow {
             published_at: self.published_at,
             unroutable_since: self.unroutable_since,
             suspect_count: u32::try_from(self.suspect_count).unwrap_or(0),
-        })
+        }
     }
 }
 
@@ -121,6 +136,8 @@ pub(crate) struct StatsRow {
     pub(crate) blocked: i64,
     #[diesel(sql_type = Text)]
     pub(crate) delivery_order: String,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) relays_live: i64,
 }
 
 #[derive(Debug, diesel::QueryableByName)]
@@ -139,4 +156,10 @@ pub(crate) struct VersionRow {
 pub(crate) struct OrderRow {
     #[diesel(sql_type = Text)]
     pub(crate) delivery_order: String,
+}
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct PausedRow {
+    #[diesel(sql_type = Bool)]
+    pub(crate) paused: bool,
 }

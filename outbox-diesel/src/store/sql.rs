@@ -60,6 +60,7 @@ pub(crate) struct Sql {
 impl Sql {
     pub(crate) fn new(schema: &Schema, keep_sent: bool, prepare: bool) -> Self {
         let t = schema.table("outbox_events");
+        let at = schema.table("outbox_attempts");
         let settings = schema.table("outbox_settings");
         let pending = literals(&[EventStatus::Pending]);
         let retry = literals(&[EventStatus::Retry]);
@@ -180,19 +181,36 @@ impl Sql {
                     from = literals(Transition::Publish.from()),
                 )
             },
+            // Also keeps the attempt in `outbox_attempts` ($7: the relay),
+            // trimming the event's history to the last ATTEMPTS_KEPT.
             mark_failed: format!(
-                "UPDATE {t} AS t SET status = u.status, attempts = u.attempts, \
-                 next_attempt_at = u.next_attempt_at, last_error = u.last_error, \
-                 unroutable_since = u.unroutable_since \
-                 FROM UNNEST($1::int8[], $2::text[], $3::int4[], $4::timestamptz[], $5::text[], \
-                   $6::timestamptz[]) \
-                   AS u(seq, status, attempts, next_attempt_at, last_error, unroutable_since) \
-                 WHERE t.seq = u.seq AND t.status IN ({from})",
+                "WITH u AS ( \
+                   UPDATE {t} AS t SET status = u.status, attempts = u.attempts, \
+                   next_attempt_at = u.next_attempt_at, last_error = u.last_error, \
+                   unroutable_since = u.unroutable_since \
+                   FROM UNNEST($1::int8[], $2::text[], $3::int4[], $4::timestamptz[], $5::text[], \
+                     $6::timestamptz[]) \
+                     AS u(seq, status, attempts, next_attempt_at, last_error, unroutable_since) \
+                   WHERE t.seq = u.seq AND t.status IN ({from}) \
+                   RETURNING t.seq, t.status, t.last_error \
+                 ), a AS ( \
+                   INSERT INTO {at} (event_seq, relay, outcome, error) \
+                   SELECT seq, $7, CASE WHEN status = '{dead_name}' THEN 'dead' ELSE 'retry' END, \
+                     coalesce(last_error, '') FROM u \
+                 ) {trim}",
                 from = literals(Transition::Retry.from()),
+                dead_name = EventStatus::Dead.as_str(),
+                trim = trim_attempts(&at, "u"),
             ),
             mark_suspect: format!(
-                "UPDATE {t} SET suspect_count = suspect_count + 1, last_error = $2 \
-                 WHERE seq = ANY($1)"
+                "WITH u AS ( \
+                   UPDATE {t} SET suspect_count = suspect_count + 1, last_error = $2 \
+                   WHERE seq = ANY($1) RETURNING seq \
+                 ), a AS ( \
+                   INSERT INTO {at} (event_seq, relay, outcome, error) \
+                   SELECT seq, $3, 'suspect', $2 FROM u \
+                 ) {trim}",
+                trim = trim_attempts(&at, "u"),
             ),
             hold: format!(
                 "UPDATE {t} SET status = '{to}' WHERE seq IN ( \
@@ -227,7 +245,10 @@ impl Sql {
                 to = Transition::Release.to().as_str(),
             ),
             kill_malformed: format!(
-                "UPDATE {t} SET status = '{to}', last_error = $2 WHERE seq = $1",
+                "WITH u AS ( \
+                   UPDATE {t} SET status = '{to}', last_error = $2 WHERE seq = $1 RETURNING seq \
+                 ) INSERT INTO {at} (event_seq, relay, outcome, error) \
+                 SELECT seq, $3, 'dead', $2 FROM u",
                 to = Transition::Kill.to().as_str(),
             ),
             many_blocking: format!(
@@ -252,7 +273,10 @@ impl Sql {
                       AND unroutable_since IS NOT NULL) AS unroutable, \
                    (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM {t} \
                       WHERE status IN ({heads})) AS b) AS blocked, \
-                   (SELECT delivery_order FROM {settings}) AS delivery_order"
+                   (SELECT delivery_order FROM {settings}) AS delivery_order, \
+                   (SELECT count(*) FROM {relays} WHERE {live}) AS relays_live",
+                relays = schema.table("outbox_relays"),
+                live = super::admin::RELAY_LIVE,
             ),
             purge: format!(
                 "DELETE FROM {t} WHERE seq IN ( \
@@ -280,6 +304,19 @@ impl Sql {
             prepare,
         }
     }
+}
+
+/// The end of a statement whose CTE `cte` returned the `seq` of events that
+/// just got an attempt row: deletes their rows beyond the last
+/// [`ATTEMPTS_KEPT`](outbox_core::admin::ATTEMPTS_KEPT) (the new row is not
+/// visible to it, so it keeps one fewer of the older ones).
+fn trim_attempts(at: &str, cte: &str) -> String {
+    let older = outbox_core::admin::ATTEMPTS_KEPT.saturating_sub(1);
+    format!(
+        "DELETE FROM {at} x WHERE x.event_seq IN (SELECT seq FROM {cte}) AND x.id <= ( \
+           SELECT y.id FROM {at} y WHERE y.event_seq = x.event_seq \
+           ORDER BY y.id DESC OFFSET {older} LIMIT 1)"
+    )
 }
 
 fn replay(t: &str) -> String {

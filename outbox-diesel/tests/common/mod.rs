@@ -89,7 +89,7 @@ impl TestDb {
         let applied = outbox_diesel::migrate(&mut conn, &schema).await.unwrap();
         assert_eq!(
             applied,
-            vec![1, 2, 3, 4],
+            vec![1, 2, 3, 4, 5],
             "a fresh schema gets every migration"
         );
         TestDb {

@@ -218,6 +218,13 @@ where
             );
         }
         short_string("dead-letter exchange name", &dead_letter_exchange)?;
+        // Its depth is exported only when the dead letters go where the
+        // declared topology's dead-letter queue collects them.
+        let dead_letter_queue = self.topology.as_ref().and_then(|topology| {
+            (topology.dead_letter_exchange_name() == Some(dead_letter_exchange.as_str()))
+                .then(|| topology.dead_letter_queue_name().map(str::to_owned))
+                .flatten()
+        });
         Ok(InboxConsumer {
             settings: Settings {
                 url: self.url,
@@ -228,6 +235,7 @@ where
                 max_attempts: self.max_attempts,
                 retry_delay: self.retry_delay,
                 dead_letter_exchange,
+                dead_letter_queue,
                 confirm_timeout: self.confirm_timeout,
                 reconnect_min: self.reconnect_min,
                 reconnect_max: self.reconnect_max,

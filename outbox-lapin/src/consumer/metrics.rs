@@ -21,11 +21,19 @@ pub const DEAD_LETTERED_TOTAL: &str = "outbox_consumer_dead_lettered_total";
 pub const DATABASE_UNAVAILABLE_TOTAL: &str = "outbox_consumer_database_unavailable_total";
 /// Counter: broker connections lost (each is followed by a reconnect).
 pub const CONNECTION_LOST_TOTAL: &str = "outbox_consumer_connection_lost_total";
+/// Gauge: messages ready in the consumer's dead-letter queue, read from the
+/// broker (passive `queue.declare`) when a session starts and every 15 s
+/// while it lasts. Unlike [`DEAD_LETTERED_TOTAL`] it goes down when dead
+/// letters are replayed or purged. Exported only when the consumer knows its
+/// dead-letter queue: it [declares](crate::InboxConsumerBuilder::declare) a
+/// [`QueueTopology`](crate::QueueTopology) with one, and dead-letters to
+/// that topology's exchange. A failed read keeps the last value.
+pub const DEAD_LETTERS: &str = "outbox_consumer_dead_letters";
 
 /// Registers descriptions of every metric above with the installed
 /// recorder. Optional; call it once after installing your recorder.
 pub fn describe() {
-    use ::metrics::describe_counter;
+    use ::metrics::{Unit, describe_counter, describe_gauge};
     describe_counter!(
         PROCESSED_TOTAL,
         "Events handled for the first time and committed by an inbox consumer"
@@ -49,5 +57,10 @@ pub fn describe() {
     describe_counter!(
         CONNECTION_LOST_TOTAL,
         "Broker connections an inbox consumer lost and re-established"
+    );
+    describe_gauge!(
+        DEAD_LETTERS,
+        Unit::Count,
+        "Messages waiting in an inbox consumer's dead-letter queue"
     );
 }

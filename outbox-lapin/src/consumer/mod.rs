@@ -3,6 +3,7 @@
 //! event takes effect once even though RabbitMQ delivers at least once.
 
 mod builder;
+mod depth;
 mod handler;
 pub mod metrics;
 mod republish;
@@ -34,6 +35,7 @@ pub use handler::{EventHandler, HandlerError, HandlerFn, HandlerFuture, handler_
 use crate::error::{connect, redact_url};
 use crate::topology::short_string;
 use crate::{Error, QueueTopology, Result, wire};
+use depth::DepthPoller;
 use republish::Republisher;
 use worker::{Job, Shared};
 
@@ -219,7 +221,10 @@ pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
 ///
 /// # Observability
 /// Each delivery runs in a `tracing` span `outbox.consume` (consumer, event
-/// id and type, aggregate, attempt). Counters are listed in [`metrics`].
+/// id and type, aggregate, attempt). Counters are listed in [`metrics`], as
+/// is the gauge [`DEAD_LETTERS`](metrics::DEAD_LETTERS): the depth of the
+/// dead-letter queue, read every 15 s when the consumer
+/// [declares](InboxConsumerBuilder::declare) a topology with one.
 pub struct InboxConsumer<D, H> {
     settings: Settings,
     db: D,
@@ -237,6 +242,9 @@ pub(crate) struct Settings {
     pub(crate) max_attempts: u32,
     pub(crate) retry_delay: Duration,
     pub(crate) dead_letter_exchange: String,
+    /// The queue behind the dead-letter exchange, when the consumer knows
+    /// it (from its declared topology): its depth is exported.
+    pub(crate) dead_letter_queue: Option<String>,
     pub(crate) confirm_timeout: Duration,
     pub(crate) reconnect_min: Duration,
     pub(crate) reconnect_max: Duration,
@@ -255,6 +263,7 @@ impl<D, H> fmt::Debug for InboxConsumer<D, H> {
             .field("max_attempts", &s.max_attempts)
             .field("retry_delay", &s.retry_delay)
             .field("dead_letter_exchange", &s.dead_letter_exchange)
+            .field("dead_letter_queue", &s.dead_letter_queue)
             .finish_non_exhaustive()
     }
 }
@@ -265,6 +274,8 @@ struct Session {
     channel: Channel,
     consumer: lapin::Consumer,
     republisher: Arc<Republisher>,
+    /// Reads the dead-letter queue's depth while the session lasts.
+    depth: Option<DepthPoller>,
 }
 
 /// Why a session ended.
@@ -420,6 +431,7 @@ where
         }
         drop(stop_tx);
         if let Some(session) = kept_open {
+            drop(session.depth);
             drop(session.consumer);
             if let Err(error) = session.connection.close(200, "OK".into()).await {
                 tracing::debug!(%error, "closing the connection at shutdown");
@@ -482,11 +494,22 @@ async fn open_session(settings: &Settings) -> Result<Session> {
         )
         .await
         .map_err(Error::amqp(format!("consume queue `{queue}`")))?;
+    let depth = settings
+        .dead_letter_queue
+        .as_ref()
+        .map(|dead_letter_queue| {
+            DepthPoller::spawn(
+                connection.clone(),
+                dead_letter_queue.clone(),
+                settings.name.clone(),
+            )
+        });
     Ok(Session {
         connection,
         channel,
         consumer,
         republisher,
+        depth,
     })
 }
 

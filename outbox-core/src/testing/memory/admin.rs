@@ -308,6 +308,15 @@ impl OutboxAdmin for InMemoryStore {
         Ok(0)
     }
 
+    async fn purge_stale_relays(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        let mut state = self.lock();
+        let n = state.relays.len();
+        state
+            .relays
+            .retain(|_, (info, _)| info.heartbeat_at >= before);
+        Ok((n - state.relays.len()) as u64)
+    }
+
     async fn relays(&self) -> Result<Vec<RelayInfo>, StoreError> {
         Ok(self.lock().relay_infos())
     }

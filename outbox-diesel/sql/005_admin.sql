@@ -1,0 +1,66 @@
+-- Expand: what the admin API reads and writes, and autovacuum settings for
+-- a table that works as a queue. New tables only, and storage parameters
+-- (a SHARE UPDATE EXCLUSIVE lock, bounded by lock_timeout): relays of
+-- earlier versions neither read nor notice them.
+
+-- The last failed attempts of each event (the relay keeps 20 per event):
+-- when, which relay, what it ended with, why. Deleted with their event by
+-- the purge; the janitor also sweeps those of events deleted when sent.
+-- step: transaction
+CREATE TABLE IF NOT EXISTS {schema}.outbox_attempts (
+    id        bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_seq bigint      NOT NULL,
+    at        timestamptz NOT NULL DEFAULT now(),
+    relay     text,
+    outcome   text        NOT NULL CHECK (outcome IN ('retry', 'dead', 'suspect')),
+    error     text        NOT NULL
+);
+CREATE INDEX IF NOT EXISTS outbox_attempts_event ON {schema}.outbox_attempts (event_seq, id);
+
+-- Every mutation an operator ran (replay, skip, retry-now, purge, pause):
+-- who, what, which selection, when, and how many rows it changed (each
+-- chunk adds its count in its own transaction).
+CREATE TABLE IF NOT EXISTS {schema}.outbox_audit (
+    id       bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at       timestamptz NOT NULL DEFAULT now(),
+    identity text        NOT NULL,
+    action   text        NOT NULL,
+    target   jsonb       NOT NULL,
+    count    bigint      NOT NULL DEFAULT 0
+);
+
+-- Relays register here and heartbeat every stats interval; an operator
+-- pauses one by setting `paused`, which it reads at its next heartbeat.
+CREATE TABLE IF NOT EXISTS {schema}.outbox_relays (
+    name                  text        PRIMARY KEY,
+    host                  text        NOT NULL,
+    pid                   integer     NOT NULL,
+    version               text        NOT NULL,
+    started_at            timestamptz NOT NULL,
+    heartbeat_at          timestamptz NOT NULL,
+    heartbeat_interval_ms bigint      NOT NULL,
+    in_flight             integer     NOT NULL DEFAULT 0,
+    paused                boolean     NOT NULL DEFAULT false
+);
+
+-- Autovacuum: every outbox row is inserted, updated once or twice and
+-- deleted (when sent, or by the purge), so the table's dead tuples are
+-- mostly in the small partial indexes the claim walks (`pending`,
+-- `retry_due`, `blocking`, `held`). PostgreSQL's default waits for 20 % of
+-- the table to be dead: with a million sent rows kept for a week, 200,000
+-- dead index entries before a vacuum, each one read by every claim that
+-- passes it. 1 % (plus 1,000) keeps the claim's indexes lean; analyze at
+-- 2 % keeps the planner's view of the (small, fast-changing) unsent part
+-- fresh, which the claim's plan for due retries depends on. The inbox is
+-- insert-then-purge: vacuum after the purge's deletes, not at 20 %.
+-- step: transaction
+ALTER TABLE {schema}.outbox_events SET (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_analyze_threshold = 1000
+);
+ALTER TABLE {schema}.inbox_events SET (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 1000
+);

@@ -1,0 +1,760 @@
+//! The admin API ([`OutboxAdmin`]) on PostgreSQL.
+//!
+//! Every chunked mutation is one statement: it selects its chunk in `seq`
+//! order after the cursor with `FOR UPDATE SKIP LOCKED` (rows a relay's
+//! claim holds are left for a later run, never waited for), changes them,
+//! and adds the count to its audit row, so a run stopped half way has
+//! changed whole chunks and says how many.
+
+use chrono::{DateTime, Utc};
+use diesel::pg::Pg;
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, Text, Timestamptz};
+use diesel_async::RunQueryDsl;
+use outbox_core::admin::{
+    Attempt, AttemptOutcome, AuditEntry, AuditRecord, Chunk, EventDetail, EventFilter,
+    EventSummary, EventTypeCounts, FailureGroup, OutboxAdmin, Page, RelayInfo, StatusCounts,
+    StatusReport, group_failures,
+};
+use outbox_core::{EventStatus, OutboxStore, Transition};
+use uuid::Uuid;
+
+use super::PgOutboxStore;
+use super::row::EventRow;
+use super::sql::{COLUMNS, literals};
+use crate::{Error, Result};
+
+/// Rows the failure-group query reads at most (distinct event type, error
+/// and status triples): the groups of a table with more are cut.
+const GROUP_ROWS: i64 = 100_000;
+
+/// `sent` and `skipped` rows counted exactly at most; beyond, the status
+/// report estimates from the table's statistics.
+const EXACT_COUNT_LIMIT: i64 = 100_000;
+
+/// A value bound to a `$n` placeholder.
+enum Bind {
+    Text(String),
+    Texts(Vec<String>),
+    Uuids(Vec<Uuid>),
+    Time(DateTime<Utc>),
+    Big(i64),
+}
+
+/// SQL with its binds, numbered as they are pushed.
+#[derive(Default)]
+struct Query {
+    sql: String,
+    binds: Vec<Bind>,
+}
+
+impl Query {
+    fn new(sql: impl Into<String>) -> Self {
+        Query {
+            sql: sql.into(),
+            binds: Vec::new(),
+        }
+    }
+
+    /// Binds `value`; returns its placeholder.
+    fn bind(&mut self, value: Bind) -> String {
+        self.binds.push(value);
+        format!("${}", self.binds.len())
+    }
+
+    fn push(&mut self, sql: &str) {
+        self.sql.push_str(sql);
+    }
+
+    fn build(self) -> BoxedSqlQuery<'static, Pg, SqlQuery> {
+        let mut query = diesel::sql_query(self.sql).into_boxed::<Pg>();
+        for bind in self.binds {
+            query = match bind {
+                Bind::Text(v) => query.bind::<Text, _>(v),
+                Bind::Texts(v) => query.bind::<Array<Text>, _>(v),
+                Bind::Uuids(v) => query.bind::<Array<diesel::sql_types::Uuid>, _>(v),
+                Bind::Time(v) => query.bind::<Timestamptz, _>(v),
+                Bind::Big(v) => query.bind::<BigInt, _>(v),
+            };
+        }
+        query
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct GroupRow {
+    #[diesel(sql_type = Text)]
+    event_type: String,
+    #[diesel(sql_type = Text)]
+    last_error: String,
+    #[diesel(sql_type = Text)]
+    status: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+    #[diesel(sql_type = Timestamptz)]
+    first: DateTime<Utc>,
+    #[diesel(sql_type = Timestamptz)]
+    last: DateTime<Utc>,
+}
+
+#[derive(diesel::QueryableByName)]
+struct CountRow {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+struct ChunkRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    last: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    changed: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+struct TypeRow {
+    #[diesel(sql_type = Text)]
+    event_type: String,
+    #[diesel(sql_type = Text)]
+    status: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+struct DoneRow {
+    #[diesel(sql_type = BigInt)]
+    sent: i64,
+    #[diesel(sql_type = BigInt)]
+    skipped: i64,
+    #[diesel(sql_type = BigInt)]
+    estimate: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+struct AttemptRow {
+    #[diesel(sql_type = Timestamptz)]
+    at: DateTime<Utc>,
+    #[diesel(sql_type = Nullable<Text>)]
+    relay: Option<String>,
+    #[diesel(sql_type = Text)]
+    outcome: String,
+    #[diesel(sql_type = Text)]
+    error: String,
+}
+
+#[derive(diesel::QueryableByName)]
+struct AuditRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Timestamptz)]
+    at: DateTime<Utc>,
+    #[diesel(sql_type = Text)]
+    identity: String,
+    #[diesel(sql_type = Text)]
+    action: String,
+    #[diesel(sql_type = Text)]
+    target: String,
+    #[diesel(sql_type = BigInt)]
+    count: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+pub(super) struct RelayRow {
+    #[diesel(sql_type = Text)]
+    name: String,
+    #[diesel(sql_type = Text)]
+    host: String,
+    #[diesel(sql_type = Integer)]
+    pid: i32,
+    #[diesel(sql_type = Text)]
+    version: String,
+    #[diesel(sql_type = Timestamptz)]
+    started_at: DateTime<Utc>,
+    #[diesel(sql_type = Timestamptz)]
+    heartbeat_at: DateTime<Utc>,
+    #[diesel(sql_type = Integer)]
+    in_flight: i32,
+    #[diesel(sql_type = Bool)]
+    paused: bool,
+    #[diesel(sql_type = Bool)]
+    live: bool,
+}
+
+impl From<RelayRow> for RelayInfo {
+    fn from(r: RelayRow) -> Self {
+        let mut info = RelayInfo::new(
+            r.name,
+            r.host,
+            u32::try_from(r.pid).unwrap_or(0),
+            r.version,
+            r.started_at,
+        );
+        info.heartbeat_at = r.heartbeat_at;
+        info.in_flight = u32::try_from(r.in_flight).unwrap_or(0);
+        info.paused = r.paused;
+        info.live = r.live;
+        info
+    }
+}
+
+/// The columns of an admin read: a row whose headers are not JSON (a
+/// malformed row) reads as `null` rather than failing the listing.
+fn admin_columns() -> String {
+    COLUMNS.replace(
+        "headers::text AS headers",
+        "coalesce(headers::text, 'null') AS headers",
+    )
+}
+
+/// `live` of a relays row.
+pub(super) const RELAY_LIVE: &str =
+    "heartbeat_at > now() - 3 * heartbeat_interval_ms * interval '1 millisecond'";
+
+fn status_name(s: &str) -> EventStatus {
+    s.parse().unwrap_or(EventStatus::Pending)
+}
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+impl PgOutboxStore {
+    fn table(&self, name: &str) -> String {
+        self.schema.table(name)
+    }
+
+    /// Appends `filter`'s conditions (each ` AND ...`) to `q`. A group is
+    /// resolved first into the raw (event type, error) pairs it stands for.
+    async fn push_filter(&self, q: &mut Query, filter: &EventFilter) -> Result<()> {
+        if !filter.ids.is_empty() {
+            let p = q.bind(Bind::Uuids(filter.ids.clone()));
+            q.push(&format!(" AND id = ANY({p})"));
+        }
+        if !filter.statuses.is_empty() {
+            q.push(&format!(" AND status IN ({})", literals(&filter.statuses)));
+        }
+        if let Some(t) = &filter.aggregate_type {
+            let p = q.bind(Bind::Text(t.clone()));
+            q.push(&format!(" AND aggregate_type = {p}"));
+        }
+        if let Some(i) = &filter.aggregate_id {
+            let p = q.bind(Bind::Text(i.clone()));
+            q.push(&format!(" AND aggregate_id = {p}"));
+        }
+        if let Some(t) = &filter.event_type {
+            let p = q.bind(Bind::Text(t.clone()));
+            q.push(&format!(" AND event_type = {p}"));
+        }
+        if let Some(text) = &filter.error_contains {
+            let p = q.bind(Bind::Text(text.to_lowercase()));
+            q.push(&format!(" AND strpos(lower(last_error), {p}) > 0"));
+        }
+        if let Some(at) = filter.occurred_after {
+            let p = q.bind(Bind::Time(at));
+            q.push(&format!(" AND occurred_at >= {p}"));
+        }
+        if let Some(at) = filter.occurred_before {
+            let p = q.bind(Bind::Time(at));
+            q.push(&format!(" AND occurred_at < {p}"));
+        }
+        if let Some(group) = &filter.group {
+            let (types, errors) = self.group_members(filter, group).await?;
+            let t = q.bind(Bind::Texts(types));
+            let e = q.bind(Bind::Texts(errors));
+            q.push(&format!(
+                " AND status IN ({}) AND (event_type, last_error) IN \
+                 (SELECT * FROM unnest({t}::text[], {e}::text[]))",
+                literals(&[EventStatus::Retry, EventStatus::Dead])
+            ));
+        }
+        Ok(())
+    }
+
+    /// The (event type, raw error) pairs of the failures in `group` among
+    /// the events `filter` selects otherwise.
+    async fn group_members(
+        &self,
+        filter: &EventFilter,
+        group: &str,
+    ) -> Result<(Vec<String>, Vec<String>)> {
+        let mut others = filter.clone();
+        others.group = None;
+        let rows = self.group_rows(&others).await?;
+        Ok(rows
+            .into_iter()
+            .filter(|r| {
+                outbox_core::admin::group_id(
+                    &r.event_type,
+                    &outbox_core::admin::normalize_error(&r.last_error),
+                ) == group
+            })
+            .map(|r| (r.event_type, r.last_error))
+            .unzip())
+    }
+
+    async fn group_rows(&self, filter: &EventFilter) -> Result<Vec<GroupRow>> {
+        let Some(filter) = filter.restricted_to(&[EventStatus::Dead, EventStatus::Retry]) else {
+            return Ok(Vec::new());
+        };
+        let t = self.table("outbox_events");
+        let mut q = Query::new(format!(
+            "SELECT event_type, last_error, status, count(*) AS n, min(occurred_at) AS first, \
+               max(occurred_at) AS last \
+             FROM {t} WHERE last_error IS NOT NULL"
+        ));
+        Box::pin(self.push_filter(&mut q, &filter)).await?;
+        let limit = q.bind(Bind::Big(GROUP_ROWS));
+        q.push(&format!(
+            " GROUP BY event_type, last_error, status LIMIT {limit}"
+        ));
+        let mut conn = self.conn().await?;
+        Ok(q.build().load(&mut *conn).await?)
+    }
+
+    /// One chunk of an `UPDATE` of the rows `filter` selects (restricted to
+    /// `from`): `set` is the `SET` list, `extra` more conditions.
+    #[allow(clippy::too_many_arguments)]
+    async fn change_chunk(
+        &self,
+        filter: &EventFilter,
+        from: &[EventStatus],
+        set: &str,
+        extra: &str,
+        after: Option<i64>,
+        limit: usize,
+        audit: i64,
+    ) -> Result<Chunk> {
+        let Some(filter) = filter.restricted_to(from) else {
+            return Ok(Chunk::default());
+        };
+        let t = self.table("outbox_events");
+        let a = self.table("outbox_audit");
+        let mut q = Query::new(format!("WITH c AS (SELECT seq FROM {t} WHERE true"));
+        self.push_filter(&mut q, &filter).await?;
+        let after = q.bind(Bind::Big(after.unwrap_or(0)));
+        let limit = q.bind(Bind::Big(i64::try_from(limit).unwrap_or(i64::MAX)));
+        let audit = q.bind(Bind::Big(audit));
+        q.push(&format!(
+            " AND seq > {after} ORDER BY seq LIMIT {limit} FOR UPDATE SKIP LOCKED), \
+             u AS (UPDATE {t} SET {set} WHERE seq IN (SELECT seq FROM c) \
+               AND status IN ({from}){extra} RETURNING seq), \
+             x AS (UPDATE {a} SET count = count + (SELECT count(*) FROM u) WHERE id = {audit}) \
+             SELECT (SELECT max(seq) FROM c) AS last, (SELECT count(*) FROM u) AS changed",
+            from = literals(from),
+        ));
+        let mut conn = self.conn().await?;
+        let row: ChunkRow = q.build().get_result(&mut *conn).await?;
+        Ok(Chunk {
+            changed: count(row.changed),
+            last: row.last,
+        })
+    }
+
+    /// Deletes up to `limit` attempt rows whose event is gone (deleted when
+    /// sent, with `keep_sent(false)`, or by hand); returns how many.
+    pub(crate) async fn purge_orphan_attempts(&self, limit: usize) -> Result<u64> {
+        let t = self.table("outbox_events");
+        let at = self.table("outbox_attempts");
+        let deleted = diesel::sql_query(format!(
+            "DELETE FROM {at} WHERE id IN ( \
+               SELECT id FROM {at} a WHERE NOT EXISTS (SELECT 1 FROM {t} e WHERE e.seq = a.event_seq) \
+               LIMIT $1 FOR UPDATE SKIP LOCKED)"
+        ))
+        .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(&mut *self.conn().await?)
+        .await?;
+        Ok(deleted as u64)
+    }
+}
+
+impl OutboxAdmin for PgOutboxStore {
+    type Error = Error;
+
+    async fn status(&self) -> Result<StatusReport> {
+        let stats = self.stats().await?;
+        let t = self.table("outbox_events");
+        let by_type: Vec<TypeRow> = diesel::sql_query(format!(
+            "SELECT event_type, status, count(*) AS n FROM {t} \
+             WHERE status IN ({}) GROUP BY event_type, status",
+            literals(&[
+                EventStatus::Pending,
+                EventStatus::Retry,
+                EventStatus::Held,
+                EventStatus::Dead
+            ])
+        ))
+        .load(&mut *self.conn().await?)
+        .await?;
+        let mut counts = StatusCounts::default();
+        let mut types: std::collections::BTreeMap<String, StatusCounts> = Default::default();
+        for row in by_type {
+            let status = status_name(&row.status);
+            counts.add(status, count(row.n));
+            types
+                .entry(row.event_type)
+                .or_default()
+                .add(status, count(row.n));
+        }
+        let done: DoneRow = diesel::sql_query(format!(
+            "SELECT \
+               (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE status = 'sent' LIMIT $1) s) AS sent, \
+               (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE status = 'skipped' LIMIT $1) s) AS skipped, \
+               (SELECT greatest(reltuples, 0)::int8 FROM pg_class WHERE oid = '{t}'::regclass) AS estimate"
+        ))
+        .bind::<BigInt, _>(EXACT_COUNT_LIMIT)
+        .get_result(&mut *self.conn().await?)
+        .await?;
+        counts.skipped = count(done.skipped);
+        if done.sent < EXACT_COUNT_LIMIT {
+            counts.sent = count(done.sent);
+        } else {
+            counts.estimated = true;
+            let others = counts.unsent() + counts.dead + counts.skipped;
+            counts.sent = count(done.estimate)
+                .saturating_sub(others)
+                .max(count(done.sent));
+        }
+        let mut by_event_type: Vec<EventTypeCounts> = types
+            .into_iter()
+            .map(|(t, c)| EventTypeCounts::new(t, c))
+            .collect();
+        by_event_type.sort_by_key(|t| std::cmp::Reverse(t.counts.unsent() + t.counts.dead));
+        let mut report = StatusReport::default();
+        report.counts = counts;
+        report.oldest_unsent_age_seconds = stats.oldest_unsent_age.map(|a| a.as_secs_f64());
+        report.blocked_aggregates = stats.blocked_aggregates;
+        report.unroutable = stats.unroutable;
+        report.by_event_type = by_event_type;
+        report.relays = self.relays().await?;
+        report.delivery_order = self.delivery_order().await?.into();
+        Ok(report)
+    }
+
+    async fn list(
+        &self,
+        filter: &EventFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Page<EventSummary>> {
+        let t = self.table("outbox_events");
+        let mut q = Query::new(format!("SELECT {} FROM {t} WHERE true", admin_columns()));
+        self.push_filter(&mut q, filter).await?;
+        let after = q.bind(Bind::Big(after.unwrap_or(0)));
+        let limit_p = q.bind(Bind::Big(i64::try_from(limit).unwrap_or(i64::MAX)));
+        q.push(&format!(" AND seq > {after} ORDER BY seq LIMIT {limit_p}"));
+        let rows: Vec<EventRow> = q.build().load(&mut *self.conn().await?).await?;
+        let items: Vec<EventSummary> = rows
+            .into_iter()
+            .map(|row| EventSummary::from(&row.into_record_lenient()))
+            .collect();
+        let next = if items.len() == limit {
+            items.last().map(|e| e.seq)
+        } else {
+            None
+        };
+        Ok(Page::new(items, next))
+    }
+
+    async fn show(&self, id: Uuid) -> Result<Option<EventDetail>> {
+        let t = self.table("outbox_events");
+        let at = self.table("outbox_attempts");
+        let mut conn = self.conn().await?;
+        let row: Option<EventRow> =
+            diesel::sql_query(format!("SELECT {} FROM {t} WHERE id = $1", admin_columns()))
+                .bind::<diesel::sql_types::Uuid, _>(id)
+                .get_result(&mut *conn)
+                .await
+                .map(Some)
+                .or_else(|e| match e {
+                    diesel::result::Error::NotFound => Ok(None),
+                    e => Err(e),
+                })?;
+        let Some(row) = row else { return Ok(None) };
+        let seq = row.seq;
+        let attempts: Vec<AttemptRow> = diesel::sql_query(format!(
+            "SELECT at, relay, outcome, error FROM {at} WHERE event_seq = $1 ORDER BY id"
+        ))
+        .bind::<BigInt, _>(seq)
+        .load(&mut *conn)
+        .await?;
+        let history = attempts
+            .into_iter()
+            .map(|a| {
+                Attempt::new(
+                    a.at,
+                    a.relay,
+                    AttemptOutcome::parse(&a.outcome).unwrap_or(AttemptOutcome::Retry),
+                    a.error,
+                )
+            })
+            .collect();
+        Ok(Some(EventDetail::new(&row.into_record_lenient(), history)))
+    }
+
+    async fn failure_groups(&self, filter: &EventFilter) -> Result<Vec<FailureGroup>> {
+        let rows = self.group_rows(filter).await?;
+        let rows = rows.into_iter().map(|r| {
+            (
+                r.event_type,
+                r.last_error,
+                status_name(&r.status),
+                count(r.n),
+                r.first,
+                r.last,
+            )
+        });
+        let mut groups = group_failures(rows);
+        if let Some(group) = &filter.group {
+            groups.retain(|g| g.id == *group);
+        }
+        Ok(groups)
+    }
+
+    async fn count(&self, filter: &EventFilter) -> Result<u64> {
+        let t = self.table("outbox_events");
+        let mut q = Query::new(format!("SELECT count(*) AS n FROM {t} WHERE true"));
+        self.push_filter(&mut q, filter).await?;
+        let row: CountRow = q.build().get_result(&mut *self.conn().await?).await?;
+        Ok(count(row.n))
+    }
+
+    async fn head(&self, aggregate_type: &str, aggregate_id: &str) -> Result<Option<EventSummary>> {
+        let t = self.table("outbox_events");
+        // One probe per partial index: blocking heads, held rows, pending rows.
+        let sql = format!(
+            "SELECT {cols} FROM {t} WHERE seq = LEAST( \
+               (SELECT min(seq) FROM {t} WHERE status IN ({heads}) \
+                  AND aggregate_type = $1 AND aggregate_id = $2), \
+               (SELECT min(seq) FROM {t} WHERE status IN ({held}) \
+                  AND aggregate_type = $1 AND aggregate_id = $2), \
+               (SELECT min(seq) FROM {t} WHERE status IN ({pending}) \
+                  AND aggregate_type = $1 AND aggregate_id = $2))",
+            cols = admin_columns(),
+            heads = literals(&[EventStatus::Retry, EventStatus::Dead]),
+            held = literals(&[EventStatus::Held]),
+            pending = literals(&[EventStatus::Pending]),
+        );
+        let rows: Vec<EventRow> = diesel::sql_query(sql)
+            .bind::<Text, _>(aggregate_type)
+            .bind::<Text, _>(aggregate_id)
+            .load(&mut *self.conn().await?)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .map(|row| EventSummary::from(&row.into_record_lenient())))
+    }
+
+    async fn begin_audit(&self, entry: &AuditEntry) -> Result<i64> {
+        let a = self.table("outbox_audit");
+        let row: CountRow = diesel::sql_query(format!(
+            "INSERT INTO {a} (identity, action, target) VALUES ($1, $2, $3) RETURNING id AS n"
+        ))
+        .bind::<Text, _>(&entry.identity)
+        .bind::<Text, _>(&entry.action)
+        .bind::<Jsonb, _>(&entry.target)
+        .get_result(&mut *self.conn().await?)
+        .await?;
+        Ok(row.n)
+    }
+
+    async fn audit_log(&self, before: Option<i64>, limit: usize) -> Result<Vec<AuditRecord>> {
+        let a = self.table("outbox_audit");
+        let rows: Vec<AuditRow> = diesel::sql_query(format!(
+            "SELECT id, at, identity, action, target::text AS target, count FROM {a} \
+             WHERE id < $1 ORDER BY id DESC LIMIT $2"
+        ))
+        .bind::<BigInt, _>(before.unwrap_or(i64::MAX))
+        .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+        .load(&mut *self.conn().await?)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let target = serde_json::from_str(&r.target).unwrap_or(serde_json::Value::Null);
+                AuditRecord::new(
+                    r.id,
+                    r.at,
+                    AuditEntry::new(r.identity, r.action, target),
+                    count(r.count),
+                )
+            })
+            .collect())
+    }
+
+    async fn replay_chunk(
+        &self,
+        filter: &EventFilter,
+        after: Option<i64>,
+        limit: usize,
+        audit: i64,
+    ) -> Result<Chunk> {
+        // The table's trigger releases, in the same statement, the events
+        // the replayed ones held back.
+        self.change_chunk(
+            filter,
+            Transition::Replay.from(),
+            &format!(
+                "status = '{}', attempts = 0, suspect_count = LEAST(suspect_count, 1), \
+                 next_attempt_at = NULL",
+                Transition::Replay.to().as_str()
+            ),
+            "",
+            after,
+            limit,
+            audit,
+        )
+        .await
+    }
+
+    async fn skip_chunk(
+        &self,
+        filter: &EventFilter,
+        after: Option<i64>,
+        limit: usize,
+        audit: i64,
+    ) -> Result<Chunk> {
+        self.change_chunk(
+            filter,
+            Transition::Skip.from(),
+            &format!(
+                "status = '{}', next_attempt_at = NULL",
+                Transition::Skip.to().as_str()
+            ),
+            "",
+            after,
+            limit,
+            audit,
+        )
+        .await
+    }
+
+    async fn retry_now_chunk(
+        &self,
+        filter: &EventFilter,
+        after: Option<i64>,
+        limit: usize,
+        audit: i64,
+    ) -> Result<Chunk> {
+        self.change_chunk(
+            filter,
+            &[EventStatus::Retry],
+            "next_attempt_at = now()",
+            " AND next_attempt_at > now()",
+            after,
+            limit,
+            audit,
+        )
+        .await
+    }
+
+    async fn purge_sent_chunk(
+        &self,
+        before: DateTime<Utc>,
+        after: Option<i64>,
+        limit: usize,
+        audit: Option<i64>,
+    ) -> Result<Chunk> {
+        if after.is_none() {
+            self.purge_orphan_attempts(limit).await?;
+        }
+        let t = self.table("outbox_events");
+        let at = self.table("outbox_attempts");
+        let a = self.table("outbox_audit");
+        // `s`: the next `limit` rows by seq, whatever their status (never
+        // rescanning from the head). A chunk whose rows all occurred after
+        // `before` ends the run: nothing later was published before it.
+        let row: PurgeRow = diesel::sql_query(format!(
+            "WITH s AS (SELECT seq, occurred_at FROM {t} WHERE seq > $1 ORDER BY seq LIMIT $2), \
+             d AS (DELETE FROM {t} WHERE seq IN ( \
+                 SELECT seq FROM {t} WHERE seq IN (SELECT seq FROM s) AND status IN ({done}) \
+                   AND coalesce(published_at, occurred_at) < $3 FOR UPDATE SKIP LOCKED) \
+               RETURNING seq), \
+             x AS (DELETE FROM {at} WHERE event_seq IN (SELECT seq FROM d)), \
+             u AS (UPDATE {a} SET count = count + (SELECT count(*) FROM d) WHERE id = $4) \
+             SELECT (SELECT max(seq) FROM s) AS last, (SELECT count(*) FROM d) AS changed, \
+               coalesce((SELECT min(occurred_at) >= $3 FROM s), true) AS past",
+            done = literals(&[EventStatus::Sent, EventStatus::Skipped]),
+        ))
+        .bind::<BigInt, _>(after.unwrap_or(0))
+        .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind::<Timestamptz, _>(before)
+        .bind::<BigInt, _>(audit.unwrap_or(0))
+        .get_result(&mut *self.conn().await?)
+        .await?;
+        Ok(Chunk {
+            changed: count(row.changed),
+            last: if row.past { None } else { row.last },
+        })
+    }
+
+    async fn purge_inbox_chunk(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+        audit: Option<i64>,
+    ) -> Result<u64> {
+        let i = self.table("inbox_events");
+        let a = self.table("outbox_audit");
+        let row: CountRow = diesel::sql_query(format!(
+            "WITH d AS (DELETE FROM {i} WHERE (consumer, event_id) IN ( \
+                 SELECT consumer, event_id FROM {i} WHERE received_at < $1 \
+                 ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1), \
+             u AS (UPDATE {a} SET count = count + (SELECT count(*) FROM d) WHERE id = $3) \
+             SELECT count(*) AS n FROM d"
+        ))
+        .bind::<Timestamptz, _>(before)
+        .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind::<BigInt, _>(audit.unwrap_or(0))
+        .get_result(&mut *self.conn().await?)
+        .await?;
+        Ok(count(row.n))
+    }
+
+    async fn purge_stale_relays(&self, before: DateTime<Utc>) -> Result<u64> {
+        let r = self.table("outbox_relays");
+        let deleted = diesel::sql_query(format!("DELETE FROM {r} WHERE heartbeat_at < $1"))
+            .bind::<Timestamptz, _>(before)
+            .execute(&mut *self.conn().await?)
+            .await?;
+        Ok(deleted as u64)
+    }
+
+    async fn relays(&self) -> Result<Vec<RelayInfo>> {
+        let r = self.table("outbox_relays");
+        let rows: Vec<RelayRow> = diesel::sql_query(format!(
+            "SELECT name, host, pid, version, started_at, heartbeat_at, in_flight, paused, \
+               ({RELAY_LIVE}) AS live FROM {r} ORDER BY name"
+        ))
+        .load(&mut *self.conn().await?)
+        .await?;
+        Ok(rows.into_iter().map(RelayInfo::from).collect())
+    }
+
+    async fn set_paused(&self, relay: &str, paused: bool, audit: i64) -> Result<bool> {
+        let r = self.table("outbox_relays");
+        let a = self.table("outbox_audit");
+        let row: CountRow = diesel::sql_query(format!(
+            "WITH p AS (UPDATE {r} SET paused = $2 WHERE name = $1 RETURNING 1), \
+             u AS (UPDATE {a} SET count = count + (SELECT count(*) FROM p) WHERE id = $3) \
+             SELECT count(*) AS n FROM p"
+        ))
+        .bind::<Text, _>(relay)
+        .bind::<Bool, _>(paused)
+        .bind::<BigInt, _>(audit)
+        .get_result(&mut *self.conn().await?)
+        .await?;
+        Ok(row.n > 0)
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct PurgeRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    last: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    changed: i64,
+    #[diesel(sql_type = Bool)]
+    past: bool,
+}
