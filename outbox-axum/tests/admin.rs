@@ -533,3 +533,132 @@ fn it_refuses_to_build_without_a_choice_of_authentication_or_with_weak_tokens() 
     );
     refused(builder().auth(BearerTokens::new()), "no token");
 }
+
+// --- against PostgreSQL -----------------------------------------------------
+
+mod postgres {
+    use common::{OrderPlaced, TestDb, client, send, serve};
+    use diesel_async::AsyncConnection as _;
+    use outbox_diesel::PgOutboxStore;
+
+    use super::*;
+
+    /// Two events of order 1, both claimed in one batch and marked dead.
+    async fn two_dead(db: &TestDb, store: &PgOutboxStore) -> [Uuid; 2] {
+        let events = ["first", "second"].map(|name| OrderPlaced {
+            order_id: 1,
+            name: name.into(),
+        });
+        let ids: [Uuid; 2] = db
+            .conn()
+            .await
+            .transaction::<_, outbox_diesel::Error, _>(async |conn| {
+                db.outbox.record_all(conn, &events).await
+            })
+            .await
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let mut claim = store.claim(10).await.unwrap().expect("claimable");
+        assert_eq!(claim.records().len(), 2);
+        let failures: Vec<FailedAttempt> = ids
+            .iter()
+            .map(|id| FailedAttempt {
+                id: *id,
+                attempts: 5,
+                error: "NOT_FOUND - no exchange 'shop'".into(),
+                next: NextStep::Dead,
+                unroutable_since: None,
+            })
+            .collect();
+        claim.mark_failed(&failures).await.unwrap();
+        claim.finish().await.unwrap();
+        ids
+    }
+
+    #[tokio::test]
+    async fn an_http_replay_keeps_order_and_audits_the_token_identity() {
+        let db = TestDb::new("admin_replay").await;
+        let store = PgOutboxStore::builder(db.pool.clone())
+            .schema(&db.schema)
+            .build()
+            .unwrap();
+        let [first, second] = two_dead(&db, &store).await;
+        assert!(store.claim(10).await.unwrap().is_none(), "both dead");
+        let admin = AdminRouter::builder(Admin::new(store.clone()))
+            .auth(tokens())
+            .build()
+            .unwrap();
+        let addr = serve(app(admin)).await;
+        let http = client();
+
+        let dead = send(&http, addr, get("/admin/events?status=dead", Some(READER)))
+            .await
+            .unwrap();
+        assert_eq!(dead.status, StatusCode::OK);
+        let listed: Vec<String> = dead.json()["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(listed, [first.to_string(), second.to_string()]);
+
+        // A read-only token may not replay; nothing changes.
+        let reply = send(
+            &http,
+            addr,
+            post("/admin/replay", Some(READER), &replay_body(first)),
+        )
+        .await
+        .unwrap();
+        assert_error(&reply, StatusCode::FORBIDDEN, "grafana may only read");
+
+        // The later one alone: it stays held behind the earlier dead one.
+        let reply = send(
+            &http,
+            addr,
+            post("/admin/replay", Some(OPERATOR), &replay_body(second)),
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+        assert_eq!(
+            (
+                reply.json()["matched"].as_u64(),
+                reply.json()["changed"].as_u64()
+            ),
+            (Some(1), Some(1))
+        );
+        assert!(
+            store.claim(10).await.unwrap().is_none(),
+            "the replayed later event is held while the earlier one is dead"
+        );
+
+        // Then the earlier one: a claim returns both, in order.
+        let reply = send(
+            &http,
+            addr,
+            post("/admin/replay", Some(OPERATOR), &replay_body(first)),
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+        let claim = store.claim(10).await.unwrap().expect("claimable again");
+        let ids: Vec<Uuid> = claim.records().iter().map(|r| r.id()).collect();
+        assert_eq!(ids, [first, second], "replayed events keep their order");
+        claim.finish().await.unwrap();
+
+        let audit = send(&http, addr, get("/admin/audit", Some(READER)))
+            .await
+            .unwrap()
+            .json();
+        let rows = audit.as_array().unwrap();
+        assert_eq!(rows.len(), 2, "{audit}");
+        for row in rows {
+            assert_eq!(row["identity"], "alice", "{row}");
+            assert_eq!(row["action"], "replay", "{row}");
+            assert_eq!(row["count"], 1, "{row}");
+        }
+    }
+}

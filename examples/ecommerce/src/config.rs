@@ -8,6 +8,8 @@
 //! | `BIND` | `127.0.0.1:3000` | `api`, `all` |
 //! | `EXCHANGE` | `ecommerce.events` | every role |
 //! | `QUEUE_PREFIX` | `ecommerce` (queues are `<prefix>.inventory`, `<prefix>.loyalty`, `<prefix>.orders`) | every role |
+//! | `ADMIN_TOKEN` | unset: no admin API. Set (16 bytes or more): the admin API at `/admin`, this bearer token acting as the operator `admin` | `api`, `all` |
+//! | `ADMIN_READ_TOKEN` | unset. A bearer token for the read-only caller `read-only` (needs `ADMIN_TOKEN`) | `api`, `all` |
 //! | `RUST_LOG` | `info` | every role (read in `main`) |
 
 use std::fmt;
@@ -38,6 +40,10 @@ pub struct Config {
     pub exchange: String,
     /// The prefix of the queue names.
     pub queue_prefix: String,
+    /// The admin API's operator token (`ADMIN_TOKEN`); `None`: no admin API.
+    pub admin_token: Option<String>,
+    /// The admin API's read-only token (`ADMIN_READ_TOKEN`).
+    pub admin_read_token: Option<String>,
 }
 
 impl fmt::Debug for Config {
@@ -49,6 +55,11 @@ impl fmt::Debug for Config {
             .field("bind", &self.bind)
             .field("exchange", &self.exchange)
             .field("queue_prefix", &self.queue_prefix)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
+            .field(
+                "admin_read_token",
+                &self.admin_read_token.as_ref().map(|_| "***"),
+            )
             .finish()
     }
 }
@@ -63,6 +74,11 @@ pub enum ConfigError {
     /// A variable is set but empty.
     #[error("environment variable {0} is set but empty; unset it to use the default")]
     Empty(&'static str),
+    /// `ADMIN_READ_TOKEN` without `ADMIN_TOKEN`.
+    #[error(
+        "ADMIN_READ_TOKEN is set but ADMIN_TOKEN is not: set ADMIN_TOKEN to enable the admin API"
+    )]
+    ReadTokenAlone,
     /// `BIND` is not an address.
     #[error("BIND={value:?} is not a socket address such as 127.0.0.1:3000: {source}")]
     Bind {
@@ -98,6 +114,19 @@ impl Config {
                 Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode(name)),
             }
         };
+        let optional = |name: &'static str| -> Result<Option<String>, ConfigError> {
+            match lookup(name) {
+                Ok(value) if value.is_empty() => Err(ConfigError::Empty(name)),
+                Ok(value) => Ok(Some(value)),
+                Err(std::env::VarError::NotPresent) => Ok(None),
+                Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode(name)),
+            }
+        };
+        let admin_token = optional("ADMIN_TOKEN")?;
+        let admin_read_token = optional("ADMIN_READ_TOKEN")?;
+        if admin_token.is_none() && admin_read_token.is_some() {
+            return Err(ConfigError::ReadTokenAlone);
+        }
         let bind = var("BIND", DEFAULT_BIND)?;
         Ok(Config {
             database_url: var("DATABASE_URL", DEFAULT_DATABASE_URL)?,
@@ -108,6 +137,8 @@ impl Config {
             })?,
             exchange: var("EXCHANGE", DEFAULT_EXCHANGE)?,
             queue_prefix: var("QUEUE_PREFIX", DEFAULT_QUEUE_PREFIX)?,
+            admin_token,
+            admin_read_token,
         })
     }
 
@@ -145,6 +176,27 @@ mod tests {
         assert_eq!(config.bind.to_string(), "127.0.0.1:3000");
         assert_eq!(config.exchange, "ecommerce.events");
         assert_eq!(config.queue("inventory"), "ecommerce.inventory");
+        assert_eq!((config.admin_token, config.admin_read_token), (None, None));
+    }
+
+    #[test]
+    fn admin_tokens_are_optional_need_the_operator_one_and_never_show() {
+        let config = config(&[
+            ("ADMIN_TOKEN", "op-0123456789abcdef"),
+            ("ADMIN_READ_TOKEN", "ro-0123456789abcdef"),
+        ])
+        .unwrap();
+        assert_eq!(config.admin_token.as_deref(), Some("op-0123456789abcdef"));
+        assert_eq!(
+            config.admin_read_token.as_deref(),
+            Some("ro-0123456789abcdef")
+        );
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("0123456789abcdef"), "{shown}");
+        let err = super::tests::config(&[("ADMIN_READ_TOKEN", "ro-0123456789abcdef")]).unwrap_err();
+        assert!(matches!(err, ConfigError::ReadTokenAlone), "{err}");
+        let err = super::tests::config(&[("ADMIN_TOKEN", "")]).unwrap_err();
+        assert!(err.to_string().contains("ADMIN_TOKEN"), "{err}");
     }
 
     #[test]
