@@ -8,8 +8,9 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 
-/// Errors of `outbox-axum`, returned by [`Events`](crate::Events) and
-/// [`raise`](crate::raise).
+/// Errors of `outbox-axum`, returned by [`Events`](crate::Events),
+/// [`raise`](crate::raise) and the admin router's
+/// [`build`](crate::admin::AdminRouterBuilder::build).
 ///
 /// It converts into a response (`500` with a JSON body), so a handler may
 /// return `Result<_, outbox_axum::Error>` or wrap it in its own error type.
@@ -37,6 +38,11 @@ pub enum Error {
     /// Writing events into the outbox failed.
     #[error(transparent)]
     Store(#[from] outbox_diesel::Error),
+    /// The [admin router](crate::admin) cannot be built: no authentication
+    /// was chosen, or it is misconfigured (a bearer token too short, one
+    /// token for two identities, ...). The message says what to change.
+    #[error("the admin API is misconfigured: {0}")]
+    AdminConfig(String),
 }
 
 /// `Result` with this crate's [`Error`].
@@ -44,6 +50,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
+        if let Error::AdminConfig(_) = self {
+            tracing::error!(error = %self, "outbox admin API misconfigured");
+            return json_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the admin API is misconfigured",
+            );
+        }
         tracing::error!(error = %self, "outbox event could not be staged or written");
         json_error(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -167,6 +167,12 @@
 //! | `503` + `Retry-After` | [`Tx`] could not get a connection or `BEGIN` in time ([`TxRejection::Unavailable`]) |
 //! | `500` | writing the events or `COMMIT` failed; the transaction was aborted by a failed statement, or a nested transaction was left open, so no real `COMMIT` could happen; events staged but never written; a [`Tx`] kept alive after the handler; [`Tx`] extracted twice; an extractor used without the layer |
 //!
+//! # The admin API
+//! [`admin::AdminRouter`] serves the verbs of `outbox_core::admin` (status,
+//! events, failure groups, replay, skip, retry-now, purge, relays, audit)
+//! as JSON endpoints, behind bearer tokens or your own authentication, to
+//! mount under any prefix: see the [`admin`] module.
+//!
 #![doc = include_str!("../docs/layer-order.md")]
 #![doc = include_str!("../docs/transaction-scope.md")]
 #![doc = include_str!("../docs/failures.md")]
@@ -176,6 +182,7 @@
 //! feature.
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+pub mod admin;
 mod correlation;
 mod error;
 mod events;

@@ -11,6 +11,8 @@
 //! | `SENT_RETENTION` | `7d`: the janitor deletes sent events older than this | `relay`, `all` |
 //! | `INBOX_RETENTION` | `14d`: and inbox entries older than this (at least the broker's redelivery window + the consumers' retry window + the replay window) | `relay`, `all` |
 //! | `JANITOR_INTERVAL` | `5m`: time between janitor runs | `relay`, `all` |
+//! | `ADMIN_TOKEN` | unset: no admin API. Set (16 bytes or more): the admin API at `/admin`, this bearer token acting as the operator `admin` | `api`, `all` |
+//! | `ADMIN_READ_TOKEN` | unset. A bearer token for the read-only caller `read-only` (needs `ADMIN_TOKEN`) | `api`, `all` |
 //! | `RUST_LOG` | `info` | every role (read in `main`) |
 
 use std::fmt;
@@ -56,6 +58,10 @@ pub struct Config {
     pub inbox_retention: Duration,
     /// Time between janitor runs (`JANITOR_INTERVAL`).
     pub janitor_interval: Duration,
+    /// The admin API's operator token (`ADMIN_TOKEN`); `None`: no admin API.
+    pub admin_token: Option<String>,
+    /// The admin API's read-only token (`ADMIN_READ_TOKEN`).
+    pub admin_read_token: Option<String>,
 }
 
 impl fmt::Debug for Config {
@@ -70,6 +76,11 @@ impl fmt::Debug for Config {
             .field("sent_retention", &self.sent_retention)
             .field("inbox_retention", &self.inbox_retention)
             .field("janitor_interval", &self.janitor_interval)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
+            .field(
+                "admin_read_token",
+                &self.admin_read_token.as_ref().map(|_| "***"),
+            )
             .finish()
     }
 }
@@ -95,6 +106,11 @@ pub enum ConfigError {
         #[source]
         source: humantime::DurationError,
     },
+    /// `ADMIN_READ_TOKEN` without `ADMIN_TOKEN`.
+    #[error(
+        "ADMIN_READ_TOKEN is set but ADMIN_TOKEN is not: set ADMIN_TOKEN to enable the admin API"
+    )]
+    ReadTokenAlone,
     /// `BIND` is not an address.
     #[error("BIND={value:?} is not a socket address such as 127.0.0.1:3000: {source}")]
     Bind {
@@ -130,6 +146,19 @@ impl Config {
                 Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode(name)),
             }
         };
+        let optional = |name: &'static str| -> Result<Option<String>, ConfigError> {
+            match lookup(name) {
+                Ok(value) if value.is_empty() => Err(ConfigError::Empty(name)),
+                Ok(value) => Ok(Some(value)),
+                Err(std::env::VarError::NotPresent) => Ok(None),
+                Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::NotUnicode(name)),
+            }
+        };
+        let admin_token = optional("ADMIN_TOKEN")?;
+        let admin_read_token = optional("ADMIN_READ_TOKEN")?;
+        if admin_token.is_none() && admin_read_token.is_some() {
+            return Err(ConfigError::ReadTokenAlone);
+        }
         let bind = var("BIND", DEFAULT_BIND)?;
         let duration = |name: &'static str, default: &str| -> Result<Duration, ConfigError> {
             let value = var(name, default)?;
@@ -151,6 +180,8 @@ impl Config {
             sent_retention: duration("SENT_RETENTION", DEFAULT_SENT_RETENTION)?,
             inbox_retention: duration("INBOX_RETENTION", DEFAULT_INBOX_RETENTION)?,
             janitor_interval: duration("JANITOR_INTERVAL", DEFAULT_JANITOR_INTERVAL)?,
+            admin_token,
+            admin_read_token,
         })
     }
 
@@ -191,6 +222,7 @@ mod tests {
         assert_eq!(config.sent_retention, Duration::from_secs(7 * 86_400));
         assert_eq!(config.inbox_retention, Duration::from_secs(14 * 86_400));
         assert_eq!(config.janitor_interval, Duration::from_secs(300));
+        assert_eq!((config.admin_token, config.admin_read_token), (None, None));
     }
 
     #[test]
@@ -203,6 +235,26 @@ mod tests {
             err.to_string().starts_with("SENT_RETENTION=\"a week\""),
             "{err}"
         );
+    }
+
+    #[test]
+    fn admin_tokens_are_optional_need_the_operator_one_and_never_show() {
+        let config = config(&[
+            ("ADMIN_TOKEN", "op-0123456789abcdef"),
+            ("ADMIN_READ_TOKEN", "ro-0123456789abcdef"),
+        ])
+        .unwrap();
+        assert_eq!(config.admin_token.as_deref(), Some("op-0123456789abcdef"));
+        assert_eq!(
+            config.admin_read_token.as_deref(),
+            Some("ro-0123456789abcdef")
+        );
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("0123456789abcdef"), "{shown}");
+        let err = super::tests::config(&[("ADMIN_READ_TOKEN", "ro-0123456789abcdef")]).unwrap_err();
+        assert!(matches!(err, ConfigError::ReadTokenAlone), "{err}");
+        let err = super::tests::config(&[("ADMIN_TOKEN", "")]).unwrap_err();
+        assert!(err.to_string().contains("ADMIN_TOKEN"), "{err}");
     }
 
     #[test]

@@ -138,6 +138,9 @@ pub enum Error {
     /// RabbitMQ: unreachable, or a declaration refused.
     #[error(transparent)]
     Broker(#[from] outbox::rabbitmq::Error),
+    /// The admin API's settings (e.g. `ADMIN_TOKEN` too short).
+    #[error(transparent)]
+    Admin(#[from] outbox::axum::Error),
     /// The metrics recorder could not be installed.
     #[error("cannot install the metrics recorder: {0}")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
@@ -375,6 +378,7 @@ async fn run_api(
         telemetry::register_relay_counters();
     }
     let store = PgOutboxStore::builder(pool.clone()).build()?;
+    let admin = routes::admin::router(&config, store.clone())?;
     // Once before serving, so the gauges are on `/metrics` from the start.
     if let Err(error) = telemetry::refresh_outbox_gauges(&store).await {
         tracing::warn!(%error, "reading the outbox stats failed");
@@ -393,7 +397,7 @@ async fn run_api(
         health: Arc::new(routes::Health::new(pool, config.amqp_url.clone())),
         metrics,
     };
-    let app = routes::router(state, outbox);
+    let app = routes::router(state, outbox, admin);
     tracing::info!(%addr, "HTTP API listening");
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.wait_owned())

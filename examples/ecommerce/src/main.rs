@@ -11,8 +11,8 @@
 //! ```
 //!
 //! Settings come from `DATABASE_URL`, `AMQP_URL`, `BIND`, `EXCHANGE`,
-//! `QUEUE_PREFIX` and `RUST_LOG` (see `ecommerce::config`). Ctrl-C or
-//! `SIGTERM` stops it gracefully.
+//! `QUEUE_PREFIX`, `ADMIN_TOKEN`, `ADMIN_READ_TOKEN` and `RUST_LOG` (see
+//! `ecommerce::config`). Ctrl-C or `SIGTERM` stops it gracefully.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -30,6 +30,8 @@ Environment:
   BIND          default 127.0.0.1:3000 (roles api and all)
   EXCHANGE      default ecommerce.events
   QUEUE_PREFIX  default ecommerce
+  ADMIN_TOKEN   unset: no admin API; set: the admin API at /admin (operator bearer token)
+  ADMIN_READ_TOKEN  unset; a read-only bearer token for the admin API
   RUST_LOG      default info,lapin::returned_messages=error";
 
 #[tokio::main]

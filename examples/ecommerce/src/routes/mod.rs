@@ -1,6 +1,7 @@
 //! The HTTP API (roles `api` and `all`): routes, error mapping, and the
 //! middleware around them.
 
+pub mod admin;
 pub mod customers;
 pub mod error;
 pub mod inventory;
@@ -41,13 +42,14 @@ pub struct AppState {
 }
 
 /// The application: the API routes inside `outbox` (the request's
-/// transaction and events), the operations endpoints outside it.
+/// transaction and events), the operations endpoints and the admin API
+/// (`admin`, mounted at `/admin` when given: see [`admin`]) outside it.
 ///
 /// Middleware, from the inside out (see the `outbox::axum` docs on layer
 /// order): a handler timeout (a `408` rolls back cleanly), the outbox
 /// layer, then for every route a body limit, panic catching (a `500`
 /// after the outbox layer rolled back) and request tracing.
-pub fn router(state: AppState, outbox: OutboxLayer) -> Router {
+pub fn router(state: AppState, outbox: OutboxLayer, admin: Option<Router>) -> Router {
     let api = Router::new()
         .route("/inventory/{sku}", get(inventory::get).put(inventory::put))
         .route("/orders", post(orders::place))
@@ -60,11 +62,16 @@ pub fn router(state: AppState, outbox: OutboxLayer) -> Router {
             HANDLER_TIMEOUT,
         ))
         .layer(outbox);
-    Router::new()
+    let mut app = Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/metrics", get(ops::metrics))
-        .merge(api)
-        .fallback(not_found)
+        .merge(api);
+    if let Some(admin) = admin {
+        // A finished router (its own state inside): `nest_service`, since
+        // `nest` wants a router missing the same state as this one.
+        app = app.nest_service("/admin", admin);
+    }
+    app.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(CatchPanicLayer::custom(panicked))

@@ -1,0 +1,664 @@
+//! The admin router: authentication, permissions, redaction and error
+//! shapes over the in-memory store (`oneshot`, no server).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use common::{Reply, oneshot};
+use outbox_axum::admin::{AdminRouter, BearerTokens, LayerAuth};
+use outbox_core::admin::{Admin, Caller};
+use outbox_core::testing::InMemoryStore;
+use outbox_core::{
+    Claim, DomainEvent, EventStatus, FailedAttempt, NextStep, OutboxStore, RelayRegistration,
+};
+use serde::Serialize;
+use serde_json::json;
+use uuid::Uuid;
+
+const OPERATOR: &str = "op-token-0123456789abcdef";
+const READER: &str = "ro-token-0123456789abcdef";
+
+#[derive(Serialize)]
+struct Changed {
+    aggregate: String,
+    secret: &'static str,
+}
+
+impl DomainEvent for Changed {
+    fn aggregate_type(&self) -> &'static str {
+        "thing"
+    }
+    fn event_type(&self) -> &'static str {
+        "thing.changed"
+    }
+    fn aggregate_id(&self) -> String {
+        self.aggregate.clone()
+    }
+}
+
+fn record(store: &InMemoryStore, aggregate: &str) -> Uuid {
+    store
+        .record(&Changed {
+            aggregate: aggregate.into(),
+            secret: "4111 1111 1111 1111",
+        })
+        .unwrap()
+}
+
+/// Claims what is claimable and marks `ids` dead.
+async fn kill(store: &InMemoryStore, ids: &[Uuid]) {
+    let mut claim = store.claim(1_000).await.unwrap().expect("claimable");
+    let failures: Vec<FailedAttempt> = ids
+        .iter()
+        .map(|id| FailedAttempt {
+            id: *id,
+            attempts: 5,
+            error: "NOT_FOUND - no exchange 'shop'".to_owned(),
+            next: NextStep::Dead,
+            unroutable_since: None,
+        })
+        .collect();
+    claim.mark_failed(&failures).await.unwrap();
+    claim.finish().await.unwrap();
+}
+
+fn tokens() -> BearerTokens {
+    BearerTokens::new()
+        .operator("alice", OPERATOR)
+        .read_only("grafana", READER)
+}
+
+fn router(store: &InMemoryStore) -> Router {
+    AdminRouter::builder(Admin::new(store.clone()))
+        .auth(tokens())
+        .build()
+        .unwrap()
+}
+
+/// Mounted under `/admin`, as users do.
+fn app(admin: Router) -> Router {
+    Router::new().nest("/admin", admin)
+}
+
+fn get(path: &str, token: Option<&str>) -> Request<Body> {
+    let mut request = Request::get(path);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    request.body(Body::empty()).unwrap()
+}
+
+fn post(path: &str, token: Option<&str>, body: &str) -> Request<Body> {
+    let mut request = Request::post(path).header("content-type", "application/json");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    request.body(Body::from(body.to_owned())).unwrap()
+}
+
+fn replay_body(id: Uuid) -> String {
+    json!({ "filter": { "ids": [id] } }).to_string()
+}
+
+fn assert_error(reply: &Reply, status: StatusCode, needle: &str) {
+    assert_eq!(
+        reply.status,
+        status,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.headers["content-type"], "application/json");
+    let error = reply.error();
+    assert!(
+        error.contains(needle),
+        "{error:?} should contain {needle:?}"
+    );
+}
+
+#[tokio::test]
+async fn no_token_or_a_wrong_one_is_401_with_the_bearer_challenge() {
+    let store = InMemoryStore::new();
+    let app = app(router(&store));
+    for request in [
+        get("/admin/status", None),
+        get("/admin/status", Some("op-token-0123456789abcdeX")),
+        get("/admin/status", Some(&OPERATOR[..OPERATOR.len() - 1])),
+        get("/admin/status", Some(&format!("{OPERATOR}x"))),
+        // The token in another scheme.
+        Request::get("/admin/status")
+            .header("authorization", format!("Basic {OPERATOR}"))
+            .body(Body::empty())
+            .unwrap(),
+        // Unauthenticated before the (malformed) body is read.
+        post("/admin/replay", None, "{not json"),
+    ] {
+        let uri = request.uri().clone();
+        let reply = oneshot(&app, request).await;
+        assert_error(&reply, StatusCode::UNAUTHORIZED, "not authenticated");
+        let challenge = reply.headers["www-authenticate"].to_str().unwrap();
+        assert!(challenge.starts_with("Bearer"), "{uri}: {challenge}");
+    }
+}
+
+#[tokio::test]
+async fn a_read_only_token_reads_but_its_replay_is_403_and_changes_nothing() {
+    let store = InMemoryStore::new();
+    let id = record(&store, "a");
+    kill(&store, &[id]).await;
+    let app = app(router(&store));
+
+    let reply = oneshot(&app, get("/admin/status", Some(READER))).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["counts"]["dead"], 1, "{}", reply.json());
+
+    for body in [replay_body(id), "{\"filter\": {}}".to_owned()] {
+        let reply = oneshot(&app, post("/admin/replay", Some(READER), &body)).await;
+        assert_error(&reply, StatusCode::FORBIDDEN, "grafana may only read");
+    }
+    for (path, body) in [
+        ("/admin/retry-now", replay_body(id)),
+        ("/admin/skip", json!({ "id": id }).to_string()),
+        (
+            "/admin/purge",
+            json!({ "target": "sent", "older_than_seconds": 0 }).to_string(),
+        ),
+        ("/admin/relays/r1/pause", String::new()),
+    ] {
+        let reply = oneshot(&app, post(path, Some(READER), &body)).await;
+        assert_error(&reply, StatusCode::FORBIDDEN, "may only read");
+    }
+    assert_eq!(store.get(id).unwrap().status, EventStatus::Dead);
+    let audit = oneshot(&app, get("/admin/audit", Some(READER))).await;
+    assert_eq!(audit.json(), json!([]), "nothing was audited");
+}
+
+#[tokio::test]
+async fn an_http_replay_keeps_order_and_is_audited_with_the_token_identity() {
+    let store = InMemoryStore::new();
+    let first = record(&store, "a");
+    let second = record(&store, "a");
+    kill(&store, &[first, second]).await;
+    let app = app(router(&store));
+
+    let dry = json!({ "filter": { "ids": [second] }, "dry_run": true }).to_string();
+    let reply = oneshot(&app, post("/admin/replay", Some(OPERATOR), &dry)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(reply.json()["dry_run"], true);
+    assert_eq!(reply.json()["matched"], 1);
+    assert_eq!(store.get(second).unwrap().status, EventStatus::Dead);
+
+    let reply = oneshot(
+        &app,
+        post("/admin/replay", Some(OPERATOR), &replay_body(second)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(reply.json()["changed"], 1);
+    assert!(
+        store.claim(10).await.unwrap().is_none(),
+        "held behind the first"
+    );
+
+    oneshot(
+        &app,
+        post("/admin/replay", Some(OPERATOR), &replay_body(first)),
+    )
+    .await;
+    let claim = store.claim(10).await.unwrap().unwrap();
+    let ids: Vec<Uuid> = claim.records().iter().map(|r| r.id()).collect();
+    assert_eq!(ids, [first, second]);
+
+    let audit = oneshot(&app, get("/admin/audit", Some(READER)))
+        .await
+        .json();
+    let audit = audit.as_array().unwrap();
+    assert_eq!(audit.len(), 2, "{audit:?}");
+    assert!(
+        audit.iter().all(|row| row["identity"] == "alice"
+            && row["action"] == "replay"
+            && row["count"] == 1),
+        "{audit:?}"
+    );
+}
+
+#[tokio::test]
+async fn payloads_are_redacted_unless_allowed() {
+    let store = InMemoryStore::new();
+    let id = record(&store, "a");
+    let path = format!("/admin/events/{id}");
+
+    let reply = oneshot(&app(router(&store)), get(&path, Some(READER))).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let detail = reply.json();
+    assert_eq!(detail["id"], id.to_string());
+    assert!(detail["payload"].is_null() && detail["headers"].is_null());
+    assert!(!String::from_utf8_lossy(&reply.body).contains("4111"));
+
+    let open = AdminRouter::builder(Admin::new(store.clone()))
+        .auth(tokens())
+        .allow_payloads(true)
+        .build()
+        .unwrap();
+    let detail = oneshot(&app(open), get(&path, Some(READER))).await.json();
+    assert_eq!(detail["payload"]["secret"], "4111 1111 1111 1111");
+}
+
+#[tokio::test]
+async fn malformed_requests_are_400_with_a_json_error() {
+    let store = InMemoryStore::new();
+    let app = app(router(&store));
+    let op = Some(OPERATOR);
+    for (path, body, needle) in [
+        ("/admin/replay", "{not json", "invalid request body"),
+        (
+            "/admin/replay",
+            "{\"dry_run\": true}",
+            "missing field `filter`",
+        ),
+        (
+            "/admin/replay",
+            "{\"filter\": {\"statuss\": [\"dead\"]}}",
+            "unknown field `statuss`",
+        ),
+        ("/admin/replay", "{\"filter\": {}}", "select the events"),
+        (
+            "/admin/replay",
+            "{\"filter\": {\"statuses\": [\"sent\"]}}",
+            "replay changes only dead events",
+        ),
+        ("/admin/skip", "{}", "skip takes either"),
+        ("/admin/skip", "{\"id\": \"nope\"}", "invalid request body"),
+        (
+            "/admin/purge",
+            "{\"target\": \"dead\", \"older_than_seconds\": 1}",
+            "unknown variant `dead`",
+        ),
+    ] {
+        let reply = oneshot(&app, post(path, op, body)).await;
+        assert_error(&reply, StatusCode::BAD_REQUEST, needle);
+    }
+    for (path, needle) in [
+        ("/admin/events?status=dea", "dea"),
+        ("/admin/events?limit=0", "limit must be between 1 and 10000"),
+        (
+            "/admin/events?colour=red",
+            "unknown query parameter \"colour\"",
+        ),
+        (
+            "/admin/failure-groups?after=3",
+            "unknown query parameter \"after\"",
+        ),
+        ("/admin/events/not-a-uuid", "invalid path"),
+        ("/admin/audit?before=x", "must be an integer"),
+    ] {
+        let reply = oneshot(&app, get(path, op)).await;
+        assert_error(&reply, StatusCode::BAD_REQUEST, needle);
+    }
+    let no_type = Request::post("/admin/replay")
+        .header("authorization", format!("Bearer {OPERATOR}"))
+        .body(Body::from(replay_body(Uuid::nil())))
+        .unwrap();
+    let reply = oneshot(&app, no_type).await;
+    assert_error(&reply, StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type");
+}
+
+#[tokio::test]
+async fn unknown_ids_relays_and_routes_are_404() {
+    let store = InMemoryStore::new();
+    let app = app(router(&store));
+    let missing = Uuid::now_v7();
+    let reply = oneshot(&app, get(&format!("/admin/events/{missing}"), Some(READER))).await;
+    assert_error(&reply, StatusCode::NOT_FOUND, &missing.to_string());
+    let skip = json!({ "id": missing }).to_string();
+    let reply = oneshot(&app, post("/admin/skip", Some(OPERATOR), &skip)).await;
+    assert_error(&reply, StatusCode::NOT_FOUND, "no dead or retrying event");
+    let reply = oneshot(&app, post("/admin/relays/nobody/pause", Some(OPERATOR), "")).await;
+    assert_error(&reply, StatusCode::NOT_FOUND, "no relay named \"nobody\"");
+    let reply = oneshot(&app, get("/admin/nothing", Some(READER))).await;
+    assert_error(&reply, StatusCode::NOT_FOUND, "no admin endpoint");
+    let reply = oneshot(&app, get("/admin/replay", Some(READER))).await;
+    assert_error(&reply, StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+}
+
+#[tokio::test]
+async fn listings_filter_page_and_group() {
+    let store = InMemoryStore::new();
+    let ids: Vec<Uuid> = (0..3).map(|i| record(&store, &format!("a{i}"))).collect();
+    kill(&store, &ids[..2]).await;
+    let app = app(router(&store));
+
+    let page = oneshot(&app, get("/admin/events?status=dead&limit=1", Some(READER)))
+        .await
+        .json();
+    assert_eq!(page["items"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(page["items"][0]["id"], ids[0].to_string());
+    let next = page["next"].as_i64().unwrap();
+    let page = oneshot(
+        &app,
+        get(
+            &format!("/admin/events?status=dead&status=retry&after={next}"),
+            Some(READER),
+        ),
+    )
+    .await
+    .json();
+    let rest: Vec<&str> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(rest, [ids[1].to_string()]);
+    assert!(
+        page["items"][0].get("payload").is_none(),
+        "listings carry no payload"
+    );
+
+    let groups = oneshot(
+        &app,
+        get(
+            "/admin/failure-groups?event_type=thing.changed",
+            Some(READER),
+        ),
+    )
+    .await
+    .json();
+    assert_eq!(groups.as_array().unwrap().len(), 1, "{groups}");
+    assert_eq!(groups[0]["dead"], 2, "{groups}");
+}
+
+#[tokio::test]
+async fn skip_purge_and_relay_pause_through_http() {
+    let store = InMemoryStore::new();
+    let first = record(&store, "a");
+    let second = record(&store, "a");
+    kill(&store, &[first]).await;
+    store
+        .register_relay(&RelayRegistration::new("r1", Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let app = app(router(&store));
+
+    let head = json!({ "aggregate_type": "thing", "aggregate_id": "a" }).to_string();
+    let reply = oneshot(&app, post("/admin/skip", Some(OPERATOR), &head)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(store.get(first).unwrap().status, EventStatus::Skipped);
+    let claim = store.claim(10).await.unwrap().unwrap();
+    assert_eq!(claim.records()[0].id(), second, "released");
+    claim.finish().await.unwrap();
+
+    let purge = json!({ "target": "inbox", "older_than_seconds": 60, "dry_run": true });
+    let reply = oneshot(
+        &app,
+        post("/admin/purge", Some(OPERATOR), &purge.to_string()),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(reply.json()["action"], "purge_inbox");
+
+    let reply = oneshot(&app, post("/admin/relays/r1/pause", Some(OPERATOR), "")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    let relays = oneshot(&app, get("/admin/relays", Some(READER)))
+        .await
+        .json();
+    assert_eq!(relays[0]["paused"], true, "{relays}");
+    oneshot(&app, post("/admin/relays/r1/resume", Some(OPERATOR), "")).await;
+    let relays = oneshot(&app, get("/admin/relays", Some(READER)))
+        .await
+        .json();
+    assert_eq!(relays[0]["paused"], false, "{relays}");
+
+    let audit = oneshot(&app, get("/admin/audit?limit=2", Some(READER)))
+        .await
+        .json();
+    let actions: Vec<&str> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["resume", "pause"], "newest first");
+}
+
+/// Puts the caller named by `x-user` (`ro:` prefix: read-only) into the
+/// request, as a user's SSO layer would.
+async fn sso(mut request: Request, next: Next) -> axum::response::Response {
+    let user = request
+        .headers()
+        .get("x-user")
+        .map(|v| v.to_str().unwrap().to_owned());
+    if let Some(user) = user {
+        let caller = match user.strip_prefix("ro:") {
+            Some(name) => Caller::read_only(name),
+            None => Caller::operator(user),
+        };
+        request.extensions_mut().insert(caller);
+    }
+    next.run(request).await
+}
+
+fn as_user(mut request: Request<Body>, user: &str) -> Request<Body> {
+    request
+        .headers_mut()
+        .insert("x-user", user.parse().unwrap());
+    request
+}
+
+#[tokio::test]
+async fn a_caller_inserted_by_a_layer_is_honoured() {
+    let store = InMemoryStore::new();
+    let id = record(&store, "a");
+    kill(&store, &[id]).await;
+    let admin = AdminRouter::builder(Admin::new(store.clone()))
+        .auth(LayerAuth)
+        .build()
+        .unwrap()
+        .layer(middleware::from_fn(sso));
+    let app = app(admin);
+
+    let reply = oneshot(&app, get("/admin/status", None)).await;
+    assert_error(&reply, StatusCode::UNAUTHORIZED, "not authenticated");
+    let reply = oneshot(&app, as_user(get("/admin/status", None), "ro:bob")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let replay = post("/admin/replay", None, &replay_body(id));
+    let reply = oneshot(&app, as_user(replay, "ro:bob")).await;
+    assert_error(&reply, StatusCode::FORBIDDEN, "bob may only read");
+
+    let replay = post("/admin/replay", None, &replay_body(id));
+    let reply = oneshot(&app, as_user(replay, "sso:carol")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(store.get(id).unwrap().status, EventStatus::Pending);
+    let audit = oneshot(&app, as_user(get("/admin/audit", None), "ro:bob"))
+        .await
+        .json();
+    assert_eq!(audit[0]["identity"], "sso:carol");
+
+    // The layer's caller wins over a bearer token, too.
+    let both = AdminRouter::builder(Admin::new(store.clone()))
+        .auth(tokens())
+        .build()
+        .unwrap()
+        .layer(middleware::from_fn(sso));
+    let replay = post("/admin/replay", Some(OPERATOR), &replay_body(id));
+    let reply = oneshot(
+        &Router::new().nest("/admin", both),
+        as_user(replay, "ro:bob"),
+    )
+    .await;
+    assert_error(&reply, StatusCode::FORBIDDEN, "bob may only read");
+}
+
+#[tokio::test]
+async fn anonymous_is_an_operator_named_anonymous() {
+    let store = InMemoryStore::new();
+    let id = record(&store, "a");
+    kill(&store, &[id]).await;
+    let admin = AdminRouter::builder(Admin::new(store.clone()))
+        .allow_anonymous()
+        .build()
+        .unwrap();
+    let app = app(admin);
+    let reply = oneshot(&app, post("/admin/replay", None, &replay_body(id))).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    let audit = oneshot(&app, get("/admin/audit", None)).await.json();
+    assert_eq!(audit[0]["identity"], "anonymous");
+}
+
+#[test]
+fn it_refuses_to_build_without_a_choice_of_authentication_or_with_weak_tokens() {
+    let refused = |builder: outbox_axum::admin::AdminRouterBuilder<InMemoryStore>, needle: &str| {
+        let err = builder.build().err().map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains(needle)),
+            "{err:?} should contain {needle:?}"
+        );
+    };
+    let builder = || AdminRouter::builder(Admin::new(InMemoryStore::new()));
+    refused(builder(), "no authentication");
+    refused(builder().auth(tokens()).allow_anonymous(), "choose one");
+    refused(
+        builder().auth(BearerTokens::new().operator("admin", "changeme")),
+        "fewer than 16",
+    );
+    refused(
+        builder().auth(BearerTokens::new().operator("admin", "")),
+        "is empty",
+    );
+    refused(builder().auth(BearerTokens::new()), "no token");
+}
+
+// --- against PostgreSQL -----------------------------------------------------
+
+mod postgres {
+    use common::{OrderPlaced, TestDb, client, send, serve};
+    use diesel_async::AsyncConnection as _;
+    use outbox_diesel::PgOutboxStore;
+
+    use super::*;
+
+    /// Two events of order 1, both claimed in one batch and marked dead.
+    async fn two_dead(db: &TestDb, store: &PgOutboxStore) -> [Uuid; 2] {
+        let events = ["first", "second"].map(|name| OrderPlaced {
+            order_id: 1,
+            name: name.into(),
+        });
+        let ids: [Uuid; 2] = db
+            .conn()
+            .await
+            .transaction::<_, outbox_diesel::Error, _>(async |conn| {
+                db.outbox.record_all(conn, &events).await
+            })
+            .await
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let mut claim = store.claim(10).await.unwrap().expect("claimable");
+        assert_eq!(claim.records().len(), 2);
+        let failures: Vec<FailedAttempt> = ids
+            .iter()
+            .map(|id| FailedAttempt {
+                id: *id,
+                attempts: 5,
+                error: "NOT_FOUND - no exchange 'shop'".into(),
+                next: NextStep::Dead,
+                unroutable_since: None,
+            })
+            .collect();
+        claim.mark_failed(&failures).await.unwrap();
+        claim.finish().await.unwrap();
+        ids
+    }
+
+    #[tokio::test]
+    async fn an_http_replay_keeps_order_and_audits_the_token_identity() {
+        let db = TestDb::new("admin_replay").await;
+        let store = PgOutboxStore::builder(db.pool.clone())
+            .schema(&db.schema)
+            .build()
+            .unwrap();
+        let [first, second] = two_dead(&db, &store).await;
+        assert!(store.claim(10).await.unwrap().is_none(), "both dead");
+        let admin = AdminRouter::builder(Admin::new(store.clone()))
+            .auth(tokens())
+            .build()
+            .unwrap();
+        let addr = serve(app(admin)).await;
+        let http = client();
+
+        let dead = send(&http, addr, get("/admin/events?status=dead", Some(READER)))
+            .await
+            .unwrap();
+        assert_eq!(dead.status, StatusCode::OK);
+        let listed: Vec<String> = dead.json()["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(listed, [first.to_string(), second.to_string()]);
+
+        // A read-only token may not replay; nothing changes.
+        let reply = send(
+            &http,
+            addr,
+            post("/admin/replay", Some(READER), &replay_body(first)),
+        )
+        .await
+        .unwrap();
+        assert_error(&reply, StatusCode::FORBIDDEN, "grafana may only read");
+
+        // The later one alone: it stays held behind the earlier dead one.
+        let reply = send(
+            &http,
+            addr,
+            post("/admin/replay", Some(OPERATOR), &replay_body(second)),
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+        assert_eq!(
+            (
+                reply.json()["matched"].as_u64(),
+                reply.json()["changed"].as_u64()
+            ),
+            (Some(1), Some(1))
+        );
+        assert!(
+            store.claim(10).await.unwrap().is_none(),
+            "the replayed later event is held while the earlier one is dead"
+        );
+
+        // Then the earlier one: a claim returns both, in order.
+        let reply = send(
+            &http,
+            addr,
+            post("/admin/replay", Some(OPERATOR), &replay_body(first)),
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+        let claim = store.claim(10).await.unwrap().expect("claimable again");
+        let ids: Vec<Uuid> = claim.records().iter().map(|r| r.id()).collect();
+        assert_eq!(ids, [first, second], "replayed events keep their order");
+        claim.finish().await.unwrap();
+
+        let audit = send(&http, addr, get("/admin/audit", Some(READER)))
+            .await
+            .unwrap()
+            .json();
+        let rows = audit.as_array().unwrap();
+        assert_eq!(rows.len(), 2, "{audit}");
+        for row in rows {
+            assert_eq!(row["identity"], "alice", "{row}");
+            assert_eq!(row["action"], "replay", "{row}");
+            assert_eq!(row["count"], 1, "{row}");
+        }
+    }
+}
