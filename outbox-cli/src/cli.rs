@@ -55,7 +55,7 @@ pub(crate) struct Global {
     /// Machine-readable JSON on stdout instead of tables.
     #[arg(long, global = true)]
     pub(crate) json: bool,
-    /// Who acts, in the audit trail [default: cli:$USER@$HOST].
+    /// Who acts, in the audit trail (default: cli:$USER@$HOST).
     #[arg(long = "as", value_name = "NAME", global = true)]
     pub(crate) identity: Option<String>,
     /// Events changed per transaction by replay, skip, retry-now and purge.
