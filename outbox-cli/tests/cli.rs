@@ -355,3 +355,67 @@ fn usage_errors_are_exit_code_2_and_help_lists_exit_codes() {
         predicate::str::contains("Exit codes").and(predicate::str::contains("outbox replay")),
     );
 }
+
+#[tokio::test]
+async fn retry_now_makes_waiting_retries_due() {
+    let db = TestDb::new("retry_now").await;
+    let ids = db.record(&["a", "b"]).await;
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    db.fail(&ids, "NO_ROUTE", NextStep::RetryAt(later)).await;
+    assert!(db.claimable().await.is_empty(), "both wait an hour");
+
+    db.outbox()
+        .args(["retry-now", "--all"])
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains("--yes"));
+    db.outbox()
+        .args(["retry-now", "--status", "dead"])
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains("not dead ones"));
+    let one = db.json(&["retry-now", "--id", &ids[1].to_string()]);
+    assert_eq!(one["changed"], 1);
+    assert_eq!(db.claimable().await, [ids[1]]);
+    let all = db.json(&["retry-now", "--all", "--yes"]);
+    assert_eq!(
+        all["changed"], 1,
+        "the one still waiting; the other is due already"
+    );
+    assert_eq!(db.claimable().await, [ids[0], ids[1]]);
+}
+
+#[tokio::test]
+async fn purge_inbox_deletes_old_entries() {
+    let db = TestDb::new("purge_inbox").await;
+    db.execute(
+        "INSERT INTO {schema}.inbox_events (consumer, event_id, received_at) \
+         SELECT 'c', gen_random_uuid(), now() - interval '20 days' FROM generate_series(1, 3)",
+    );
+    db.execute(
+        "INSERT INTO {schema}.inbox_events (consumer, event_id) SELECT 'c', gen_random_uuid()",
+    );
+    let report = db.json(&["purge", "inbox", "--older-than", "14d", "--yes"]);
+    assert_eq!(report["changed"], 3);
+    assert_eq!(db.count("inbox_events"), 1);
+    assert_eq!(db.json(&["audit"])[0]["action"], "purge_inbox");
+}
+
+#[tokio::test]
+async fn events_list_filters_by_time() {
+    let db = TestDb::new("since").await;
+    let ids = db.record(&["a", "b"]).await;
+    db.execute(&format!(
+        "UPDATE {{schema}}.outbox_events SET occurred_at = now() - interval '2 days' WHERE id = '{}'",
+        ids[0]
+    ));
+    let recent = db.json(&["events", "list", "--since", "1d"]);
+    assert_eq!(recent["items"].as_array().unwrap().len(), 1);
+    assert_eq!(recent["items"][0]["id"], ids[1].to_string());
+    let old = db.json(&["events", "list", "--until", "1d"]);
+    assert_eq!(old["items"][0]["id"], ids[0].to_string());
+    db.outbox()
+        .args(["events", "list", "--since", "yesterday-ish"])
+        .assert()
+        .code(2);
+}
