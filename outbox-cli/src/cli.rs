@@ -32,7 +32,7 @@ Examples:
 
 /// See, fix and clean a transactional outbox on PostgreSQL.
 #[derive(Debug, Parser)]
-#[command(name = "outbox", version, about, after_help = format!("{EXAMPLES}\n\n{EXIT_CODES}"))]
+#[command(name = "outbox", version, after_help = format!("{EXAMPLES}\n\n{EXIT_CODES}"))]
 pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) global: Global,
@@ -42,6 +42,7 @@ pub(crate) struct Cli {
 
 /// Flags every command takes.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
 pub(crate) struct Global {
     /// PostgreSQL URL (its password is never printed).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
@@ -137,14 +138,14 @@ pub(crate) enum EventsCommand {
 /// `events list`.
 #[derive(Debug, Args)]
 pub(crate) struct ListArgs {
-    #[command(flatten)]
-    pub(crate) filter: FilterArgs,
     /// The cursor printed by the previous page.
     #[arg(long, value_name = "CURSOR")]
     pub(crate) after: Option<i64>,
     /// Events per page (1 to 10000).
     #[arg(long, default_value_t = 50)]
     pub(crate) limit: usize,
+    #[command(flatten)]
+    pub(crate) filter: FilterArgs,
 }
 
 /// `events show`.
@@ -167,6 +168,7 @@ pub(crate) enum DeadCommand {
 
 /// Which events: every criterion given must hold.
 #[derive(Debug, Args, Default)]
+#[command(next_help_heading = "Filters")]
 pub(crate) struct FilterArgs {
     /// Status (pending, retry, held, dead, sent, skipped); repeat for several.
     #[arg(long = "status", value_name = "STATUS", value_parser = parse_status)]
@@ -232,11 +234,11 @@ pub(crate) struct ReplayArgs {
     /// Every dead event.
     #[arg(long)]
     pub(crate) all_dead: bool,
-    #[command(flatten)]
-    pub(crate) filter: FilterArgs,
     /// Only count what would change.
     #[arg(long)]
     pub(crate) dry_run: bool,
+    #[command(flatten)]
+    pub(crate) filter: FilterArgs,
 }
 
 /// `skip`.
@@ -262,11 +264,11 @@ pub(crate) struct RetryNowArgs {
     /// Every retrying event.
     #[arg(long)]
     pub(crate) all: bool,
-    #[command(flatten)]
-    pub(crate) filter: FilterArgs,
     /// Only count what would change.
     #[arg(long)]
     pub(crate) dry_run: bool,
+    #[command(flatten)]
+    pub(crate) filter: FilterArgs,
 }
 
 /// `purge ...`.
