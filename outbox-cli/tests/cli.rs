@@ -30,11 +30,11 @@ async fn status_json_counts_events_per_status() {
     assert_eq!(status["counts"]["pending"], 1);
     assert_eq!(status["delivery_order"], "per_aggregate");
 
-    db.outbox()
-        .arg("status")
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("STATUS").and(predicate::str::contains("dead")));
+    db.outbox().arg("status").assert().success().stdout(
+        predicate::str::contains("STATUS")
+            .and(predicate::str::contains("dead"))
+            .and(predicate::str::contains("\u{1b}[").not()),
+    );
 }
 
 #[tokio::test]
