@@ -1,0 +1,124 @@
+//! One module per verb group; [`run`] dispatches.
+
+use std::io::{BufRead as _, IsTerminal as _, Write as _};
+
+use outbox_core::admin::{Admin, Caller};
+use outbox_diesel::PgOutboxStore;
+
+use crate::cli::{Cli, Command, Global};
+use crate::error::{Error, Result};
+use crate::output::Output;
+
+mod dead;
+mod events;
+mod mutate;
+mod relays;
+mod schema;
+mod status;
+
+/// Runs the parsed command line.
+pub(crate) async fn run(cli: Cli) -> Result<()> {
+    let out = Output::new(cli.global.json);
+    match cli.command {
+        Command::Ddl => schema::ddl(&cli.global, out),
+        Command::Migrate(args) => schema::migrate(&cli.global, out, &args).await,
+        command => {
+            let ctx = Context::connect(&cli.global, out).await?;
+            match command {
+                Command::Status => status::status(&ctx).await,
+                Command::Events(cmd) => events::run(&ctx, cmd).await,
+                Command::Dead(cmd) => dead::run(&ctx, cmd).await,
+                Command::Replay(args) => mutate::replay(&ctx, &args).await,
+                Command::Skip(args) => mutate::skip(&ctx, &args).await,
+                Command::RetryNow(args) => mutate::retry_now(&ctx, &args).await,
+                Command::Purge(cmd) => mutate::purge(&ctx, cmd).await,
+                Command::Relays(cmd) => relays::run(&ctx, cmd).await,
+                Command::Audit(args) => relays::audit(&ctx, &args).await,
+                Command::ExplainClaim(args) => schema::explain_claim(&ctx, &args).await,
+                Command::Ddl | Command::Migrate(_) => Ok(()),
+            }
+        }
+    }
+}
+
+/// What a command against the database works with.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) admin: Admin<PgOutboxStore>,
+    pub(crate) caller: Caller,
+    pub(crate) out: Output,
+    pub(crate) yes: bool,
+}
+
+impl Context {
+    async fn connect(global: &Global, out: Output) -> Result<Context> {
+        let url = database_url(global)?;
+        // One direct connection first: an unreachable server is exit code 5
+        // with a hint, not a pool timeout later.
+        drop(outbox_diesel::connect(url).await.map_err(Error::Connect)?);
+        let pool = outbox_diesel::pool(url, 2)?;
+        let store = PgOutboxStore::builder(pool)
+            .schema(&global.schema)
+            .build()?;
+        let admin = Admin::new(store)
+            .chunk_size(global.chunk_size)
+            .dedup_window(global.dedup_window);
+        let identity = global.identity.clone().unwrap_or_else(default_identity);
+        Ok(Context {
+            admin,
+            caller: Caller::operator(identity),
+            out,
+            yes: global.yes,
+        })
+    }
+
+    /// Whether a mutation selecting `count` events may go on: always for
+    /// at most one, with `--yes`, or when the operator says so on a
+    /// terminal; refused (exit 4) otherwise.
+    pub(crate) fn confirm(&self, what: &str, count: Option<u64>) -> Result<()> {
+        if self.yes || count.is_some_and(|n| n <= 1) {
+            return Ok(());
+        }
+        let selected = count.map_or_else(
+            || "an unknown number of rows".to_owned(),
+            |n| format!("{n} events"),
+        );
+        if std::io::stdin().is_terminal() && std::io::stderr().is_terminal() && !self.out.json {
+            let mut err = std::io::stderr().lock();
+            write!(err, "{what} {selected}? [y/N] ")?;
+            err.flush()?;
+            let mut answer = String::new();
+            std::io::stdin().lock().read_line(&mut answer)?;
+            if matches!(answer.trim(), "y" | "Y" | "yes") {
+                return Ok(());
+            }
+            return Err(Error::Invalid("not confirmed: nothing changed".to_owned()));
+        }
+        Err(Error::Invalid(format!(
+            "{what} would change {selected}: add --yes to confirm (or --dry-run to count)"
+        )))
+    }
+}
+
+/// `--database-url` or `DATABASE_URL`.
+pub(crate) fn database_url(global: &Global) -> Result<&str> {
+    global
+        .database_url
+        .as_deref()
+        .filter(|u| !u.is_empty())
+        .ok_or(Error::NoDatabaseUrl)
+}
+
+/// `cli:$USER@$HOST`.
+fn default_identity() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .unwrap_or_else(|_| "unknown".to_owned());
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("cli:{user}@{host}")
+}

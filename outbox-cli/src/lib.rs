@@ -1,0 +1,117 @@
+//! `outbox`: see, fix and clean a transactional outbox on PostgreSQL.
+//!
+//! A thin shell over the admin API of `outbox-core`
+//! (`outbox_core::admin::Admin`) on the PostgreSQL store of `outbox-diesel`:
+//! every mutation is chunked, audited (as `--as NAME`, by default
+//! `cli:$USER@$HOST`) and can be tried with `--dry-run` first.
+//!
+//! ```text
+//! export DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres
+//! outbox status
+//! outbox events list --status dead --limit 20
+//! outbox events show 0190c2b1-... --payload
+//! outbox dead groups
+//! outbox replay --group 3f2a9c01 --dry-run
+//! outbox replay --aggregate order:42 --yes
+//! outbox skip --head order:42
+//! outbox purge sent --older-than 7d --yes
+//! outbox relays pause relay-1
+//! outbox --json status | jq .counts
+//! ```
+//!
+//! The same command in a binary of your own (e.g. one that ships with a
+//! service's image):
+//!
+//! ```no_run
+//! fn main() -> std::process::ExitCode {
+//!     outbox_cli::run()
+//! }
+//! ```
+//!
+//! # Commands
+//! | Command | Does |
+//! |---|---|
+//! | `status` | counts per status, oldest unsent event, blocked aggregates, unroutable, per event type, relays |
+//! | `events list [filters] [--after CURSOR] [--limit N]` | a page of events in `seq` order, and the next page's cursor |
+//! | `events show ID [--payload]` | one event with its failed attempts; payload and headers only with `--payload` |
+//! | `dead groups [filters]` | dead and retrying events grouped by event type and normalized error |
+//! | `replay (--id ID... \| --aggregate TYPE:ID \| --group G \| --all-dead \| filters) [--dry-run]` | dead events back to pending, id and order kept |
+//! | `skip (--id ID \| --head TYPE:ID) [--dry-run]` | skips a dead or retrying event, or an aggregate's blocking head |
+//! | `retry-now (--id ID... \| --aggregate TYPE:ID \| --all \| filters) [--dry-run]` | makes waiting retries due now |
+//! | `purge sent\|inbox --older-than 7d [--dry-run]` | deletes old sent/skipped events (never dead ones) or inbox entries |
+//! | `relays list\|pause NAME\|resume NAME` | registered relays; pause through a row the relay reads |
+//! | `audit [--limit N] [--before ID]` | the audit trail, newest first |
+//! | `migrate [--contract]` | applies the migrations to `--schema` |
+//! | `ddl` | prints the migrations' SQL (no database needed) |
+//! | `explain-claim [--limit N]` | `EXPLAIN ANALYZE` of the relay's claim, rolled back |
+//!
+//! Filters: `--status S` (repeatable), `--aggregate TYPE:ID` or
+//! `--aggregate-type T`, `--event-type E`, `--error TEXT`, `--group G`,
+//! `--since` and `--until` (RFC 3339 or a duration ago: `30s`, `15m`, `7d`).
+//!
+//! # Global flags
+//! `--database-url` (env `DATABASE_URL`; its password is never printed),
+//! `--schema` (env `OUTBOX_SCHEMA`, default `public`), `--json` (JSON on
+//! stdout for scripts, on every command), `--as NAME`, `--chunk-size N`
+//! (default 500), `--yes`, `--dedup-window` (default `14d`: replaying older
+//! events warns), `--amqp-url` (env `AMQP_URL`, used by `dlq`, coming).
+//!
+//! A mutation that selects more than one event (and every purge) needs
+//! `--yes`, or a `y` on a terminal; without a terminal it is refused with
+//! exit code 4. Tables are coloured only on a terminal without `NO_COLOR`;
+//! replays and purges show a spinner with a count on a terminal, never with
+//! `--json`. Warnings (e.g. events older than the dedup window) go to stderr.
+//!
+//! # Exit codes
+//! | Code | Meaning |
+//! |---|---|
+//! | 0 | ok (a dry run too, whatever it found) |
+//! | 1 | the store or the output failed |
+//! | 2 | usage: unknown flag, missing argument |
+//! | 3 | not found: no such event, aggregate head or relay |
+//! | 4 | invalid request: empty selection, unconfirmed mutation, no database URL |
+//! | 5 | PostgreSQL not reachable (start it with `scripts/dev-services`, check `DATABASE_URL`) |
+//!
+//! # Feature flags
+//! | feature | default | enables |
+//! |---|---|---|
+//! | `postgres-tls` | no | TLS to PostgreSQL (rustls): `sslmode` and `sslrootcert` in the URL |
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+mod cli;
+mod commands;
+mod error;
+mod output;
+
+/// Parses the command line, runs the command and returns its exit code
+/// (see [Exit codes](crate#exit-codes)); what the `outbox` binary does.
+pub fn run() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(&error::Error::Io(e)),
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(()) => ExitCode::from(error::code::OK),
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(e: &error::Error) -> ExitCode {
+    if let error::Error::Io(io) = e
+        && io.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        // The reader stopped reading (`outbox ddl | head`): not a failure.
+        return ExitCode::from(error::code::OK);
+    }
+    // Nothing more to do if stderr is gone.
+    let _ = writeln!(std::io::stderr().lock(), "error: {e}");
+    e.exit_code()
+}
