@@ -41,9 +41,9 @@ pub struct OutboxStats {
     /// Events held because the broker returned them as unroutable (no
     /// binding for their routing key), across every relay of the outbox.
     pub unroutable: u64,
-    /// Relays whose heartbeat is recent (within three of their heartbeat
-    /// intervals), across the outbox; 0 for a store that does not keep
-    /// relays.
+    /// Relays that deliver: a recent heartbeat (within three of their
+    /// heartbeat intervals) and not paused by an operator, across the
+    /// outbox; 0 for a store that does not keep relays.
     pub relays_live: u64,
 }
 
@@ -61,7 +61,7 @@ pub struct RelayRegistration {
     pub version: String,
     /// When it started.
     pub started_at: DateTime<Utc>,
-    /// How often it heartbeats (its stats interval).
+    /// How often it heartbeats (its stats interval, at most 5 s).
     pub heartbeat_interval: Duration,
 }
 
@@ -207,7 +207,8 @@ pub trait OutboxStore: Send + Sync + 'static {
     }
 
     /// Records that relay `name` is alive with `in_flight` batches, every
-    /// [`stats_interval`](crate::RelayBuilder::stats_interval); returns
+    /// [`stats_interval`](crate::RelayBuilder::stats_interval) (at most every
+    /// 5 s); returns
     /// whether an operator paused it. The default never pauses.
     fn heartbeat(
         &self,

@@ -3,6 +3,17 @@
 -- (a SHARE UPDATE EXCLUSIVE lock, bounded by lock_timeout): relays of
 -- earlier versions neither read nor notice them.
 
+-- `error_group`: the last error with numbers and ids stripped
+-- (outbox_core::admin::normalize_error), written with `last_error`, so that
+-- failure groups are a GROUP BY over a handful of values rather than over
+-- every raw error text. `finished_at`: when an operator skipped the event
+-- (the purge keeps skipped events for the retention from then). Constant
+-- (NULL) defaults: catalog changes, no rewrite.
+-- step: transaction
+ALTER TABLE {schema}.outbox_events
+    ADD COLUMN IF NOT EXISTS error_group text,
+    ADD COLUMN IF NOT EXISTS finished_at timestamptz;
+
 -- The last failed attempts of each event (the relay keeps 20 per event):
 -- when, which relay, what it ended with, why. Deleted with their event by
 -- the purge; the janitor also sweeps those of events deleted when sent.
@@ -64,3 +75,10 @@ ALTER TABLE {schema}.inbox_events SET (
     autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_vacuum_threshold = 1000
 );
+
+-- Failed and skipped events in seq order: what the admin's chunked replay,
+-- skip and retry-now and its listings walk (the other partial indexes are
+-- by aggregate or by due time). Empty while nothing fails.
+-- step: concurrently
+CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_events_failed
+    ON {schema}.outbox_events (seq) WHERE status IN ('retry', 'dead', 'skipped');

@@ -34,7 +34,23 @@
 //!   recording nothing.
 //! - **`outbox_events_held (aggregate_type, aggregate_id, seq) WHERE status
 //!   = 'held'`**: the ordering probe and the release of held events.
+//! - **`outbox_events_failed (seq) WHERE status IN ('retry','dead','skipped')`**
+//!   (migration 5): the admin API's chunked replay, skip and retry-now and
+//!   its listings of failed events walk it in `seq` order; empty while
+//!   nothing fails.
+//! - **`outbox_attempts_event (event_seq, id)`**: an event's attempt history
+//!   and its trim to the last 20.
 //! - **`inbox_events_pkey (consumer, event_id)`**: the dedup decision itself.
+//!
+//! # Privileges
+//! A relay's database role needs `SELECT, INSERT, UPDATE, DELETE` on
+//! `outbox_events` and `outbox_attempts`, `SELECT, INSERT, UPDATE, DELETE`
+//! on `outbox_relays` (its registration and heartbeat), `SELECT` on
+//! `outbox_settings` and `outbox_schema_version`; the admin API (CLI,
+//! router) also writes `outbox_audit` and deletes from `inbox_events`.
+//! Granting per table? Grant the new tables of migration 5 before relays of
+//! this version start: a relay that cannot write an attempt cannot mark a
+//! failure, so its batch rolls back and is published again.
 //!
 //! `outbox_events_unsent (seq) WHERE status IN ('pending','retry')`, which
 //! relays before migration 2 scan, is dropped by the contract migration 3

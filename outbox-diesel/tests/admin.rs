@@ -244,6 +244,11 @@ async fn relays_register_heartbeat_pause_and_deregister() {
 
     admin.set_paused(&operator(), "r1", true).await.unwrap();
     assert!(store.heartbeat("r1", 2).await.unwrap().paused);
+    assert_eq!(
+        store.stats().await.unwrap().relays_live,
+        0,
+        "a paused relay delivers nothing"
+    );
     // Registering again (a restart under the same name) keeps the pause.
     store
         .register_relay(&RelayRegistration::new("r1", Duration::from_secs(5)))
@@ -374,4 +379,90 @@ async fn two_janitors_purge_old_sent_events_in_chunks_and_keep_the_rest() {
     assert_eq!(db.count("inbox_events", ""), 0);
     let again = janitor(store).run_once().await.unwrap();
     assert_eq!((again.sent, again.inbox), (0, 0));
+}
+
+#[tokio::test]
+async fn a_replay_waits_for_a_row_a_relay_holds_and_says_so_when_it_holds_it_too_long() {
+    use diesel_async::{AnsiTransactionManager, SimpleAsyncConnection, TransactionManager};
+    let db = TestDb::new("admin_locked").await;
+    let admin = Admin::new(db.store());
+    let ids = record(&db, &[("a".into(), 0)]).await;
+    fail(&db, &ids, "nack", NextStep::Dead).await;
+    // What a claim does to a dead head while it publishes what follows it.
+    let sql = format!(
+        "SELECT 1 FROM \"{}\".outbox_events WHERE id = '{}' FOR SHARE",
+        db.schema, ids[0]
+    );
+    async fn lock(conn: &mut diesel_async::AsyncPgConnection, sql: &str) {
+        AnsiTransactionManager::begin_transaction(conn)
+            .await
+            .unwrap();
+        conn.batch_execute(sql).await.unwrap();
+    }
+    let mut holder = db.conn().await;
+    lock(&mut holder, &sql).await;
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        AnsiTransactionManager::commit_transaction(&mut holder)
+            .await
+            .unwrap();
+    };
+    let (caller, one) = (operator(), EventFilter::id(ids[0]));
+    let replay = admin.replay(&caller, &one, false, &|_| {});
+    let (report, ()) = tokio::join!(replay, release);
+    let report = report.unwrap();
+    assert_eq!(
+        (report.matched, report.changed),
+        (1, 1),
+        "waited for the holder instead of skipping the event"
+    );
+
+    fail(&db, &ids, "nack", NextStep::Dead).await;
+    lock(&mut holder, &sql).await;
+    let held = admin
+        .replay(&operator(), &EventFilter::id(ids[0]), false, &|_| {})
+        .await;
+    let error = held.unwrap_err().to_string();
+    assert!(error.contains("run it again"), "{error}");
+    assert_eq!(status(&admin, ids[0]).await, EventStatus::Dead);
+    AnsiTransactionManager::rollback_transaction(&mut holder)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn sent_events_take_their_history_along_and_skipped_ones_are_kept_from_the_skip() {
+    let db = TestDb::new("admin_history_gone").await;
+    let store = PgOutboxStore::builder(db.pool.clone())
+        .schema(&db.schema)
+        .keep_sent(false)
+        .build()
+        .unwrap();
+    let ids = record(&db, &[("a".into(), 0), ("b".into(), 0)]).await;
+    fail_with(&store, &ids, "nack", NextStep::RetryAt(Utc::now())).await;
+    assert_eq!(db.count("outbox_attempts", ""), 2);
+    assert_eq!(
+        db.count("outbox_events", "WHERE error_group = 'nack (<id>)'"),
+        2,
+        "the normalized error is stored with the error"
+    );
+    let mut claim = store.claim(10).await.unwrap().unwrap();
+    claim.mark_sent(&ids[..1]).await.unwrap();
+    claim.finish().await.unwrap();
+    assert_eq!(
+        db.count("outbox_attempts", ""),
+        1,
+        "deleted with its sent event"
+    );
+
+    // Skipped today, occurred long ago: kept for the retention from the skip.
+    db.execute("UPDATE {schema}.outbox_events SET occurred_at = now() - interval '30 days'");
+    let admin = Admin::new(store);
+    admin.skip(&operator(), ids[1], false).await.unwrap();
+    let week = Duration::from_secs(7 * 24 * 3600);
+    admin
+        .purge(&operator(), PurgeTarget::Sent, week, false, &|_| {})
+        .await
+        .unwrap();
+    assert_eq!(db.count("outbox_events", "WHERE status = 'skipped'"), 1);
 }

@@ -149,10 +149,15 @@ impl TestDb {
     /// What a relay's claim gets now (rolled back).
     pub async fn claimable(&self) -> Vec<Uuid> {
         let store = self.store();
-        match store.claim(100).await.unwrap() {
+        let ids = match store.claim(100).await.unwrap() {
             Some(claim) => claim.records().iter().map(|r| r.id()).collect(),
             None => Vec::new(),
-        }
+        };
+        // The dropped claim's connection closes (and PostgreSQL releases its
+        // rows) only when the runtime runs its task: let it, before the test
+        // blocks on a CLI process that would wait for those rows.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        ids
     }
 }
 

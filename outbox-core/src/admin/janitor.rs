@@ -168,11 +168,15 @@ impl<S: OutboxAdmin> Janitor<S> {
         Ok(report)
     }
 
-    /// Runs every [`interval`](Self::interval) (the first time at once)
-    /// until `relay` is shut down. Errors are logged and the next run
-    /// tries again.
+    /// Runs every [`interval`](Self::interval) until `relay` is shut down,
+    /// the first time after a random part of it (at most 30 s), so that the
+    /// janitors of a fleet deployed at once do not all start together.
+    /// Errors are logged and the next run tries again.
     pub async fn run(self, relay: RelayHandle) {
-        let mut next = Instant::now();
+        let first = self.interval.min(Duration::from_secs(30));
+        // A v7 id ends in 62 random bits.
+        let random = (uuid::Uuid::now_v7().as_u128() % 1_000) as u32;
+        let mut next = Instant::now() + first * random / 1_000;
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(next) => {}

@@ -127,8 +127,9 @@ pub trait OutboxAdmin: Send + Sync + 'static {
     /// How many events match `filter`.
     fn count(&self, filter: &EventFilter) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 
-    /// The first event of an aggregate still to publish or `dead` (what
-    /// holds the aggregate back, if it is `retry` or `dead`).
+    /// What holds an aggregate back: its first `retry` or `dead` event, when
+    /// that is its first event still to publish or dead; `None` when nothing
+    /// holds it back.
     fn head(
         &self,
         aggregate_type: &str,

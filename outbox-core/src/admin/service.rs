@@ -147,6 +147,7 @@ impl<S: OutboxAdmin> Admin<S> {
                 "limit must be between 1 and 10000, not {limit}"
             )));
         }
+        Self::check_text(filter)?;
         self.store
             .list(filter, after, limit)
             .await
@@ -173,6 +174,7 @@ impl<S: OutboxAdmin> Admin<S> {
         &self,
         filter: &EventFilter,
     ) -> Result<Vec<FailureGroup>, AdminError> {
+        Self::check_text(filter)?;
         self.store
             .failure_groups(filter)
             .await
@@ -217,6 +219,7 @@ impl<S: OutboxAdmin> Admin<S> {
         dry_run: bool,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<ActionReport, AdminError> {
+        Self::authorize(caller, "replay")?;
         let filter = Self::selection(selection, &[EventStatus::Dead], "replay")?;
         let cutoff = Utc::now() - chrono::Duration::from_std(self.dedup_window).unwrap_or_default();
         let old = EventFilter {
@@ -297,9 +300,6 @@ impl<S: OutboxAdmin> Admin<S> {
             ))
         };
         let head = head.ok_or_else(missing)?;
-        if !matches!(head.status, EventStatus::Dead | EventStatus::Retry) {
-            return Err(missing());
-        }
         let filter = EventFilter::id(head.id)
             .with_status(EventStatus::Dead)
             .with_status(EventStatus::Retry);
@@ -347,6 +347,7 @@ impl<S: OutboxAdmin> Admin<S> {
         dry_run: bool,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<ActionReport, AdminError> {
+        Self::authorize(caller, "retry_now")?;
         let filter = Self::selection(selection, &[EventStatus::Retry], "retry-now")?;
         self.run(
             caller,
@@ -509,6 +510,26 @@ impl<S: OutboxAdmin> Admin<S> {
         })
     }
 
+    /// Text criteria a database cannot compare (NUL) are the caller's
+    /// mistake, not the store's failure.
+    fn check_text(filter: &EventFilter) -> Result<(), AdminError> {
+        let texts = [
+            ("aggregate_type", &filter.aggregate_type),
+            ("aggregate_id", &filter.aggregate_id),
+            ("event_type", &filter.event_type),
+            ("error_contains", &filter.error_contains),
+            ("group", &filter.group),
+        ];
+        for (name, text) in texts {
+            if text.as_ref().is_some_and(|t| t.contains('\0')) {
+                return Err(AdminError::Invalid(format!(
+                    "{name} contains a NUL character; no event has one"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn authorize(caller: &Caller, action: &'static str) -> Result<(), AdminError> {
         if caller.may_act() {
             Ok(())
@@ -527,6 +548,7 @@ impl<S: OutboxAdmin> Admin<S> {
         statuses: &[EventStatus],
         verb: &str,
     ) -> Result<EventFilter, AdminError> {
+        Self::check_text(selection)?;
         if selection.is_empty() {
             return Err(AdminError::Invalid(format!(
                 "{verb}: select the events (an id, an aggregate, a filter, a group), or select \

@@ -218,16 +218,24 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
         }
         self.retry.validate()?;
         let name = match self.name {
-            Some(name) if name.trim().is_empty() || name.len() > 200 => {
+            Some(name)
+                if name.trim().is_empty()
+                    || name.len() > 200
+                    || name.contains(char::is_control) =>
+            {
                 return Err(Error::Config(
-                    "relay name must be 1 to 200 bytes and not blank".into(),
+                    "relay name must be 1 to 200 bytes, not blank, without control characters"
+                        .into(),
                 ));
             }
             Some(name) => name,
             None => default_name(),
         };
         Ok(Relay {
-            registration: crate::RelayRegistration::new(name, self.stats_interval),
+            registration: crate::RelayRegistration::new(
+                name,
+                self.stats_interval.min(super::MAX_HEARTBEAT_INTERVAL),
+            ),
             paused: std::sync::atomic::AtomicBool::new(false),
             resumed: tokio::sync::Notify::new(),
             store: self.store,

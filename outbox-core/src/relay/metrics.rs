@@ -45,8 +45,9 @@ pub const SUSPECT_EVENTS_TOTAL: &str = "outbox_suspect_events_total";
 pub const PAUSED: &str = "outbox_relay_paused";
 /// Gauge: 1 while an operator has paused the relay (`outbox relays pause`).
 pub const OPERATOR_PAUSED: &str = "outbox_relay_operator_paused";
-/// Gauge: relays of the outbox whose heartbeat is recent, read from the
-/// store (store-wide: every relay exports the same value, so alert on `max`).
+/// Gauge: relays of the outbox that deliver (a recent heartbeat, not paused
+/// by an operator), read from the store (store-wide: every relay exports
+/// the same value, so alert on `max`).
 pub const RELAYS_LIVE: &str = "outbox_relays_live";
 
 /// Counter: rows the [`Janitor`](crate::admin::Janitor) deleted, labelled

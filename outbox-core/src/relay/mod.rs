@@ -211,8 +211,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         // first claim (a relay restarted under a paused name stays paused);
         // a store that does not answer in time is retried by the stats loop.
         let mut registered = false;
-        let _ =
-            tokio::time::timeout(FIRST_HEARTBEAT_TIMEOUT, self.heartbeat(&mut registered)).await;
+        let _ = tokio::time::timeout(HEARTBEAT_TIMEOUT, self.heartbeat(&mut registered)).await;
         let pause = Pause::new(self.pause_min, self.pause_max);
         let started = tokio::time::Instant::now();
         let loops = futures_util::future::join_all(
@@ -222,7 +221,8 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             biased;
             _ = loops => {}
             () = forever(self.store.wakeups(self.handle.clone())) => {}
-            () = forever(self.stats_loop(registered)) => {}
+            () = forever(self.stats_loop()) => {}
+            () = forever(self.heartbeat_loop(registered)) => {}
         }
         let name = &self.registration.name;
         match tokio::time::timeout(DEREGISTER_TIMEOUT, self.store.deregister_relay(name)).await {
@@ -845,9 +845,33 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
     }
 
-    async fn stats_loop(&self, mut registered: bool) {
+    /// Heartbeats every [`heartbeat_interval`](crate::RelayRegistration)
+    /// (the stats interval, at most 5 s), each bounded, apart from the stats
+    /// (which may be slow on a big table): a pause takes effect within one
+    /// interval, and a busy relay never looks dead.
+    async fn heartbeat_loop(&self, mut registered: bool) {
+        let interval = self.registration.heartbeat_interval;
         loop {
-            self.heartbeat(&mut registered).await;
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = self.handle.shutdown_requested() => return,
+            }
+            if tokio::time::timeout(HEARTBEAT_TIMEOUT, self.heartbeat(&mut registered))
+                .await
+                .is_err()
+            {
+                ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                warn!(
+                    relay = %self.registration.name,
+                    timeout = ?HEARTBEAT_TIMEOUT,
+                    "outbox relay: heartbeat timed out"
+                );
+            }
+        }
+    }
+
+    async fn stats_loop(&self) {
+        loop {
             match self.store.stats().await {
                 Ok(stats) => {
                     ::metrics::gauge!(metrics::BACKLOG).set(stats.backlog as f64);
@@ -1045,9 +1069,12 @@ impl Backoff {
 /// Stands in for "never" in poll times (a year).
 const FAR_FUTURE: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// How long a starting relay waits for its registration and first
-/// heartbeat before claiming.
-const FIRST_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a heartbeat (with the registration) may take; a starting relay
+/// waits at most this long for its first before claiming.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest time between two heartbeats.
+pub(crate) const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How long a stopping relay waits to remove itself from the registry.
 const DEREGISTER_TIMEOUT: Duration = Duration::from_secs(5);

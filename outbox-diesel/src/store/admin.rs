@@ -24,9 +24,20 @@ use super::row::EventRow;
 use super::sql::{COLUMNS, literals};
 use crate::{Error, Result};
 
+/// What failure groups are made of: the normalized error written with it
+/// (migration 5), or the raw error of rows written before (the core
+/// normalizes it again when it merges the groups).
+const ERROR_KEY: &str = "coalesce(error_group, last_error)";
+
 /// Rows the failure-group query reads at most (distinct event type, error
 /// and status triples): the groups of a table with more are cut.
 const GROUP_ROWS: i64 = 100_000;
+
+/// How long an admin chunk waits for rows a relay holds.
+const ADMIN_LOCK_TIMEOUT: &str = "5s";
+
+/// How an admin chunk's transaction starts (the same timeout).
+const ADMIN_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '5s'";
 
 /// `sent` and `skipped` rows counted exactly at most; beyond, the status
 /// report estimates from the table's statistics.
@@ -263,7 +274,7 @@ impl PgOutboxStore {
             let t = q.bind(Bind::Texts(types));
             let e = q.bind(Bind::Texts(errors));
             q.push(&format!(
-                " AND status IN ({}) AND (event_type, last_error) IN \
+                " AND status IN ({}) AND (event_type, {ERROR_KEY}) IN \
                  (SELECT * FROM unnest({t}::text[], {e}::text[]))",
                 literals(&[EventStatus::Retry, EventStatus::Dead])
             ));
@@ -299,15 +310,13 @@ impl PgOutboxStore {
         };
         let t = self.table("outbox_events");
         let mut q = Query::new(format!(
-            "SELECT event_type, last_error, status, count(*) AS n, min(occurred_at) AS first, \
-               max(occurred_at) AS last \
+            "SELECT event_type, {ERROR_KEY} AS last_error, status, count(*) AS n, \
+               min(occurred_at) AS first, max(occurred_at) AS last \
              FROM {t} WHERE last_error IS NOT NULL"
         ));
         Box::pin(self.push_filter(&mut q, &filter)).await?;
         let limit = q.bind(Bind::Big(GROUP_ROWS));
-        q.push(&format!(
-            " GROUP BY event_type, last_error, status LIMIT {limit}"
-        ));
+        q.push(&format!(" GROUP BY 1, 2, 3 LIMIT {limit}"));
         let mut conn = self.conn().await?;
         Ok(q.build().load(&mut *conn).await?)
     }
@@ -330,21 +339,36 @@ impl PgOutboxStore {
         };
         let t = self.table("outbox_events");
         let a = self.table("outbox_audit");
+        // `FOR UPDATE` waits for a row a relay's claim holds (a claim is
+        // short and bounded by the claim timeout) instead of skipping it,
+        // which would leave it unchanged without a word; `lock_timeout`
+        // bounds the wait. After the wait the row's status is checked again.
         let mut q = Query::new(format!("WITH c AS (SELECT seq FROM {t} WHERE true"));
         self.push_filter(&mut q, &filter).await?;
         let after = q.bind(Bind::Big(after.unwrap_or(0)));
         let limit = q.bind(Bind::Big(i64::try_from(limit).unwrap_or(i64::MAX)));
         let audit = q.bind(Bind::Big(audit));
         q.push(&format!(
-            " AND seq > {after} ORDER BY seq LIMIT {limit} FOR UPDATE SKIP LOCKED), \
+            " AND seq > {after} ORDER BY seq LIMIT {limit} FOR UPDATE), \
              u AS (UPDATE {t} SET {set} WHERE seq IN (SELECT seq FROM c) \
                AND status IN ({from}){extra} RETURNING seq), \
              x AS (UPDATE {a} SET count = count + (SELECT count(*) FROM u) WHERE id = {audit}) \
              SELECT (SELECT max(seq) FROM c) AS last, (SELECT count(*) FROM u) AS changed",
             from = literals(from),
         ));
-        let mut conn = self.conn().await?;
-        let row: ChunkRow = q.build().get_result(&mut *conn).await?;
+        let mut tx = crate::PgTransaction::begin_with(&self.pool, ADMIN_BEGIN).await?;
+        let row: ChunkRow = q.build().get_result(&mut *tx).await.map_err(|e| match e {
+            diesel::result::Error::DatabaseError(_, ref info)
+                if info.message().contains("lock timeout") =>
+            {
+                Error::Config(format!(
+                    "a relay held the selected events for over {ADMIN_LOCK_TIMEOUT} \
+                         (publishing them); nothing of this chunk changed: run it again"
+                ))
+            }
+            e => Error::Database(e),
+        })?;
+        tx.commit().await?;
         Ok(Chunk {
             changed: count(row.changed),
             last: row.last,
@@ -374,18 +398,24 @@ impl OutboxAdmin for PgOutboxStore {
     async fn status(&self) -> Result<StatusReport> {
         let stats = self.stats().await?;
         let t = self.table("outbox_events");
-        let by_type: Vec<TypeRow> = diesel::sql_query(format!(
-            "SELECT event_type, status, count(*) AS n FROM {t} \
-             WHERE status IN ({}) GROUP BY event_type, status",
-            literals(&[
-                EventStatus::Pending,
-                EventStatus::Retry,
-                EventStatus::Held,
-                EventStatus::Dead
-            ])
-        ))
-        .load(&mut *self.conn().await?)
-        .await?;
+        // One query per status, each on its own partial index (a list of
+        // statuses would match none and scan the table).
+        let per_status = [
+            EventStatus::Pending,
+            EventStatus::Retry,
+            EventStatus::Held,
+            EventStatus::Dead,
+        ]
+        .map(|status| {
+            format!(
+                "(SELECT event_type, '{status}'::text AS status, count(*) AS n FROM {t} \
+                 WHERE status = '{status}' GROUP BY event_type)"
+            )
+        })
+        .join(" UNION ALL ");
+        let by_type: Vec<TypeRow> = diesel::sql_query(per_status)
+            .load(&mut *self.conn().await?)
+            .await?;
         let mut counts = StatusCounts::default();
         let mut types: std::collections::BTreeMap<String, StatusCounts> = Default::default();
         for row in by_type {
@@ -409,6 +439,7 @@ impl OutboxAdmin for PgOutboxStore {
         .get_result(&mut *self.conn().await?)
         .await?;
         counts.skipped = count(done.skipped);
+        counts.estimated = done.skipped >= EXACT_COUNT_LIMIT;
         if done.sent < EXACT_COUNT_LIMIT {
             counts.sent = count(done.sent);
         } else {
@@ -524,19 +555,15 @@ impl OutboxAdmin for PgOutboxStore {
 
     async fn head(&self, aggregate_type: &str, aggregate_id: &str) -> Result<Option<EventSummary>> {
         let t = self.table("outbox_events");
-        // One probe per partial index: blocking heads, held rows, pending rows.
+        // What holds an aggregate back is its first `retry` or `dead` event
+        // (a held event always has one before it): one probe of the
+        // `blocking` index.
         let sql = format!(
-            "SELECT {cols} FROM {t} WHERE seq = LEAST( \
-               (SELECT min(seq) FROM {t} WHERE status IN ({heads}) \
-                  AND aggregate_type = $1 AND aggregate_id = $2), \
-               (SELECT min(seq) FROM {t} WHERE status IN ({held}) \
-                  AND aggregate_type = $1 AND aggregate_id = $2), \
-               (SELECT min(seq) FROM {t} WHERE status IN ({pending}) \
-                  AND aggregate_type = $1 AND aggregate_id = $2))",
+            "SELECT {cols} FROM {t} WHERE seq = ( \
+               SELECT min(seq) FROM {t} WHERE status IN ({heads}) \
+                 AND aggregate_type = $1 AND aggregate_id = $2)",
             cols = admin_columns(),
             heads = literals(&[EventStatus::Retry, EventStatus::Dead]),
-            held = literals(&[EventStatus::Held]),
-            pending = literals(&[EventStatus::Pending]),
         );
         let rows: Vec<EventRow> = diesel::sql_query(sql)
             .bind::<Text, _>(aggregate_type)
@@ -622,7 +649,7 @@ impl OutboxAdmin for PgOutboxStore {
             filter,
             Transition::Skip.from(),
             &format!(
-                "status = '{}', next_attempt_at = NULL",
+                "status = '{}', next_attempt_at = NULL, finished_at = now()",
                 Transition::Skip.to().as_str()
             ),
             "",
@@ -672,7 +699,8 @@ impl OutboxAdmin for PgOutboxStore {
             "WITH s AS (SELECT seq, occurred_at FROM {t} WHERE seq > $1 ORDER BY seq LIMIT $2), \
              d AS (DELETE FROM {t} WHERE seq IN ( \
                  SELECT seq FROM {t} WHERE seq IN (SELECT seq FROM s) AND status IN ({done}) \
-                   AND coalesce(published_at, occurred_at) < $3 FOR UPDATE SKIP LOCKED) \
+                   AND coalesce(published_at, finished_at, occurred_at) < $3 \
+                   FOR UPDATE SKIP LOCKED) \
                RETURNING seq), \
              x AS (DELETE FROM {at} WHERE event_seq IN (SELECT seq FROM d)), \
              u AS (UPDATE {a} SET count = count + (SELECT count(*) FROM d) WHERE id = $4) \

@@ -94,6 +94,7 @@ use diesel_async::{
 };
 
 use crate::PgTransaction;
+use outbox_core::admin::normalize_error;
 use outbox_core::{
     Claim, DeadSelector, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxRecord,
     OutboxStats, OutboxStore, RelayControl, RelayHandle, RelayRegistration,
@@ -614,6 +615,7 @@ impl PgOutboxStore {
                             format!("malformed row: {reason}").replace('\0', "\u{FFFD}"),
                         )
                         .bind::<Nullable<Text>, _>(self.relay_name())
+                        .bind::<Text, _>(normalize_error(&format!("malformed row: {reason}")))
                         .prepared(self.sql.prepare)
                         .execute(&mut *conn)
                         .await?;
@@ -942,6 +944,7 @@ impl Claim for PgClaim {
             // PostgreSQL text cannot hold NUL.
             .bind::<Text, _>(reason.replace('\0', "\u{FFFD}"))
             .bind::<Nullable<Text>, _>(self.relay.clone())
+            .bind::<Text, _>(normalize_error(reason).replace('\0', "\u{FFFD}"))
             .prepared(sql.prepare)
             .execute(self.connection()?)
             .await?;
@@ -954,6 +957,7 @@ impl Claim for PgClaim {
         let mut attempts = Vec::with_capacity(failures.len());
         let mut next_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(failures.len());
         let mut errors = Vec::with_capacity(failures.len());
+        let mut groups = Vec::with_capacity(failures.len());
         let unroutable: Vec<Option<DateTime<Utc>>> =
             failures.iter().map(|f| f.unroutable_since).collect();
         for failure in failures {
@@ -965,7 +969,9 @@ impl Claim for PgClaim {
             attempts.push(i32::try_from(failure.attempts).unwrap_or(i32::MAX));
             next_at.push(at);
             // PostgreSQL text cannot hold NUL.
-            errors.push(failure.error.replace('\0', "\u{FFFD}"));
+            let error = failure.error.replace('\0', "\u{FFFD}");
+            groups.push(normalize_error(&error));
+            errors.push(error);
         }
         // In ordered mode the events of the window that follow a failed one
         // in its aggregate are held behind it (later ones are held by the
@@ -991,6 +997,7 @@ impl Claim for PgClaim {
             .bind::<Array<Text>, _>(errors)
             .bind::<Array<Nullable<Timestamptz>>, _>(unroutable)
             .bind::<Nullable<Text>, _>(relay)
+            .bind::<Array<Text>, _>(groups)
             .prepared(sql.prepare)
             .execute(&mut *conn)
             .await?;

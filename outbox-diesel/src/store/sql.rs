@@ -176,8 +176,14 @@ impl Sql {
                     from = literals(Transition::Publish.from()),
                 )
             } else {
+                // With the attempt history of events that had failed (a
+                // semi-join on an empty set for the others).
                 format!(
-                    "DELETE FROM {t} WHERE seq = ANY($1) AND status IN ({from})",
+                    "WITH d AS ( \
+                       DELETE FROM {t} WHERE seq = ANY($1) AND status IN ({from}) \
+                       RETURNING seq, last_error \
+                     ) DELETE FROM {at} WHERE event_seq IN ( \
+                       SELECT seq FROM d WHERE last_error IS NOT NULL)",
                     from = literals(Transition::Publish.from()),
                 )
             },
@@ -187,10 +193,11 @@ impl Sql {
                 "WITH u AS ( \
                    UPDATE {t} AS t SET status = u.status, attempts = u.attempts, \
                    next_attempt_at = u.next_attempt_at, last_error = u.last_error, \
-                   unroutable_since = u.unroutable_since \
+                   unroutable_since = u.unroutable_since, error_group = u.error_group \
                    FROM UNNEST($1::int8[], $2::text[], $3::int4[], $4::timestamptz[], $5::text[], \
-                     $6::timestamptz[]) \
-                     AS u(seq, status, attempts, next_attempt_at, last_error, unroutable_since) \
+                     $6::timestamptz[], $8::text[]) \
+                     AS u(seq, status, attempts, next_attempt_at, last_error, unroutable_since, \
+                       error_group) \
                    WHERE t.seq = u.seq AND t.status IN ({from}) \
                    RETURNING t.seq, t.status, t.last_error \
                  ), a AS ( \
@@ -204,7 +211,8 @@ impl Sql {
             ),
             mark_suspect: format!(
                 "WITH u AS ( \
-                   UPDATE {t} SET suspect_count = suspect_count + 1, last_error = $2 \
+                   UPDATE {t} SET suspect_count = suspect_count + 1, last_error = $2, \
+                     error_group = $4 \
                    WHERE seq = ANY($1) RETURNING seq \
                  ), a AS ( \
                    INSERT INTO {at} (event_seq, relay, outcome, error) \
@@ -246,10 +254,14 @@ impl Sql {
             ),
             kill_malformed: format!(
                 "WITH u AS ( \
-                   UPDATE {t} SET status = '{to}', last_error = $2 WHERE seq = $1 RETURNING seq \
-                 ) INSERT INTO {at} (event_seq, relay, outcome, error) \
-                 SELECT seq, $3, 'dead', $2 FROM u",
+                   UPDATE {t} SET status = '{to}', last_error = $2, error_group = $4 \
+                   WHERE seq = $1 RETURNING seq \
+                 ), a AS ( \
+                   INSERT INTO {at} (event_seq, relay, outcome, error) \
+                   SELECT seq, $3, 'dead', $2 FROM u \
+                 ) {trim}",
                 to = Transition::Kill.to().as_str(),
+                trim = trim_attempts(&at, "u"),
             ),
             many_blocking: format!(
                 "SELECT count(*) > $1 AS many FROM ( \
@@ -274,7 +286,7 @@ impl Sql {
                    (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM {t} \
                       WHERE status IN ({heads})) AS b) AS blocked, \
                    (SELECT delivery_order FROM {settings}) AS delivery_order, \
-                   (SELECT count(*) FROM {relays} WHERE {live}) AS relays_live",
+                   (SELECT count(*) FROM {relays} WHERE {live} AND NOT paused) AS relays_live",
                 relays = schema.table("outbox_relays"),
                 live = super::admin::RELAY_LIVE,
             ),

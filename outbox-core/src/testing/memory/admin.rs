@@ -179,6 +179,7 @@ impl OutboxAdmin for InMemoryStore {
                 r.envelope.aggregate_key() == (aggregate_type, aggregate_id)
                     && r.status.blocks_aggregate()
             })
+            .filter(|r| matches!(r.status, EventStatus::Retry | EventStatus::Dead))
             .map(EventSummary::from))
     }
 
@@ -370,6 +371,10 @@ impl InMemoryStore {
     }
 
     pub(super) fn live_relays(state: &State) -> u64 {
-        state.relay_infos().iter().filter(|r| r.live).count() as u64
+        state
+            .relay_infos()
+            .iter()
+            .filter(|r| r.live && !r.paused)
+            .count() as u64
     }
 }
