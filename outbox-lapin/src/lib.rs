@@ -60,6 +60,7 @@
 //! | `tls` | no | `amqps://` with rustls and the `ring` provider |
 
 mod consumer;
+mod dlq;
 mod error;
 mod publisher;
 mod topology;
@@ -68,8 +69,9 @@ pub mod wire;
 pub use consumer::{
     ATTEMPT_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError, HandlerFn, HandlerFuture,
     InboxConsumer, InboxConsumerBuilder, LAST_ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER,
-    ORIGINAL_ROUTING_KEY_HEADER, handler_fn, metrics as consumer_metrics,
+    ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, handler_fn, metrics as consumer_metrics,
 };
+pub use dlq::{DeadLetterQueue, DlqReplayReport, REPLAYED_REASON_HEADER, ReplayedMessage};
 pub use error::{CONNECT_TIMEOUT, Error, Result};
 pub use publisher::{
     BLOCKED_GAUGE, ExchangeFn, LapinPublisher, LapinPublisherBuilder, RoutingKeyFn,

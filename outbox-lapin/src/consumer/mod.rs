@@ -3,10 +3,11 @@
 //! event takes effect once even though RabbitMQ delivers at least once.
 
 mod builder;
+mod dead_letter;
 mod depth;
 mod handler;
 pub mod metrics;
-mod republish;
+pub(crate) mod republish;
 mod worker;
 
 use std::collections::hash_map::DefaultHasher;
@@ -62,6 +63,11 @@ pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-outbox-original-routing-key";
 /// Header: the exchange the message first arrived through, for operators
 /// who move dead letters back.
 pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
+/// Header: the queue the consumer read a dead letter from, set on every
+/// message it dead-letters. A [replay](crate::DeadLetterQueue::replay) sends
+/// the message back there, even from a dead-letter queue several queues
+/// share.
+pub const QUEUE_HEADER: &str = "x-outbox-queue";
 
 /// Consumes a RabbitMQ queue and applies each event once, in a database
 /// transaction with an inbox entry.
