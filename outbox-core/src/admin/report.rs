@@ -11,9 +11,9 @@ use crate::{DeliveryOrder, EventStatus, Headers, OutboxRecord};
 #[non_exhaustive]
 pub struct StatusReport {
     /// Events per status. `pending`, `retry`, `held` and `dead` are exact;
-    /// `sent` and `skipped` are counted exactly only up to
-    /// [`counted_limit`](Self::counted_limit) (beyond it, the table's
-    /// statistics give an estimate and `estimated` says so).
+    /// `sent` and `skipped` are counted exactly only up to a store's limit
+    /// (PostgreSQL: 100,000; beyond it, the table's statistics give an
+    /// estimate and [`StatusCounts::estimated`] says so).
     pub counts: StatusCounts,
     /// Age of the oldest unsent event, in seconds.
     pub oldest_unsent_age_seconds: Option<f64>,

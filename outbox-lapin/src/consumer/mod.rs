@@ -160,7 +160,12 @@ pub const QUEUE_HEADER: &str = "x-outbox-queue";
 /// [permanent](HandlerError::permanent) error, it republishes to the
 /// dead-letter exchange instead (original routing key, see
 /// [`ORIGINAL_ROUTING_KEY_HEADER`], `x-outbox-dead-reason`,
-/// `x-outbox-attempt`). If a republish is not
+/// `x-outbox-attempt`, [`QUEUE_HEADER`]). Once a dead letter is confirmed,
+/// it is recorded with
+/// [`InboxDatabase::record_dead_letter`](outbox_core::InboxDatabase::record_dead_letter)
+/// before the ack (a failure to record is logged at WARN, and the delivery
+/// acked anyway). [`DeadLetterQueue`](crate::DeadLetterQueue) replays them.
+/// If a republish is not
 /// confirmed (nack, return, timeout, lost channel), the original is not
 /// acked but requeued after the delay: a message is never dropped.
 ///
@@ -221,7 +226,9 @@ pub const QUEUE_HEADER: &str = "x-outbox-queue";
 /// again: the longest a message can stay unacked or cycle through retries
 /// (`max_attempts` × (`retry_delay` + queueing time)), plus how long a
 /// producer may publish a duplicate (its relay's claim timeout and retries),
-/// plus how long dead letters may be moved back to the queue by an operator.
+/// plus how long dead letters may be moved back to the queue by an operator
+/// (a [replay](crate::DeadLetterQueue::replay) of a message whose inbox
+/// entry was purged runs it again if it had succeeded meanwhile).
 /// Purge older rows (e.g. `PgInbox::purge`); purge younger ones and a late
 /// duplicate is applied twice.
 ///
