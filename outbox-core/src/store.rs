@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use crate::admin::DeadLetter;
 use crate::{NextStep, OutboxRecord, RelayHandle};
 
 /// Whether events of one aggregate must be published in sequence order.
@@ -352,6 +353,20 @@ pub trait InboxDatabase: Send + Sync + 'static {
     /// (e.g. keeps a pooled connection).
     fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Self::Error>> + Send {
         drop(tx);
+        std::future::ready(Ok(()))
+    }
+
+    /// Records a message the consumer dead-lettered, once the broker
+    /// confirmed its copy in the dead-letter exchange and before the
+    /// consumer acks the delivery. Outside any handler transaction (its own
+    /// short statement). The broker's copy is the truth, this the index
+    /// operators list and group: the consumer logs a failure and acks
+    /// anyway. The default records nothing.
+    fn record_dead_letter(
+        &self,
+        letter: &DeadLetter,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = letter;
         std::future::ready(Ok(()))
     }
 }

@@ -54,6 +54,34 @@ CREATE TABLE IF NOT EXISTS {schema}.outbox_relays (
     paused                boolean     NOT NULL DEFAULT false
 );
 
+-- Consumers' dead letters: the inbox consumer records each message it
+-- dead-letters once the broker confirmed the copy in the dead-letter
+-- exchange, so operators list and group them here without getting (and
+-- reordering) messages in the queue. The queue holds the messages; this is
+-- their index: a replay or purge of the queue marks the rows
+-- (`replayed_at`, `purged_at`). `queue` is the queue the consumer read the
+-- message from. Rows are kept until deleted by hand.
+-- step: transaction
+CREATE TABLE IF NOT EXISTS {schema}.inbox_dead_letters (
+    id                bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer          text        NOT NULL,
+    queue             text        NOT NULL,
+    exchange          text        NOT NULL,
+    routing_key       text        NOT NULL,
+    event_id          uuid,
+    message_id        text,
+    event_type        text,
+    attempts          integer     NOT NULL,
+    reason            text        NOT NULL,
+    headers           jsonb       NOT NULL DEFAULT '{}',
+    payload           text        NOT NULL,
+    payload_truncated boolean     NOT NULL DEFAULT false,
+    dead_lettered_at  timestamptz NOT NULL DEFAULT now(),
+    replayed_at       timestamptz,
+    purged_at         timestamptz
+);
+CREATE INDEX IF NOT EXISTS inbox_dead_letters_queue ON {schema}.inbox_dead_letters (queue, id);
+
 -- Autovacuum: every outbox row is inserted, updated once or twice and
 -- deleted (when sent, or by the purge), so the table's dead tuples are
 -- mostly in the small partial indexes the claim walks (`pending`,

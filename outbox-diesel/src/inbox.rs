@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Text, Timestamptz};
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use outbox_core::admin::DeadLetter;
 use outbox_core::{InboxDatabase, InboxOutcome, InboxStore};
 use uuid::Uuid;
 
@@ -45,6 +46,7 @@ use crate::{Error, PgTransaction, Result};
 pub struct PgInbox {
     insert_sql: String,
     purge_sql: String,
+    dead_letter_sql: String,
     prepare: bool,
 }
 
@@ -73,6 +75,7 @@ impl PgInbox {
                 "DELETE FROM {t} WHERE ctid IN ( \
                    SELECT ctid FROM {t} WHERE received_at < $1 ORDER BY received_at LIMIT $2)"
             ),
+            dead_letter_sql: crate::dead_letters::insert_sql(schema),
             prepare: true,
         }
     }
@@ -104,6 +107,20 @@ impl PgInbox {
             .execute(conn)
             .await?;
         Ok(deleted as u64)
+    }
+
+    /// Records a consumer's dead letter in `inbox_dead_letters` (read them
+    /// with [`PgDeadLetters`](crate::PgDeadLetters)), in its own statement:
+    /// call it outside the handler's transaction, which may roll back.
+    ///
+    /// # Errors
+    /// [`Error::Database`].
+    pub async fn record_dead_letter(
+        &self,
+        conn: &mut AsyncPgConnection,
+        letter: &DeadLetter,
+    ) -> Result<()> {
+        crate::dead_letters::insert(conn, &self.dead_letter_sql, letter).await
     }
 }
 
@@ -181,5 +198,15 @@ impl InboxDatabase for PgInboxDatabase {
 
     async fn rollback(&self, tx: PgTransaction) -> Result<()> {
         tx.rollback().await
+    }
+
+    /// On a pooled connection of its own, outside any transaction.
+    async fn record_dead_letter(&self, letter: &DeadLetter) -> Result<()> {
+        let mut conn = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| Error::Pool(e.to_string()))?;
+        self.inbox.record_dead_letter(&mut conn, letter).await
     }
 }

@@ -245,6 +245,7 @@
 //! | `postgres-tls` | no | TLS to PostgreSQL (rustls with ring, no OpenSSL) for every connection the crate opens, honouring `sslmode` and `sslrootcert`; see [TLS](#tls). Without it, connections are plaintext and a URL asking for `require` or `verify-*` is refused |
 
 mod connect;
+mod dead_letters;
 mod error;
 mod inbox;
 mod migrate;
@@ -254,6 +255,7 @@ pub mod schema;
 mod store;
 mod transaction;
 
+pub use dead_letters::PgDeadLetters;
 pub use error::{Error, Result};
 pub use inbox::{PgInbox, PgInboxDatabase};
 pub use migrate::{migrate, migrate_contract, migrate_url};

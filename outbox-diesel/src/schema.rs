@@ -13,7 +13,8 @@
 //! Later migrations (`sql/002_held.sql`, `sql/003_drop_unsent.sql`,
 //! `sql/004_suspect_count.sql`, `sql/005_admin.sql`) add the `held` status,
 //! the indexes below, the suspect count, and the admin API's tables
-//! (`outbox_attempts`, `outbox_audit`, `outbox_relays`) with autovacuum
+//! (`outbox_attempts`, `outbox_audit`, `outbox_relays`, and consumers' dead
+//! letters in `inbox_dead_letters`) with autovacuum
 //! settings for a table that works as a queue (the migration says why); see
 //! [`migrate`](crate::migrate) for how they are applied to a table in use.
 //!

@@ -143,6 +143,7 @@ async fn second_run_applies_nothing_and_keeps_the_data() {
     assert_eq!(
         schema.tables(),
         [
+            "inbox_dead_letters",
             "inbox_events",
             "outbox_attempts",
             "outbox_audit",
@@ -231,6 +232,7 @@ async fn ddl_applied_by_hand_gives_a_working_outbox() {
     assert_eq!(
         schema.tables(),
         [
+            "inbox_dead_letters",
             "inbox_events",
             "outbox_attempts",
             "outbox_audit",

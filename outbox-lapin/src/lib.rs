@@ -33,6 +33,29 @@
 //! new outbox events: those inherit `causation_id` = the incoming event id,
 //! and its correlation id and trace context.
 //!
+//! # Dead letters
+//! What the consumer gives up on (an undecodable message, a permanent
+//! error, `max_attempts` spent) goes to its dead-letter exchange with
+//! `x-outbox-dead-reason` and `x-outbox-queue` (its queue), and is recorded
+//! in its database
+//! ([`InboxDatabase::record_dead_letter`](outbox_core::InboxDatabase::record_dead_letter);
+//! with `outbox-diesel`, the table `inbox_dead_letters`, read with
+//! `PgDeadLetters`) once the broker confirmed the copy, before the ack.
+//! List and group them from the database: getting and requeueing messages
+//! reorders them, or drops them on some queue types.
+//!
+//! [`DeadLetterQueue::replay`] sends them back, one at a time, through the
+//! default exchange to the queue each came from (never to the original
+//! exchange, which would deliver it again to every other subscriber), with
+//! the attempt count reset. **A replay never loses a message, even if it
+//! dies half way**: each dead letter is acked only after the broker
+//! confirmed its copy in the origin queue, so every message is in the
+//! dead-letter queue, in its origin queue, or (killed between the two) in
+//! both, and the consumer's inbox drops the second copy. A message that
+//! cannot go back (no known origin, origin queue deleted) stays where it is
+//! and the replay stops, saying which and why. [`DeadLetterQueue::purge`]
+//! empties the queue.
+//!
 //! # Guarantees and failure behaviour
 //! | situation | publisher | consumer |
 //! |---|---|---|
@@ -44,8 +67,9 @@
 //! | connection lost or `connection.blocked` | no attempt spent; relay pauses, reconnects on the next batch | reconnects with backoff; unacked deliveries come back and dedup in the inbox |
 //! | connection dies under messages in flight without a reply code (I/O error, abrupt close: e.g. a proxy dropping it on one message) | no attempt spent; relay pauses as above, and counts those messages as suspects: each is then published alone, and one the connection dies with alone ends `Dead` at the relay's `suspect_limit` (default 3) | – |
 //! | duplicate delivery | – | inbox says duplicate: acked, handler not run |
-//! | handler error | – | rolled back; republished with `x-outbox-attempt` + 1 after `retry_delay`; dead-lettered after `max_attempts` with `x-outbox-dead-reason` |
-//! | undecodable message | – | dead-lettered at once with the reason |
+//! | handler error | – | rolled back; republished with `x-outbox-attempt` + 1 after `retry_delay`; dead-lettered after `max_attempts` with `x-outbox-dead-reason` and `x-outbox-queue`, and recorded in the database |
+//! | undecodable message | – | dead-lettered at once with the reason, and recorded |
+//! | dead-letter replay killed half way | – | nothing lost: a message is acked in the dead-letter queue only after its copy is confirmed in its queue; one caught in between is in both, the inbox drops the duplicate |
 //! | crash between commit and ack | – | redelivered, detected as duplicate |
 //!
 //! Delivery is at least once; with the inbox, effects are exactly once.
@@ -60,6 +84,7 @@
 //! | `tls` | no | `amqps://` with rustls and the `ring` provider |
 
 mod consumer;
+mod dlq;
 mod error;
 mod publisher;
 mod topology;
@@ -68,8 +93,9 @@ pub mod wire;
 pub use consumer::{
     ATTEMPT_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError, HandlerFn, HandlerFuture,
     InboxConsumer, InboxConsumerBuilder, LAST_ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER,
-    ORIGINAL_ROUTING_KEY_HEADER, handler_fn, metrics as consumer_metrics,
+    ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, handler_fn, metrics as consumer_metrics,
 };
+pub use dlq::{DeadLetterQueue, DlqReplayReport, REPLAYED_REASON_HEADER, ReplayedMessage};
 pub use error::{CONNECT_TIMEOUT, Error, Result};
 pub use publisher::{
     BLOCKED_GAUGE, ExchangeFn, LapinPublisher, LapinPublisherBuilder, RoutingKeyFn,

@@ -17,6 +17,12 @@
 //! | purge | [`Admin::purge`] | sent events or inbox entries older than a duration |
 //! | relays | [`Admin::relays`], [`Admin::set_paused`] | registered relays, pause and resume |
 //!
+//! Consumers' dead letters are recorded by the inbox consumer
+//! ([`InboxDatabase::record_dead_letter`](crate::InboxDatabase::record_dead_letter))
+//! as [`DeadLetter`]s; a database lists them as [`DeadLetterRecord`]s and
+//! groups them with [`group_dead_letters`] (in PostgreSQL,
+//! `outbox_diesel::PgDeadLetters`).
+//!
 //! Retention runs by itself: a [`Janitor`] beside each relay purges sent
 //! events and inbox entries past their retention (dead events are kept
 //! until an operator acts).
@@ -60,6 +66,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 mod audit;
+mod dead_letter;
 mod filter;
 mod group;
 mod janitor;
@@ -67,6 +74,7 @@ mod report;
 mod service;
 
 pub use audit::{AuditEntry, AuditRecord, Caller, Role};
+pub use dead_letter::{DeadLetter, DeadLetterGroup, DeadLetterRecord, group_dead_letters};
 pub use filter::{EventFilter, Page};
 pub use group::{MAX_NORMALIZED_BYTES, group_id, normalize_error};
 pub use janitor::{Janitor, JanitorReport};

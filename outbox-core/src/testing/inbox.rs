@@ -5,14 +5,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use uuid::Uuid;
 
+use crate::admin::DeadLetter;
 use crate::{InboxDatabase, InboxOutcome, InboxStore};
 
 /// An in-memory inbox. Entries written through an [`InboxTx`] become visible
 /// to other transactions only when it is [committed](InboxTx::commit); a
-/// dropped transaction rolls back.
+/// dropped transaction rolls back. Dead letters the consumer records are
+/// kept in order ([`dead_letters`](Self::dead_letters)).
 #[derive(Debug, Clone, Default)]
 pub struct InMemoryInbox {
     seen: Arc<Mutex<HashSet<(String, Uuid)>>>,
+    dead_letters: Arc<Mutex<Vec<DeadLetter>>>,
 }
 
 /// A transaction on an [`InMemoryInbox`].
@@ -50,6 +53,19 @@ impl InMemoryInbox {
     /// `true` when nothing was committed.
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
+    }
+
+    /// Whether `consumer` committed `event_id`.
+    pub fn contains(&self, consumer: &str, event_id: Uuid) -> bool {
+        self.lock().contains(&(consumer.to_owned(), event_id))
+    }
+
+    /// The dead letters recorded so far, in the order they were recorded.
+    pub fn dead_letters(&self) -> Vec<DeadLetter> {
+        self.dead_letters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 }
 
@@ -100,6 +116,14 @@ impl InboxDatabase for InMemoryInbox {
         tx.commit();
         Ok(())
     }
+
+    async fn record_dead_letter(&self, letter: &DeadLetter) -> Result<(), Self::Error> {
+        self.dead_letters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(letter.clone());
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -122,6 +146,7 @@ mod tests {
         );
         drop(tx); // rolled back
         assert!(inbox.is_empty());
+        assert!(!inbox.contains("a", id));
 
         let mut tx = inbox.begin();
         assert_eq!(
@@ -140,5 +165,20 @@ mod tests {
         );
         tx.commit();
         assert_eq!(inbox.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn dead_letters_are_kept_in_order() {
+        let inbox = InMemoryInbox::new();
+        for reason in ["first", "second"] {
+            let letter = DeadLetter::new("a", "q", "q.dlx", "k", reason, b"{}");
+            InboxDatabase::record_dead_letter(&inbox, &letter)
+                .await
+                .unwrap();
+        }
+        let reasons: Vec<String> = inbox.dead_letters().into_iter().map(|l| l.reason).collect();
+        assert_eq!(reasons, ["first", "second"]);
+        // Clones share them, as they share the entries.
+        assert_eq!(inbox.clone().dead_letters().len(), 2);
     }
 }

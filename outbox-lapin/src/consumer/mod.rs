@@ -3,10 +3,11 @@
 //! event takes effect once even though RabbitMQ delivers at least once.
 
 mod builder;
+mod dead_letter;
 mod depth;
 mod handler;
 pub mod metrics;
-mod republish;
+pub(crate) mod republish;
 mod worker;
 
 use std::collections::hash_map::DefaultHasher;
@@ -62,6 +63,11 @@ pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-outbox-original-routing-key";
 /// Header: the exchange the message first arrived through, for operators
 /// who move dead letters back.
 pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
+/// Header: the queue the consumer read a dead letter from, set on every
+/// message it dead-letters. A [replay](crate::DeadLetterQueue::replay) sends
+/// the message back there, even from a dead-letter queue several queues
+/// share.
+pub const QUEUE_HEADER: &str = "x-outbox-queue";
 
 /// Consumes a RabbitMQ queue and applies each event once, in a database
 /// transaction with an inbox entry.
@@ -154,7 +160,12 @@ pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
 /// [permanent](HandlerError::permanent) error, it republishes to the
 /// dead-letter exchange instead (original routing key, see
 /// [`ORIGINAL_ROUTING_KEY_HEADER`], `x-outbox-dead-reason`,
-/// `x-outbox-attempt`). If a republish is not
+/// `x-outbox-attempt`, [`QUEUE_HEADER`]). Once a dead letter is confirmed,
+/// it is recorded with
+/// [`InboxDatabase::record_dead_letter`](outbox_core::InboxDatabase::record_dead_letter)
+/// before the ack (a failure to record is logged at WARN, and the delivery
+/// acked anyway). [`DeadLetterQueue`](crate::DeadLetterQueue) replays them.
+/// If a republish is not
 /// confirmed (nack, return, timeout, lost channel), the original is not
 /// acked but requeued after the delay: a message is never dropped.
 ///
@@ -215,7 +226,9 @@ pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
 /// again: the longest a message can stay unacked or cycle through retries
 /// (`max_attempts` × (`retry_delay` + queueing time)), plus how long a
 /// producer may publish a duplicate (its relay's claim timeout and retries),
-/// plus how long dead letters may be moved back to the queue by an operator.
+/// plus how long dead letters may be moved back to the queue by an operator
+/// (a [replay](crate::DeadLetterQueue::replay) of a message whose inbox
+/// entry was purged runs it again if it had succeeded meanwhile).
 /// Purge older rows (e.g. `PgInbox::purge`); purge younger ones and a late
 /// duplicate is applied twice.
 ///

@@ -17,7 +17,7 @@ use crate::{Error, Result};
 const MAX_HEADER_TEXT: usize = 2048;
 
 /// Publishes copies of deliveries with publisher confirms.
-pub(super) struct Republisher {
+pub(crate) struct Republisher {
     connection: Arc<Connection>,
     channel: Mutex<Channel>,
     confirm_timeout: Duration,
@@ -25,7 +25,7 @@ pub(super) struct Republisher {
 
 impl Republisher {
     /// Opens a confirm-mode channel on `connection`.
-    pub(super) async fn open(
+    pub(crate) async fn open(
         connection: Arc<Connection>,
         confirm_timeout: Duration,
     ) -> Result<Self> {
@@ -51,7 +51,7 @@ impl Republisher {
     /// (`mandatory`) and waits for the confirm. `Err` says why the message
     /// cannot be counted as stored: a nack, a return (no queue bound), a
     /// timeout or a channel/connection error.
-    pub(super) async fn publish(
+    pub(crate) async fn publish(
         &self,
         exchange: &str,
         routing_key: &str,
@@ -124,7 +124,7 @@ async fn confirm_channel(connection: &Connection) -> Result<Channel> {
 }
 
 /// An AMQP long string header value, cut to [`MAX_HEADER_TEXT`] bytes.
-pub(super) fn text(value: &str) -> AMQPValue {
+pub(crate) fn text(value: &str) -> AMQPValue {
     let mut end = value.len().min(MAX_HEADER_TEXT);
     while !value.is_char_boundary(end) {
         end -= 1;
@@ -134,7 +134,7 @@ pub(super) fn text(value: &str) -> AMQPValue {
 
 /// `properties` with `headers` set (replacing same-named ones); everything
 /// else (message id, type, timestamp, delivery mode, …) unchanged.
-pub(super) fn with_headers(
+pub(crate) fn with_headers(
     properties: &BasicProperties,
     headers: impl IntoIterator<Item = (&'static str, AMQPValue)>,
 ) -> BasicProperties {

@@ -5,6 +5,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
+use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::AMQPValue;
@@ -12,10 +13,11 @@ use outbox_core::{EventEnvelope, Headers, InboxDatabase, InboxOutcome, context};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
+use super::dead_letter::dead_letter;
 use super::republish::{Republisher, text, with_headers};
 use super::{
     ATTEMPT_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError, LAST_ERROR_HEADER,
-    ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, Settings, metrics,
+    ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, Settings, metrics,
 };
 use crate::wire::{header_i64, header_str};
 use crate::{DecodeError, IncomingEvent};
@@ -149,17 +151,20 @@ where
                         replaced = origin_headers(&delivery, &routing_key);
                     }
                     replaced.push((DEAD_REASON_HEADER, text(&reason)));
+                    replaced.push((QUEUE_HEADER, text(&self.settings.queue)));
                     let properties = with_headers(&delivery.properties, replaced);
-                    let result = republisher
-                        .publish(
-                            &self.settings.dead_letter_exchange,
-                            &routing_key,
-                            &delivery.data,
-                            properties,
-                        )
-                        .await;
-                    self.settle(&delivery, result, metrics::DEAD_LETTERED_TOTAL, stop)
-                        .await;
+                    let attempts = header_i64(headers, ATTEMPT_HEADER).unwrap_or(1);
+                    self.dead_letter(
+                        &delivery,
+                        &routing_key,
+                        properties,
+                        &reason,
+                        None,
+                        attempts,
+                        &republisher,
+                        stop,
+                    )
+                    .await;
                 }
                 .instrument(span)
                 .await;
@@ -222,7 +227,12 @@ where
                         }
                     }
                     Err(Failure::Failed(error)) => {
-                        self.failed(&delivery, &routing_key, attempt, &error, &republisher, stop)
+                        let failure = Attempt {
+                            event: &event,
+                            routing_key: &routing_key,
+                            attempt,
+                        };
+                        self.failed(&delivery, &failure, &error, &republisher, stop)
                             .await;
                     }
                 }
@@ -299,12 +309,16 @@ where
     async fn failed(
         &self,
         delivery: &Delivery,
-        routing_key: &str,
-        attempt: i64,
+        failure: &Attempt<'_>,
         error: &HandlerError,
         republisher: &Republisher,
         stop: &mut watch::Receiver<bool>,
     ) {
+        let Attempt {
+            event,
+            routing_key,
+            attempt,
+        } = *failure;
         let settings = &self.settings;
         let reason = error.to_string();
         let max_attempts = i64::from(settings.max_attempts);
@@ -319,17 +333,19 @@ where
                 "handler failed for the last time: dead-lettering the message"
             );
             headers.push((DEAD_REASON_HEADER, text(&reason)));
+            headers.push((QUEUE_HEADER, text(&settings.queue)));
             let properties = with_headers(&delivery.properties, headers);
-            let result = republisher
-                .publish(
-                    &settings.dead_letter_exchange,
-                    routing_key,
-                    &delivery.data,
-                    properties,
-                )
-                .await;
-            self.settle(delivery, result, metrics::DEAD_LETTERED_TOTAL, stop)
-                .await;
+            self.dead_letter(
+                delivery,
+                routing_key,
+                properties,
+                &reason,
+                Some(event),
+                attempt,
+                republisher,
+                stop,
+            )
+            .await;
         } else {
             tracing::warn!(
                 error = %reason,
@@ -349,6 +365,59 @@ where
             self.settle(delivery, result, metrics::RETRIED_TOTAL, stop)
                 .await;
         }
+    }
+
+    /// Republishes `delivery` with `properties` to the dead-letter exchange;
+    /// once the broker confirmed the copy, records the dead letter in the
+    /// database, then acks (a failed record is logged and acked anyway: the
+    /// broker's copy is the message, the record its index). Not confirmed:
+    /// requeued after the delay, nothing recorded.
+    #[allow(clippy::too_many_arguments)]
+    async fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        routing_key: &str,
+        properties: BasicProperties,
+        reason: &str,
+        event: Option<&IncomingEvent>,
+        attempts: i64,
+        republisher: &Republisher,
+        stop: &mut watch::Receiver<bool>,
+    ) {
+        let settings = &self.settings;
+        let letter = dead_letter(
+            settings,
+            &properties,
+            &delivery.data,
+            routing_key,
+            reason,
+            event,
+            attempts,
+        );
+        let result = republisher
+            .publish(
+                &settings.dead_letter_exchange,
+                routing_key,
+                &delivery.data,
+                properties,
+            )
+            .await;
+        if result.is_ok() {
+            match tokio::time::timeout(RECORD_TIMEOUT, self.db.record_dead_letter(&letter)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::warn!(
+                    %error,
+                    "dead letter not recorded in the database (it is in the dead-letter queue; \
+                     `outbox dlq list` will not show it)"
+                ),
+                Err(_) => tracing::warn!(
+                    "recording the dead letter in the database took over {RECORD_TIMEOUT:?}: \
+                     given up (it is in the dead-letter queue; `outbox dlq list` may not show it)"
+                ),
+            }
+        }
+        self.settle(delivery, result, metrics::DEAD_LETTERED_TOTAL, stop)
+            .await;
     }
 
     /// Acks `delivery` when its copy was confirmed; otherwise waits the
@@ -392,6 +461,20 @@ where
         ::metrics::counter!(counter, "consumer" => self.settings.name.clone()).increment(1);
     }
 }
+
+/// A failed attempt at an event.
+#[derive(Clone, Copy)]
+struct Attempt<'a> {
+    event: &'a IncomingEvent,
+    /// The routing key it first arrived with.
+    routing_key: &'a str,
+    /// Which attempt failed (1-based).
+    attempt: i64,
+}
+
+/// How long recording a dead letter may take before the worker acks
+/// without it.
+const RECORD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The routing key the message first arrived with, from its
 /// [`ORIGINAL_ROUTING_KEY_HEADER`], if that holds one: text of at most 255

@@ -1,0 +1,351 @@
+//! Consumers' dead letters in PostgreSQL (`inbox_dead_letters`): recorded
+//! by [`PgInboxDatabase`](crate::PgInboxDatabase), read by
+//! [`PgDeadLetters`].
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, Text, Timestamptz};
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use outbox_core::admin::{DeadLetter, DeadLetterGroup, DeadLetterRecord, Page, group_dead_letters};
+use uuid::Uuid;
+
+use crate::schema::Schema;
+use crate::{Error, Result};
+
+/// The columns a [`DeadLetterRow`] reads.
+const COLUMNS: &str = "id, consumer, queue, exchange, routing_key, event_id, message_id, \
+                       event_type, attempts, reason, headers, payload, payload_truncated, \
+                       dead_lettered_at, replayed_at, purged_at";
+
+/// Rows the group query reads at most (distinct consumer, event type and
+/// reason triples): the groups of a table with more are cut.
+const GROUP_ROWS: i64 = 100_000;
+
+/// The `INSERT` of one dead letter into `table` (`$1`..`$13`).
+pub(crate) fn insert_sql(schema: &Schema) -> String {
+    let t = schema.table("inbox_dead_letters");
+    format!(
+        "INSERT INTO {t} (consumer, queue, exchange, routing_key, event_id, message_id, \
+         event_type, attempts, reason, headers, payload, payload_truncated, dead_lettered_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+    )
+}
+
+/// Runs [`insert_sql`] for `letter` on `conn`. NUL characters (which a
+/// lossy UTF-8 body may hold, and PostgreSQL text cannot) become U+FFFD.
+pub(crate) async fn insert(
+    conn: &mut AsyncPgConnection,
+    sql: &str,
+    letter: &DeadLetter,
+) -> Result<()> {
+    let headers: serde_json::Map<String, serde_json::Value> = letter
+        .headers
+        .iter()
+        .map(|(k, v)| (no_nul(k), serde_json::Value::String(no_nul(v))))
+        .collect();
+    diesel::sql_query(sql)
+        .bind::<Text, _>(no_nul(&letter.consumer))
+        .bind::<Text, _>(no_nul(&letter.queue))
+        .bind::<Text, _>(no_nul(&letter.exchange))
+        .bind::<Text, _>(no_nul(&letter.routing_key))
+        .bind::<Nullable<diesel::sql_types::Uuid>, _>(letter.event_id)
+        .bind::<Nullable<Text>, _>(letter.message_id.as_deref().map(no_nul))
+        .bind::<Nullable<Text>, _>(letter.event_type.as_deref().map(no_nul))
+        .bind::<Integer, _>(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
+        .bind::<Text, _>(no_nul(&letter.reason))
+        .bind::<Jsonb, _>(serde_json::Value::Object(headers))
+        .bind::<Text, _>(no_nul(&letter.payload))
+        .bind::<Bool, _>(letter.payload_truncated)
+        .bind::<Timestamptz, _>(letter.dead_lettered_at)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+fn no_nul(text: &str) -> String {
+    text.replace('\0', "\u{fffd}")
+}
+
+/// Consumers' dead letters as [`PgInboxDatabase`](crate::PgInboxDatabase)
+/// recorded them: list, show and group them, and mark them replayed or
+/// purged after [`outbox_lapin::DeadLetterQueue`]'s replay or purge of the
+/// queue (the broker's queue holds the messages; these rows are their
+/// index, and listing them never touches the queue).
+///
+/// "Open" rows are neither replayed nor purged. Rows are never deleted by
+/// the library (not by the inbox purge nor the `Janitor`): delete old ones
+/// by hand.
+///
+/// ```no_run
+/// use outbox_diesel::PgDeadLetters;
+///
+/// # async fn run() -> outbox_diesel::Result<()> {
+/// let letters = PgDeadLetters::new(outbox_diesel::pool("postgres://postgres@127.0.0.1/shop", 2)?);
+/// let page = letters.list(Some("loyalty.orders"), None, 50, false).await?;
+/// for record in &page.items {
+///     println!("{} {:?} {}", record.id, record.letter.event_type, record.letter.reason);
+/// }
+/// for group in letters.groups(None).await? {
+///     println!("{} × {} {}", group.count, group.consumer, group.reason);
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// [`outbox_lapin::DeadLetterQueue`]: https://docs.rs/outbox-lapin/latest/outbox_lapin/struct.DeadLetterQueue.html
+#[derive(Clone)]
+pub struct PgDeadLetters {
+    pool: Pool<AsyncPgConnection>,
+    table: String,
+}
+
+impl std::fmt::Debug for PgDeadLetters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgDeadLetters")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct DeadLetterRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    consumer: String,
+    #[diesel(sql_type = Text)]
+    queue: String,
+    #[diesel(sql_type = Text)]
+    exchange: String,
+    #[diesel(sql_type = Text)]
+    routing_key: String,
+    #[diesel(sql_type = Nullable<diesel::sql_types::Uuid>)]
+    event_id: Option<Uuid>,
+    #[diesel(sql_type = Nullable<Text>)]
+    message_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    event_type: Option<String>,
+    #[diesel(sql_type = Integer)]
+    attempts: i32,
+    #[diesel(sql_type = Text)]
+    reason: String,
+    #[diesel(sql_type = Jsonb)]
+    headers: serde_json::Value,
+    #[diesel(sql_type = Text)]
+    payload: String,
+    #[diesel(sql_type = Bool)]
+    payload_truncated: bool,
+    #[diesel(sql_type = Timestamptz)]
+    dead_lettered_at: DateTime<Utc>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    replayed_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    purged_at: Option<DateTime<Utc>>,
+}
+
+impl From<DeadLetterRow> for DeadLetterRecord {
+    fn from(row: DeadLetterRow) -> Self {
+        let mut letter = DeadLetter::new(
+            row.consumer,
+            row.queue,
+            row.exchange,
+            row.routing_key,
+            row.reason,
+            b"",
+        );
+        letter.event_id = row.event_id;
+        letter.message_id = row.message_id;
+        letter.event_type = row.event_type;
+        letter.attempts = u32::try_from(row.attempts).unwrap_or(0);
+        letter.dead_lettered_at = row.dead_lettered_at;
+        letter.headers = match row.headers {
+            serde_json::Value::Object(map) => map
+                .into_iter()
+                .map(|(k, v)| match v {
+                    serde_json::Value::String(s) => (k, s),
+                    other => (k, other.to_string()),
+                })
+                .collect(),
+            _ => BTreeMap::new(),
+        };
+        letter.payload = row.payload;
+        letter.payload_truncated = row.payload_truncated;
+        DeadLetterRecord::new(row.id, letter, row.replayed_at, row.purged_at)
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct GroupRow {
+    #[diesel(sql_type = Text)]
+    consumer: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    event_type: Option<String>,
+    #[diesel(sql_type = Text)]
+    reason: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+    #[diesel(sql_type = Timestamptz)]
+    first: DateTime<Utc>,
+    #[diesel(sql_type = Timestamptz)]
+    last: DateTime<Utc>,
+}
+
+impl PgDeadLetters {
+    /// The dead letters in the default schema (`public`), on `pool`.
+    pub fn new(pool: Pool<AsyncPgConnection>) -> Self {
+        PgDeadLetters::in_schema(pool, &Schema::default())
+    }
+
+    /// The dead letters in `schema`, on `pool`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an invalid schema name.
+    pub fn with_schema(pool: Pool<AsyncPgConnection>, schema: &str) -> Result<Self> {
+        Ok(PgDeadLetters::in_schema(pool, &Schema::new(schema)?))
+    }
+
+    fn in_schema(pool: Pool<AsyncPgConnection>, schema: &Schema) -> Self {
+        PgDeadLetters {
+            pool,
+            table: schema.table("inbox_dead_letters"),
+        }
+    }
+
+    async fn conn(
+        &self,
+    ) -> Result<diesel_async::pooled_connection::deadpool::Object<AsyncPgConnection>> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| Error::Pool(e.to_string()))
+    }
+
+    /// Dead letters with `id > after`, of `queue` (the queue the consumer
+    /// read them from) or of every queue, in `id` (recording) order, at most
+    /// `limit`; only open ones unless `include_settled` (replayed or purged
+    /// too).
+    ///
+    /// # Errors
+    /// [`Error::Database`], [`Error::Pool`].
+    pub async fn list(
+        &self,
+        queue: Option<&str>,
+        after: Option<i64>,
+        limit: usize,
+        include_settled: bool,
+    ) -> Result<Page<DeadLetterRecord>> {
+        let t = &self.table;
+        let sql = format!(
+            "SELECT {COLUMNS} FROM {t} WHERE ($1::text IS NULL OR queue = $1) AND id > $2 \
+             AND ($3 OR (replayed_at IS NULL AND purged_at IS NULL)) ORDER BY id LIMIT $4"
+        );
+        let limit = limit.max(1);
+        let rows: Vec<DeadLetterRow> = diesel::sql_query(sql)
+            .bind::<Nullable<Text>, _>(queue)
+            .bind::<BigInt, _>(after.unwrap_or(0))
+            .bind::<Bool, _>(include_settled)
+            .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1))
+            .load(&mut *self.conn().await?)
+            .await?;
+        let more = rows.len() > limit;
+        let items: Vec<DeadLetterRecord> = rows
+            .into_iter()
+            .take(limit)
+            .map(DeadLetterRecord::from)
+            .collect();
+        let next = if more {
+            items.last().map(|r| r.id)
+        } else {
+            None
+        };
+        Ok(Page::new(items, next))
+    }
+
+    /// One dead letter by id, open or not.
+    ///
+    /// # Errors
+    /// [`Error::Database`], [`Error::Pool`].
+    pub async fn show(&self, id: i64) -> Result<Option<DeadLetterRecord>> {
+        let t = &self.table;
+        let rows: Vec<DeadLetterRow> =
+            diesel::sql_query(format!("SELECT {COLUMNS} FROM {t} WHERE id = $1"))
+                .bind::<BigInt, _>(id)
+                .load(&mut *self.conn().await?)
+                .await?;
+        Ok(rows.into_iter().next().map(DeadLetterRecord::from))
+    }
+
+    /// Open dead letters of `queue` (or of every queue) grouped by consumer,
+    /// event type and [normalized](outbox_core::admin::normalize_error)
+    /// reason, most first.
+    ///
+    /// # Errors
+    /// [`Error::Database`], [`Error::Pool`].
+    pub async fn groups(&self, queue: Option<&str>) -> Result<Vec<DeadLetterGroup>> {
+        let t = &self.table;
+        let sql = format!(
+            "SELECT consumer, event_type, reason, count(*) AS n, min(dead_lettered_at) AS first, \
+             max(dead_lettered_at) AS last FROM {t} \
+             WHERE ($1::text IS NULL OR queue = $1) AND replayed_at IS NULL AND purged_at IS NULL \
+             GROUP BY consumer, event_type, reason LIMIT $2"
+        );
+        let rows: Vec<GroupRow> = diesel::sql_query(sql)
+            .bind::<Nullable<Text>, _>(queue)
+            .bind::<BigInt, _>(GROUP_ROWS)
+            .load(&mut *self.conn().await?)
+            .await?;
+        Ok(group_dead_letters(rows.into_iter().map(|r| {
+            (
+                r.consumer,
+                r.event_type,
+                r.reason,
+                u64::try_from(r.n).unwrap_or(0),
+                r.first,
+                r.last,
+            )
+        })))
+    }
+
+    /// Marks the open dead letters of these events (of `queue`, or of every
+    /// queue) replayed, e.g. with `DlqReplayReport::event_ids()` after a
+    /// replay; returns how many rows.
+    ///
+    /// # Errors
+    /// [`Error::Database`], [`Error::Pool`].
+    pub async fn mark_replayed(&self, queue: Option<&str>, event_ids: &[Uuid]) -> Result<u64> {
+        if event_ids.is_empty() {
+            return Ok(0);
+        }
+        let t = &self.table;
+        let sql = format!(
+            "UPDATE {t} SET replayed_at = now() WHERE event_id = ANY($1) \
+             AND ($2::text IS NULL OR queue = $2) AND replayed_at IS NULL AND purged_at IS NULL"
+        );
+        let changed = diesel::sql_query(sql)
+            .bind::<Array<diesel::sql_types::Uuid>, _>(event_ids)
+            .bind::<Nullable<Text>, _>(queue)
+            .execute(&mut *self.conn().await?)
+            .await?;
+        Ok(changed as u64)
+    }
+
+    /// Marks every open dead letter of `queue` (the queue the consumer read
+    /// them from) purged, after its dead-letter queue was purged; returns
+    /// how many rows.
+    ///
+    /// # Errors
+    /// [`Error::Database`], [`Error::Pool`].
+    pub async fn mark_purged(&self, queue: &str) -> Result<u64> {
+        let t = &self.table;
+        let sql = format!(
+            "UPDATE {t} SET purged_at = now() WHERE queue = $1 \
+             AND replayed_at IS NULL AND purged_at IS NULL"
+        );
+        let changed = diesel::sql_query(sql)
+            .bind::<Text, _>(queue)
+            .execute(&mut *self.conn().await?)
+            .await?;
+        Ok(changed as u64)
+    }
+}

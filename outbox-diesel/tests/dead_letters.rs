@@ -1,0 +1,123 @@
+//! Consumers' dead letters in PostgreSQL: `PgInboxDatabase` records them
+//! (outside any handler transaction), `PgDeadLetters` lists them in order
+//! by queue with pages, shows one, groups them by consumer, event type and
+//! normalized reason, and marks them replayed or purged.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::TestDb;
+use outbox_core::InboxDatabase as _;
+use outbox_core::admin::DeadLetter;
+use outbox_diesel::{PgDeadLetters, PgInbox, PgInboxDatabase};
+use uuid::Uuid;
+
+fn letter(queue: &str, reason: &str, event_id: Option<Uuid>, body: &[u8]) -> DeadLetter {
+    let mut letter = DeadLetter::new(
+        "loyalty",
+        queue,
+        format!("{queue}.dlx"),
+        "order.placed",
+        reason,
+        body,
+    );
+    letter.event_id = event_id;
+    letter.message_id = event_id.map(|id| id.to_string());
+    letter.event_type = event_id.map(|_| "order.placed".to_owned());
+    letter.attempts = 3;
+    letter
+        .headers
+        .insert("x-outbox-queue".into(), queue.to_owned());
+    letter
+}
+
+#[tokio::test]
+async fn dead_letters_are_recorded_listed_grouped_and_marked() {
+    let db = TestDb::new("dead_letters").await;
+    let database = PgInboxDatabase::new(db.pool.clone(), PgInbox::new(&db.schema).unwrap());
+    let letters = PgDeadLetters::with_schema(db.pool.clone(), &db.schema).unwrap();
+    let (a, b, c) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+
+    // A NUL in a (lossy UTF-8) body cannot go into a text column as is.
+    let recorded = [
+        letter("orders", "stock for row 17 missing", Some(a), b"{\"n\":1}"),
+        letter("orders", "stock for row 9 missing", Some(b), b"nul \0 here"),
+        letter(
+            "payments",
+            "cannot decode the message: not JSON",
+            None,
+            b"\xff",
+        ),
+        letter("orders", "timeout", Some(c), b"{}"),
+    ];
+    for l in &recorded {
+        database.record_dead_letter(l).await.unwrap();
+    }
+    assert_eq!(db.count("inbox_dead_letters", ""), 4);
+
+    // Everything, in recording order, as recorded.
+    let all = letters.list(None, None, 10, false).await.unwrap();
+    assert_eq!(all.next, None);
+    assert_eq!(all.items.len(), 4);
+    let first = &all.items[0];
+    assert_eq!(first.letter.event_id, Some(a));
+    assert_eq!(first.letter.queue, "orders");
+    assert_eq!(first.letter.exchange, "orders.dlx");
+    assert_eq!(first.letter.routing_key, "order.placed");
+    assert_eq!(first.letter.attempts, 3);
+    assert_eq!(first.letter.reason, "stock for row 17 missing");
+    assert_eq!(first.letter.payload, "{\"n\":1}");
+    assert_eq!(first.letter.headers["x-outbox-queue"], "orders");
+    assert_eq!(
+        first.letter.dead_lettered_at.timestamp_micros(),
+        recorded[0].dead_lettered_at.timestamp_micros()
+    );
+    assert!(first.is_open());
+    assert_eq!(all.items[1].letter.payload, "nul \u{fffd} here");
+    assert_eq!(all.items[2].letter.event_id, None);
+    assert_eq!(all.items[2].letter.payload, "\u{fffd}");
+    let ids: Vec<i64> = all.items.iter().map(|r| r.id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "id order: {ids:?}");
+
+    // One queue, page by page.
+    let page = letters.list(Some("orders"), None, 2, false).await.unwrap();
+    assert_eq!(page.items.len(), 2);
+    assert_eq!(page.next, Some(page.items[1].id));
+    let rest = letters
+        .list(Some("orders"), page.next, 2, false)
+        .await
+        .unwrap();
+    assert_eq!(rest.items.len(), 1);
+    assert_eq!(rest.items[0].letter.event_id, Some(c));
+    assert_eq!(rest.next, None);
+
+    let shown = letters.show(ids[2]).await.unwrap().unwrap();
+    assert_eq!(shown, all.items[2]);
+    assert_eq!(letters.show(-1).await.unwrap(), None);
+
+    // Groups: the two "row N missing" letters are one failure.
+    let groups = letters.groups(None).await.unwrap();
+    assert_eq!(groups.len(), 3);
+    assert_eq!(groups[0].count, 2);
+    assert_eq!(groups[0].reason, "stock for row <n> missing");
+    assert_eq!(groups[0].event_type.as_deref(), Some("order.placed"));
+    assert_eq!(letters.groups(Some("payments")).await.unwrap().len(), 1);
+
+    // Replayed and purged rows leave the open list, not the table.
+    assert_eq!(letters.mark_replayed(None, &[a, b]).await.unwrap(), 2);
+    assert_eq!(letters.mark_replayed(None, &[a]).await.unwrap(), 0, "once");
+    assert_eq!(
+        letters.mark_replayed(Some("payments"), &[c]).await.unwrap(),
+        0,
+        "another queue's"
+    );
+    assert_eq!(letters.mark_purged("orders").await.unwrap(), 1);
+    let open = letters.list(None, None, 10, false).await.unwrap();
+    assert_eq!(open.items.len(), 1);
+    assert_eq!(open.items[0].letter.queue, "payments");
+    let every = letters.list(None, None, 10, true).await.unwrap();
+    assert_eq!(every.items.len(), 4);
+    assert!(every.items[0].replayed_at.is_some());
+    assert!(every.items[3].purged_at.is_some() && every.items[3].replayed_at.is_none());
+    assert_eq!(letters.groups(Some("orders")).await.unwrap(), []);
+}

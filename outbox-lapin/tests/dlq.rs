@@ -1,0 +1,556 @@
+//! Dead letters against the real RabbitMQ, with the in-memory inbox: the
+//! consumer records each one it dead-letters, [`DeadLetterQueue::replay`]
+//! sends them back to their queue (attempt reset, processed once), a replay
+//! killed between a confirmed publish and its ack loses nothing, a message
+//! that cannot go back stays where it is, and purge empties the queue.
+//!
+//! Each test declares its own exchange and queues, named after the test and
+//! the process, and deletes them when it ends, also when it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use outbox_core::testing::{InMemoryInbox, InboxTx};
+use outbox_core::{DomainEvent, EventEnvelope};
+use outbox_lapin::wire::{self, header_str};
+use outbox_lapin::{
+    ATTEMPT_HEADER, DEAD_REASON_HEADER, DeadLetterQueue, HandlerError, InboxConsumer,
+    IncomingEvent, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, QueueTopology,
+    REPLAYED_REASON_HEADER, handler_fn,
+};
+use serde::Serialize;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+async fn connect() -> Connection {
+    Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "RabbitMQ not reachable at {}: {e}; start it with scripts/dev-services",
+                amqp_url()
+            )
+        })
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+#[derive(Serialize)]
+struct Placed {
+    order: String,
+}
+
+impl DomainEvent for Placed {
+    fn aggregate_type(&self) -> &'static str {
+        "order"
+    }
+    fn event_type(&self) -> &'static str {
+        "order.placed"
+    }
+    fn aggregate_id(&self) -> String {
+        self.order.clone()
+    }
+}
+
+fn placed(order: &str) -> EventEnvelope {
+    EventEnvelope::from_event(&Placed {
+        order: order.into(),
+    })
+    .unwrap()
+}
+
+/// This test's exchange, queue, dead-letter exchange and queue; deleted on
+/// drop (from a separate thread, so also when the test panics).
+struct Broker {
+    _conn: Connection,
+    channel: Channel,
+    exchange: String,
+    topology: QueueTopology,
+}
+
+impl Broker {
+    async fn new(test: &str) -> Broker {
+        let conn = connect().await;
+        let channel = conn.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("test.dlq.{test}.{}.{n}", std::process::id());
+        let exchange = format!("{name}.x");
+        let topology = QueueTopology::new(format!("{name}.q"))
+            .exchange(&exchange)
+            .bind("order.*");
+        topology.declare(&channel).await.unwrap();
+        Broker {
+            _conn: conn,
+            channel,
+            exchange,
+            topology,
+        }
+    }
+
+    fn queue(&self) -> &str {
+        self.topology.queue_name()
+    }
+
+    fn dlq(&self) -> &str {
+        self.topology.dead_letter_queue_name().unwrap()
+    }
+
+    fn dlx(&self) -> &str {
+        self.topology.dead_letter_exchange_name().unwrap()
+    }
+
+    fn consumer_name(&self) -> String {
+        format!("{}.consumer", self.exchange)
+    }
+
+    async fn publish_to(&self, exchange: &str, key: &str, body: &[u8], props: BasicProperties) {
+        let confirm = self
+            .channel
+            .basic_publish(
+                exchange.into(),
+                key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(confirm, lapin::Confirmation::Ack(None), "routed");
+    }
+
+    async fn publish(&self, envelope: &EventEnvelope) {
+        self.publish_to(
+            &self.exchange,
+            &envelope.event_type,
+            envelope.payload.as_bytes(),
+            wire::properties(envelope, "/tests"),
+        )
+        .await;
+    }
+
+    async fn ready(&self, queue: &str) -> u32 {
+        self.channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap()
+            .message_count()
+    }
+
+    /// Waits until `queue` holds `n` ready messages.
+    async fn wait_ready(&self, queue: &str, n: u32) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let ready = self.ready(queue).await;
+            if ready == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "`{queue}` holds {ready} messages, expected {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The message ids in `queue`, in order, leaving them there (each is
+    /// got and requeued on a channel that is then closed: a classic queue
+    /// keeps their places).
+    async fn peek(&self, queue: &str) -> Vec<(String, BasicProperties)> {
+        let channel = self._conn.create_channel().await.unwrap();
+        let mut seen = Vec::new();
+        while let Some(got) = channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap()
+        {
+            let id = got
+                .delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.to_string())
+                .unwrap_or_default();
+            seen.push((id, got.delivery.properties.clone()));
+        }
+        // Unacked: closing the channel returns them all, in order.
+        channel.close(200, "OK".into()).await.unwrap();
+        seen
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let queues = [self.queue().to_owned(), self.dlq().to_owned()];
+        let exchanges = [self.exchange.clone(), self.dlx().to_owned()];
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let conn = connect().await;
+                let channel = conn.create_channel().await.unwrap();
+                for queue in queues {
+                    let _ = channel
+                        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
+                for exchange in exchanges {
+                    let _ = channel
+                        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                        .await;
+                }
+                let _ = conn.close(200, "OK".into()).await;
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Successful handler calls per event id.
+#[derive(Clone, Default)]
+struct Handled(Arc<Mutex<HashMap<Uuid, u32>>>);
+
+impl Handled {
+    fn count(&self, id: Uuid) -> u32 {
+        self.0.lock().unwrap().get(&id).copied().unwrap_or(0)
+    }
+
+    async fn wait_for_all(&self, ids: &[Uuid]) {
+        let deadline = Instant::now() + WAIT;
+        while !ids.iter().all(|id| self.count(*id) > 0) {
+            assert!(Instant::now() < deadline, "not every event was handled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A running consumer whose handler fails (not permanently) while `failing`
+/// is set, and counts successes otherwise.
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<outbox_lapin::Result<()>>,
+}
+
+impl Running {
+    fn start(
+        broker: &Broker,
+        inbox: &InMemoryInbox,
+        failing: &Arc<AtomicBool>,
+        handled: &Handled,
+    ) -> Running {
+        let failing = failing.clone();
+        let handled = handled.clone();
+        let handler = handler_fn(move |_tx: &mut InboxTx, event: &IncomingEvent| {
+            let failing = failing.load(Ordering::SeqCst);
+            let handled = handled.clone();
+            let id = event.id;
+            Box::pin(async move {
+                if failing {
+                    return Err(HandlerError::new(format!("stock for {id} not found")));
+                }
+                *handled.0.lock().unwrap().entry(id).or_default() += 1;
+                Ok(())
+            })
+        });
+        let consumer = InboxConsumer::builder(
+            amqp_url(),
+            broker.queue(),
+            broker.consumer_name(),
+            inbox.clone(),
+            handler,
+        )
+        .declare(broker.topology.clone())
+        .max_attempts(2)
+        .retry_delay(Duration::from_millis(20))
+        .build()
+        .unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(consumer.run(async {
+            let _ = stopped.await;
+        }));
+        Running { stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("the consumer stops")
+            .unwrap()
+            .expect("run returns Ok after shutdown");
+    }
+}
+
+/// Publishes `n` events that the consumer dead-letters (two failed
+/// attempts each), waits until all are recorded and in the dead-letter
+/// queue, and stops the consumer. Returns their ids in publish order.
+async fn dead_letter(broker: &Broker, inbox: &InMemoryInbox, n: usize) -> Vec<Uuid> {
+    let failing = Arc::new(AtomicBool::new(true));
+    let running = Running::start(broker, inbox, &failing, &Handled::default());
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let event = placed(&format!("o-{i}"));
+        ids.push(event.id);
+        broker.publish(&event).await;
+    }
+    let deadline = Instant::now() + WAIT;
+    while inbox.dead_letters().len() < n {
+        assert!(Instant::now() < deadline, "not every dead letter recorded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.stop().await;
+    broker
+        .wait_ready(broker.dlq(), u32::try_from(n).unwrap())
+        .await;
+    ids
+}
+
+#[tokio::test]
+async fn dead_letters_are_recorded_and_a_replay_brings_each_back_once() {
+    let broker = Broker::new("replay").await;
+    let inbox = InMemoryInbox::new();
+    let ids = dead_letter(&broker, &inbox, 4).await;
+
+    // Recorded: one per message, with queue, reason and attempts.
+    let letters = inbox.dead_letters();
+    assert_eq!(letters.len(), 4);
+    let mut recorded: Vec<Uuid> = letters.iter().map(|l| l.event_id.unwrap()).collect();
+    recorded.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(recorded, expected);
+    for letter in &letters {
+        let id = letter.event_id.unwrap();
+        assert_eq!(letter.consumer, broker.consumer_name());
+        assert_eq!(letter.queue, broker.queue());
+        assert_eq!(letter.exchange, broker.dlx());
+        assert_eq!(letter.routing_key, "order.placed");
+        assert_eq!(letter.event_type.as_deref(), Some("order.placed"));
+        assert_eq!(letter.message_id, Some(id.to_string()));
+        assert_eq!(letter.attempts, 2);
+        assert_eq!(letter.reason, format!("stock for {id} not found"));
+        assert_eq!(letter.headers[QUEUE_HEADER], broker.queue());
+        assert_eq!(letter.headers[ATTEMPT_HEADER], "2");
+        assert!(letter.payload.contains("o-"), "{}", letter.payload);
+        assert!(!letter.payload_truncated);
+    }
+    // The broker's copies carry the queue they came from.
+    let dead = broker.peek(broker.dlq()).await;
+    assert_eq!(dead.len(), 4);
+    for (_, props) in &dead {
+        let headers = props.headers().as_ref().unwrap();
+        assert_eq!(header_str(headers, QUEUE_HEADER), Some(broker.queue()));
+    }
+    let dead_order: Vec<String> = dead.into_iter().map(|(id, _)| id).collect();
+
+    let dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
+        .await
+        .unwrap();
+    assert_eq!(dlq.depth().await.unwrap(), 4);
+    let progress = AtomicU64::new(0);
+    let report = dlq
+        .replay(None, &|n| progress.store(n, Ordering::SeqCst))
+        .await
+        .unwrap();
+    assert_eq!(report.error, None);
+    assert_eq!(report.replayed, 4);
+    assert_eq!(progress.load(Ordering::SeqCst), 4);
+    assert!(report.messages.iter().all(|m| m.queue == broker.queue()));
+    let replayed: Vec<String> = report.event_ids().iter().map(Uuid::to_string).collect();
+    assert_eq!(replayed, dead_order, "replayed in dead-letter-queue order");
+    assert_eq!(dlq.depth().await.unwrap(), 0);
+
+    // Back in the origin queue, in the same order, attempt reset, reason
+    // kept aside, original routing key kept.
+    let back = broker.peek(broker.queue()).await;
+    let back_order: Vec<String> = back.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(back_order, dead_order);
+    for (id, props) in &back {
+        let headers = props.headers().as_ref().unwrap();
+        assert!(!headers.contains_key(ATTEMPT_HEADER), "attempt reset");
+        assert!(!headers.contains_key(DEAD_REASON_HEADER));
+        assert_eq!(
+            header_str(headers, REPLAYED_REASON_HEADER),
+            Some(format!("stock for {id} not found").as_str())
+        );
+        assert_eq!(
+            header_str(headers, ORIGINAL_ROUTING_KEY_HEADER),
+            Some("order.placed")
+        );
+    }
+
+    // The handler now succeeds: each event processed exactly once.
+    let handled = Handled::default();
+    let running = Running::start(&broker, &inbox, &Arc::new(AtomicBool::new(false)), &handled);
+    handled.wait_for_all(&ids).await;
+    broker.wait_ready(broker.queue(), 0).await;
+    running.stop().await;
+    for id in &ids {
+        assert_eq!(handled.count(*id), 1);
+        assert!(inbox.contains(&broker.consumer_name(), *id));
+    }
+    assert_eq!(inbox.dead_letters().len(), 4, "nothing dead-lettered again");
+    dlq.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_replay_killed_between_confirm_and_ack_loses_nothing() {
+    let broker = Broker::new("killed").await;
+    let inbox = InMemoryInbox::new();
+    let ids = dead_letter(&broker, &inbox, 6).await;
+
+    // The replay process dies right after the third copy is confirmed,
+    // before that dead letter is acked: its connection goes with it.
+    let dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
+        .await
+        .unwrap();
+    let killed = tokio::spawn(async move {
+        dlq.replay_with_hook(None, &|_| {}, &|n| {
+            assert!(n < 3, "killed after the third confirmed publish");
+        })
+        .await
+    });
+    assert!(killed.await.unwrap_err().is_panic());
+
+    // Two replayed and acked, the third in both queues, three untouched.
+    broker.wait_ready(broker.queue(), 3).await;
+    broker.wait_ready(broker.dlq(), 4).await;
+    let mut everywhere: Vec<String> = broker
+        .peek(broker.queue())
+        .await
+        .into_iter()
+        .chain(broker.peek(broker.dlq()).await)
+        .map(|(id, _)| id)
+        .collect();
+    everywhere.sort();
+    everywhere.dedup();
+    let mut expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    expected.sort();
+    assert_eq!(everywhere, expected, "every message is somewhere");
+
+    // A second replay finishes the job.
+    let dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
+        .await
+        .unwrap();
+    let report = dlq.replay(None, &|_| {}).await.unwrap();
+    assert_eq!(report.error, None);
+    assert_eq!(report.replayed, 4);
+    assert_eq!(dlq.depth().await.unwrap(), 0);
+    dlq.close().await.unwrap();
+
+    // The duplicate is dropped by the inbox: each processed once.
+    let handled = Handled::default();
+    let running = Running::start(&broker, &inbox, &Arc::new(AtomicBool::new(false)), &handled);
+    handled.wait_for_all(&ids).await;
+    broker.wait_ready(broker.queue(), 0).await;
+    running.stop().await;
+    for id in &ids {
+        assert_eq!(handled.count(*id), 1, "{id} processed once");
+    }
+}
+
+#[tokio::test]
+async fn a_message_that_cannot_go_back_stays_and_purge_empties_the_queue() {
+    let broker = Broker::new("stuck").await;
+    let dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
+        .await
+        .unwrap();
+
+    // No origin at all.
+    let props = BasicProperties::default().with_message_id("no-origin".into());
+    broker
+        .publish_to(broker.dlx(), "order.placed", b"{}", props)
+        .await;
+    let report = dlq.replay(None, &|_| {}).await.unwrap();
+    assert_eq!(report.replayed, 0);
+    let error = report.error.unwrap();
+    assert!(
+        error.contains("no-origin") && error.contains(QUEUE_HEADER),
+        "{error}"
+    );
+    assert_eq!(dlq.depth().await.unwrap(), 1, "left where it was");
+    assert_eq!(dlq.purge().await.unwrap(), 1);
+
+    // An origin queue that no longer exists: unroutable, left, then the
+    // next (good) message is not touched either.
+    let gone = format!("{}.gone", broker.queue());
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ShortString::from(QUEUE_HEADER),
+        AMQPValue::LongString(LongString::from(gone.as_str())),
+    );
+    let props = BasicProperties::default()
+        .with_message_id("to-gone".into())
+        .with_headers(headers);
+    broker
+        .publish_to(broker.dlx(), "order.placed", b"{}", props)
+        .await;
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ShortString::from(QUEUE_HEADER),
+        AMQPValue::LongString(LongString::from(broker.queue())),
+    );
+    let props = BasicProperties::default()
+        .with_message_id("fine".into())
+        .with_headers(headers);
+    broker
+        .publish_to(broker.dlx(), "order.placed", b"{}", props)
+        .await;
+    let report = dlq.replay(None, &|_| {}).await.unwrap();
+    assert_eq!(report.replayed, 0);
+    let error = report.error.unwrap();
+    assert!(
+        error.contains(&gone) && error.contains("to-gone"),
+        "{error}"
+    );
+    let left: Vec<String> = broker
+        .peek(broker.dlq())
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(left, ["to-gone", "fine"], "both left, in order");
+    assert_eq!(broker.ready(broker.queue()).await, 0);
+
+    assert_eq!(dlq.purge().await.unwrap(), 2);
+    assert_eq!(dlq.depth().await.unwrap(), 0);
+    // A missing queue is an error, not an empty one.
+    let missing = DeadLetterQueue::connect(&amqp_url(), format!("{}.missing", broker.dlq()))
+        .await
+        .unwrap();
+    assert!(missing.depth().await.is_err());
+    dlq.close().await.unwrap();
+}
