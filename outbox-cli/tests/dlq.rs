@@ -58,15 +58,11 @@ async fn dlq_list_shows_dead_letters_in_order_from_the_database_and_leaves_the_q
     let other = db.json(&["dlq", "list", "some.other.queue"]);
     assert!(other["items"].as_array().unwrap().is_empty());
 
-    db.outbox()
-        .args(["dlq", "list"])
-        .assert()
-        .success()
-        .stdout(
-            predicate::str::contains("REASON")
-                .and(predicate::str::contains(ids[2].to_string()))
-                .and(predicate::str::contains("open")),
-        );
+    db.outbox().args(["dlq", "list"]).assert().success().stdout(
+        predicate::str::contains("REASON")
+            .and(predicate::str::contains(ids[2].to_string()))
+            .and(predicate::str::contains("open")),
+    );
     let id = page["items"][1]["id"].as_i64().unwrap().to_string();
     let shown = db.json(&["dlq", "show", &id]);
     assert_eq!(shown["event_id"], ids[1].to_string());
@@ -75,11 +71,10 @@ async fn dlq_list_shows_dead_letters_in_order_from_the_database_and_leaves_the_q
         .args(["dlq", "show", &id])
         .assert()
         .success()
-        .stdout(predicate::str::contains("row 1 missing").and(predicate::str::contains("payload:")));
-    db.outbox()
-        .args(["dlq", "show", "999999"])
-        .assert()
-        .code(3);
+        .stdout(
+            predicate::str::contains("row 1 missing").and(predicate::str::contains("payload:")),
+        );
+    db.outbox().args(["dlq", "show", "999999"]).assert().code(3);
     let groups = db.json(&["dlq", "groups"]);
     assert_eq!(groups[0]["count"], 3);
     assert_eq!(groups[0]["reason"], "row <n> missing");
@@ -94,12 +89,27 @@ async fn dlq_replay_sends_them_back_to_their_queue_and_marks_them_replayed() {
     let (db, queues, ids) = setup("dlq_replay", 3).await;
     let url = amqp_url();
 
-    let dry = db.json(&["--amqp-url", &url, "dlq", "replay", &queues.dlq, "--dry-run"]);
+    let dry = db.json(&[
+        "--amqp-url",
+        &url,
+        "dlq",
+        "replay",
+        &queues.dlq,
+        "--dry-run",
+    ]);
     assert_eq!(dry["depth"], 3);
     assert_eq!(queues.depth(&queues.dlq).await, 3);
     assert_eq!(queues.depth(&queues.origin).await, 0);
 
-    let one = db.json(&["--amqp-url", &url, "dlq", "replay", &queues.dlq, "--limit", "1"]);
+    let one = db.json(&[
+        "--amqp-url",
+        &url,
+        "dlq",
+        "replay",
+        &queues.dlq,
+        "--limit",
+        "1",
+    ]);
     assert_eq!(one["replayed"], 1);
     assert_eq!(one["marked"], 1);
     let rest = db.json(&["--amqp-url", &url, "dlq", "replay", &queues.dlq]);
@@ -127,7 +137,8 @@ async fn dlq_replay_that_cannot_go_on_exits_7_and_leaves_the_rest_in_the_queue()
     let good = queues.dead_letter(1, &queues.origin).await;
     let gone = format!("{}.gone", queues.origin);
     let lost = queues.dead_letter(2, &gone).await;
-    db.record_dead_letters(CONSUMER, &queues.origin, &good).await;
+    db.record_dead_letters(CONSUMER, &queues.origin, &good)
+        .await;
 
     db.outbox()
         .args(["--amqp-url", &amqp_url(), "dlq", "replay", &queues.dlq])
@@ -140,7 +151,12 @@ async fn dlq_replay_that_cannot_go_on_exits_7_and_leaves_the_rest_in_the_queue()
         );
     assert_eq!(queues.depth(&queues.origin).await, 1);
     assert_eq!(queues.peek(&queues.dlq).await, strings(&lost));
-    assert!(db.json(&["dlq", "list"])["items"].as_array().unwrap().is_empty());
+    assert!(
+        db.json(&["dlq", "list"])["items"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -156,9 +172,19 @@ async fn dlq_without_a_broker_says_what_is_missing() {
         .args(["dlq", "purge", "billing.orders.dead", "--yes"])
         .assert()
         .code(6)
-        .stderr(predicate::str::contains("127.0.0.1:1").and(predicate::str::contains("guest:guest").not()));
+        .stderr(
+            predicate::str::contains("127.0.0.1:1")
+                .and(predicate::str::contains("guest:guest").not()),
+        );
     db.outbox()
-        .args(["--amqp-url", &amqp_url(), "dlq", "purge", "orders-dlq", "--yes"])
+        .args([
+            "--amqp-url",
+            &amqp_url(),
+            "dlq",
+            "purge",
+            "orders-dlq",
+            "--yes",
+        ])
         .assert()
         .code(4)
         .stderr(predicate::str::contains("--origin"));
@@ -181,7 +207,12 @@ async fn dlq_purge_needs_yes_then_empties_the_queue_and_marks_the_records() {
     assert_eq!(purged["marked"], 3);
     assert_eq!(purged["origin"], queues.origin.as_str());
     assert_eq!(queues.depth(&queues.dlq).await, 0);
-    assert!(db.json(&["dlq", "list"])["items"].as_array().unwrap().is_empty());
+    assert!(
+        db.json(&["dlq", "list"])["items"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
     let all = db.json(&["dlq", "list", "--all"]);
     assert_eq!(event_ids(&all), strings(&ids));
     assert!(all["items"][0]["purged_at"].is_string());
@@ -219,7 +250,10 @@ async fn dlq_replay_killed_half_way_loses_nothing_and_a_second_replay_finishes()
     let mut seen: HashSet<String> = queues.peek(&queues.origin).await.into_iter().collect();
     seen.extend(queues.peek(&queues.dlq).await);
     for id in &ids {
-        assert!(seen.contains(&id.to_string()), "{id} lost ({origin} + {dlq})");
+        assert!(
+            seen.contains(&id.to_string()),
+            "{id} lost ({origin} + {dlq})"
+        );
     }
 
     db.outbox()

@@ -365,7 +365,9 @@ async fn audit(ctx: &Context, action: &str, target: serde_json::Value) -> Result
     match ctx.admin.store().begin_audit(&entry).await {
         Ok(id) => Ok(Some(id)),
         Err(e) => {
-            output::warn(&format!("the {action} is done but its audit row failed: {e}"))?;
+            output::warn(&format!(
+                "the {action} is done but its audit row failed: {e}"
+            ))?;
             Ok(None)
         }
     }
