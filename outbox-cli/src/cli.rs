@@ -67,7 +67,8 @@ pub(crate) struct Global {
     /// Who acts, in the audit trail (default: cli:$USER@$HOST).
     #[arg(long = "as", value_name = "NAME", global = true)]
     pub(crate) identity: Option<String>,
-    /// Events changed per transaction by replay, skip, retry-now and purge.
+    /// Events changed per transaction by replay, skip, retry-now and purge;
+    /// dead letters marked at a time by `dlq replay`.
     #[arg(long, default_value_t = 500, global = true)]
     pub(crate) chunk_size: usize,
     /// Confirm a mutation that selects more than one event (needed without a terminal).

@@ -69,7 +69,9 @@
 //! time and acks it in the dead-letter queue only after the broker confirmed
 //! its copy in the origin queue: **killed half way, it loses nothing** (a
 //! message is in one queue or, at worst, in both, and the consumer's inbox
-//! drops the duplicate); run it again to finish. A replay that stops on a
+//! drops the duplicate); run it again to finish. It marks the records in
+//! chunks of `--chunk-size` as it goes, so a killed replay leaves at most
+//! one chunk of records open whose messages did go back. A replay that stops on a
 //! message (origin queue gone, no origin header) leaves it and the rest in
 //! the dead-letter queue and exits with 7. Both write an audit row
 //! (`dlq_replay`, `dlq_purge`) with their counts in its target, after the

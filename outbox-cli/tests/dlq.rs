@@ -225,13 +225,18 @@ async fn dlq_replay_killed_half_way_loses_nothing_and_a_second_replay_finishes()
     let db = TestDb::new("dlq_kill").await;
     let queues = Queues::new("dlq_kill").await;
     let ids = queues.dead_letter(N as usize, &queues.origin).await;
+    db.record_dead_letters(CONSUMER, &queues.origin, &ids).await;
     let url = amqp_url();
+    let open = |db: &TestDb| {
+        let page = db.json(&["dlq", "list", "--limit", "10000"]);
+        page["items"].as_array().unwrap().len() as u32
+    };
 
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
         .env("DATABASE_URL", &db.url)
         .env("OUTBOX_SCHEMA", &db.schema)
         .env("AMQP_URL", &url)
-        .args(["dlq", "replay", &queues.dlq])
+        .args(["--chunk-size", "100", "dlq", "replay", &queues.dlq])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -266,4 +271,6 @@ async fn dlq_replay_killed_half_way_loses_nothing_and_a_second_replay_finishes()
     for id in &ids {
         assert!(moved.contains(&id.to_string()), "{id} not replayed");
     }
+    // Only the killed run's last chunk can be left open in the database.
+    assert!(open(&db) <= 100, "{} still open", open(&db));
 }

@@ -230,35 +230,55 @@ async fn replay(global: &Global, out: Output, args: &DlqReplayArgs) -> Result<()
         .limit
         .map_or(u64::from(depth), |l| u64::from(depth).min(l as u64));
     let bar = out.bar(total, "replayed");
-    let report = dlq
-        .replay(args.limit, &|n| bar.set_position(n))
-        .await
-        .map_err(Error::Broker);
-    bar.finish_and_clear();
-    let _ = dlq.close().await;
-    let report = report?;
-
-    // Mark the records of what was replayed, per origin queue.
-    let mut by_queue: BTreeMap<&str, Vec<uuid::Uuid>> = BTreeMap::new();
-    for m in &report.messages {
-        if let Some(id) = m.event_id {
-            by_queue.entry(m.queue.as_str()).or_default().push(id);
-        }
-    }
+    // In chunks, each marked in the database before the next: killed half
+    // way, at most one chunk of replayed messages is still open there.
+    let chunk = global.chunk_size.max(1);
+    let mut report = DlqReplayReport::default();
     let mut marked = 0;
-    for (origin, ids) in &by_queue {
-        match ctx.dead_letters.mark_replayed(Some(origin), ids).await {
+    loop {
+        let left = args.limit.map(|l| l.saturating_sub(report.messages.len()));
+        if left == Some(0) {
+            break;
+        }
+        let this = left.map_or(chunk, |l| l.min(chunk));
+        let done = report.replayed;
+        let part = match dlq
+            .replay(Some(this), &|n| bar.set_position(done + n))
+            .await
+        {
+            Ok(part) => part,
+            Err(e) => {
+                report.error = Some(e.to_string());
+                break;
+            }
+        };
+        match mark_replayed(&ctx, &part).await {
             Ok(n) => marked += n,
             Err(e) => {
+                bar.finish_and_clear();
                 output::warn(&format!(
-                    "{} message(s) were replayed, but marking their records in the database \
-                     failed: `outbox dlq list` still shows them as open",
-                    report.replayed
+                    "{} message(s) were replayed, but marking the last {} of them in the \
+                     database failed: `outbox dlq list` still shows those as open",
+                    report.replayed + part.replayed,
+                    part.replayed
                 ))?;
                 return Err(e.into());
             }
         }
+        let finished = part.messages.len() < this;
+        report.replayed += part.replayed;
+        report.messages.extend(part.messages);
+        if part.error.is_some() {
+            report.error = part.error;
+            break;
+        }
+        if finished {
+            break;
+        }
     }
+    bar.finish_and_clear();
+    let _ = dlq.close().await;
+
     tracing::info!(
         queue,
         replayed = report.replayed,
@@ -297,6 +317,22 @@ async fn replay(global: &Global, out: Output, args: &DlqReplayArgs) -> Result<()
             report.replayed
         ))),
     }
+}
+
+/// Marks the records of what `report` replayed, per origin queue; returns
+/// how many.
+async fn mark_replayed(ctx: &Context, report: &DlqReplayReport) -> Result<u64> {
+    let mut by_queue: BTreeMap<&str, Vec<uuid::Uuid>> = BTreeMap::new();
+    for m in &report.messages {
+        if let Some(id) = m.event_id {
+            by_queue.entry(m.queue.as_str()).or_default().push(id);
+        }
+    }
+    let mut marked = 0;
+    for (origin, ids) in &by_queue {
+        marked += ctx.dead_letters.mark_replayed(Some(origin), ids).await?;
+    }
+    Ok(marked)
 }
 
 /// What a purge did.
