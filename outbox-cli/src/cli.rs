@@ -11,9 +11,9 @@ use uuid::Uuid;
 const EXIT_CODES: &str = "\
 Exit codes:
   0  ok (a dry run too, whatever it found)
-  1  the store or the output failed
+  1  the store, the broker or the output failed
   2  usage: unknown flag, missing argument (clap's)
-  3  not found: no such event, aggregate head or relay
+  3  not found: no such event, aggregate head, relay or dead letter
   4  invalid request: empty selection, unconfirmed mutation (add --yes), bad value
   5  cannot connect to PostgreSQL (start it with scripts/dev-services, check DATABASE_URL)
   6  cannot connect to RabbitMQ (start it with scripts/dev-services, check AMQP_URL)
@@ -210,7 +210,8 @@ pub(crate) enum DlqCommand {
     Replay(DlqReplayArgs),
     /// Delete every message in a dead-letter queue and mark their records purged.
     #[command(
-        after_help = "Examples:\n  outbox dlq purge billing.orders.dead --yes\n  \
+        after_help = "Examples:\n  outbox dlq purge billing.orders.dead --dry-run\n  \
+                      outbox dlq purge billing.orders.dead --yes\n  \
                       outbox dlq purge orders-dlq --origin billing.orders --yes"
     )]
     Purge(DlqPurgeArgs),

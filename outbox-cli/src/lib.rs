@@ -99,9 +99,9 @@
 //! | Code | Meaning |
 //! |---|---|
 //! | 0 | ok (a dry run too, whatever it found) |
-//! | 1 | the store or the output failed |
+//! | 1 | the store, the broker or the output failed |
 //! | 2 | usage: unknown flag, missing argument |
-//! | 3 | not found: no such event, aggregate head or relay |
+//! | 3 | not found: no such event, aggregate head, relay or dead letter |
 //! | 4 | invalid request: empty selection, unconfirmed mutation, no database or RabbitMQ URL |
 //! | 5 | PostgreSQL not reachable (start it with `scripts/dev-services`, check `DATABASE_URL`) |
 //! | 6 | RabbitMQ not reachable (start it with `scripts/dev-services`, check `AMQP_URL`) |

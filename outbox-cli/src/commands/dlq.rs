@@ -262,7 +262,7 @@ async fn replay(global: &Global, out: Output, args: &DlqReplayArgs) -> Result<()
                     report.replayed + part.replayed,
                     part.replayed
                 ))?;
-                return Err(e.into());
+                return Err(e);
             }
         }
         let finished = part.messages.len() < this;
