@@ -11,11 +11,14 @@ use uuid::Uuid;
 const EXIT_CODES: &str = "\
 Exit codes:
   0  ok (a dry run too, whatever it found)
-  1  the store or the output failed
+  1  the store, the broker or the output failed
   2  usage: unknown flag, missing argument (clap's)
-  3  not found: no such event, aggregate head or relay
+  3  not found: no such event, aggregate head, relay or dead letter
   4  invalid request: empty selection, unconfirmed mutation (add --yes), bad value
-  5  cannot connect to PostgreSQL (start it with scripts/dev-services, check DATABASE_URL)";
+  5  cannot connect to PostgreSQL (start it with scripts/dev-services, check DATABASE_URL)
+  6  cannot connect to RabbitMQ (start it with scripts/dev-services, check AMQP_URL)
+  7  a dead-letter replay stopped part way: nothing lost, the rest is still in the
+     dead-letter queue (fix the cause, run it again)";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -28,6 +31,11 @@ Examples:
   outbox skip --head order:42
   outbox purge sent --older-than 7d --yes
   outbox relays pause relay-1
+  export AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f
+  outbox dlq list billing.orders
+  outbox dlq replay billing.orders.dead --dry-run
+  outbox dlq replay billing.orders.dead --limit 100
+  outbox dlq purge billing.orders.dead --yes
   outbox --json status | jq .counts";
 
 /// See, fix and clean a transactional outbox on PostgreSQL.
@@ -47,7 +55,7 @@ pub(crate) struct Global {
     /// PostgreSQL URL (its password is never printed).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub(crate) database_url: Option<String>,
-    /// RabbitMQ URL, used by `dlq` (coming).
+    /// RabbitMQ URL, used by `dlq replay` and `dlq purge` (its password is never printed).
     #[arg(long, env = "AMQP_URL", global = true, hide_env_values = true)]
     pub(crate) amqp_url: Option<String>,
     /// The outbox's schema.
@@ -59,7 +67,8 @@ pub(crate) struct Global {
     /// Who acts, in the audit trail (default: cli:$USER@$HOST).
     #[arg(long = "as", value_name = "NAME", global = true)]
     pub(crate) identity: Option<String>,
-    /// Events changed per transaction by replay, skip, retry-now and purge.
+    /// Events changed per transaction by replay, skip, retry-now and purge;
+    /// dead letters marked at a time by `dlq replay`.
     #[arg(long, default_value_t = 500, global = true)]
     pub(crate) chunk_size: usize,
     /// Confirm a mutation that selects more than one event (needed without a terminal).
@@ -113,6 +122,10 @@ pub(crate) enum Command {
         after_help = "Examples:\n  outbox migrate\n  outbox --schema billing migrate --contract"
     )]
     Migrate(MigrateArgs),
+    /// Consumers' dead letters: list them (from the database), replay or purge
+    /// their dead-letter queue (on RabbitMQ).
+    #[command(subcommand)]
+    Dlq(DlqCommand),
     /// Print the SQL of every migration (for a DBA to apply).
     #[command(after_help = "Example:\n  outbox --schema billing ddl > outbox.sql")]
     Ddl,
@@ -164,6 +177,97 @@ pub(crate) enum DeadCommand {
     /// Dead and retrying events grouped by event type and normalized error.
     #[command(after_help = "Example:\n  outbox dead groups --event-type order.placed")]
     Groups(FilterArgs),
+}
+
+/// `dlq ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DlqCommand {
+    /// Recorded dead letters in the order they were dead-lettered (from the
+    /// database: the broker's queue is not touched, so nothing is reordered or dropped).
+    #[command(
+        after_help = "Examples:\n  outbox dlq list\n  outbox dlq list billing.orders --limit 20\n  \
+                      outbox dlq list billing.orders --all --after 1234"
+    )]
+    List(DlqListArgs),
+    /// One recorded dead letter, with its headers and payload.
+    #[command(after_help = "Example:\n  outbox dlq show 1234")]
+    Show {
+        /// The dead letter's id (from `outbox dlq list`).
+        id: i64,
+    },
+    /// Open dead letters grouped by consumer, event type and normalized reason.
+    #[command(after_help = "Example:\n  outbox dlq groups billing.orders")]
+    Groups {
+        /// Only those a consumer read from this queue.
+        queue: Option<String>,
+    },
+    /// Send a dead-letter queue's messages back to the queues they came from
+    /// (each confirmed before it leaves the dead-letter queue: a kill loses nothing).
+    #[command(
+        after_help = "Examples:\n  outbox dlq replay billing.orders.dead --dry-run\n  \
+                      outbox dlq replay billing.orders.dead --limit 100"
+    )]
+    Replay(DlqReplayArgs),
+    /// Delete every message in a dead-letter queue and mark their records purged.
+    #[command(
+        after_help = "Examples:\n  outbox dlq purge billing.orders.dead --dry-run\n  \
+                      outbox dlq purge billing.orders.dead --yes\n  \
+                      outbox dlq purge orders-dlq --origin billing.orders --yes"
+    )]
+    Purge(DlqPurgeArgs),
+}
+
+/// `dlq list`.
+#[derive(Debug, Args)]
+pub(crate) struct DlqListArgs {
+    /// Only those a consumer read from this queue (the origin, not the dead-letter queue).
+    pub(crate) queue: Option<String>,
+    /// Replayed and purged ones too.
+    #[arg(long)]
+    pub(crate) all: bool,
+    /// The cursor printed by the previous page.
+    #[arg(long, value_name = "ID")]
+    pub(crate) after: Option<i64>,
+    /// Dead letters per page (1 to 10000).
+    #[arg(long, default_value_t = 50)]
+    pub(crate) limit: usize,
+}
+
+/// `dlq replay`.
+#[derive(Debug, Args)]
+pub(crate) struct DlqReplayArgs {
+    /// The dead-letter queue, e.g. `billing.orders.dead`.
+    pub(crate) queue: String,
+    /// Replay at most this many (default: all).
+    #[arg(long)]
+    pub(crate) limit: Option<usize>,
+    /// Only print how many messages the dead-letter queue holds.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+/// `dlq purge`.
+#[derive(Debug, Args)]
+pub(crate) struct DlqPurgeArgs {
+    /// The dead-letter queue, e.g. `billing.orders.dead`.
+    pub(crate) queue: String,
+    /// The consumer's queue whose records to mark purged (default: QUEUE
+    /// without its `.dead` suffix).
+    #[arg(long, value_name = "QUEUE")]
+    pub(crate) origin: Option<String>,
+    /// Only print how many messages the dead-letter queue holds.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+impl DlqPurgeArgs {
+    /// `--origin`, else the queue without `.dead`.
+    pub(crate) fn origin(&self) -> Option<&str> {
+        match &self.origin {
+            Some(origin) => Some(origin),
+            None => self.queue.strip_suffix(".dead").filter(|q| !q.is_empty()),
+        }
+    }
 }
 
 /// Which events: every criterion given must hold.

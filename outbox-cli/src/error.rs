@@ -18,6 +18,22 @@ pub(crate) enum Error {
     /// and says to start it with scripts/dev-services).
     #[error("{0}")]
     Connect(#[source] outbox_diesel::Error),
+    /// No `--amqp-url` and no `AMQP_URL`, for a command that needs the broker.
+    #[error(
+        "no RabbitMQ: pass --amqp-url or set AMQP_URL \
+         (e.g. amqp://guest:guest@127.0.0.1:5672/%2f)"
+    )]
+    NoAmqpUrl,
+    /// RabbitMQ could not be reached (the message names the redacted URL).
+    #[error("{0}; start it with scripts/dev-services, check AMQP_URL")]
+    AmqpConnect(#[source] outbox_lapin::Error),
+    /// A broker call failed (e.g. no such queue).
+    #[error("{0}")]
+    Broker(#[source] outbox_lapin::Error),
+    /// A dead-letter replay stopped part way (what it replayed is reported
+    /// first); nothing was lost.
+    #[error("{0}")]
+    ReplayStopped(String),
     /// The request makes no sense, or a mutation was not confirmed.
     #[error("{0}")]
     Invalid(String),
@@ -44,17 +60,23 @@ pub(crate) mod code {
     pub(crate) const INVALID: u8 = 4;
     /// PostgreSQL not reachable.
     pub(crate) const CONNECT: u8 = 5;
+    /// RabbitMQ not reachable.
+    pub(crate) const AMQP_CONNECT: u8 = 6;
+    /// A dead-letter replay stopped part way (nothing lost).
+    pub(crate) const REPLAY_STOPPED: u8 = 7;
 }
 
 impl Error {
     /// The process's exit code for this error.
     pub(crate) fn exit_code(&self) -> ExitCode {
         ExitCode::from(match self {
-            Error::NoDatabaseUrl | Error::Invalid(_) => code::INVALID,
+            Error::NoDatabaseUrl | Error::NoAmqpUrl | Error::Invalid(_) => code::INVALID,
             Error::Connect(_) => code::CONNECT,
+            Error::AmqpConnect(_) => code::AMQP_CONNECT,
+            Error::ReplayStopped(_) => code::REPLAY_STOPPED,
             Error::Admin(AdminError::NotFound(_)) => code::NOT_FOUND,
             Error::Admin(AdminError::Invalid(_) | AdminError::Forbidden { .. }) => code::INVALID,
-            Error::Admin(_) | Error::Store(_) | Error::Io(_) => code::FAILED,
+            Error::Admin(_) | Error::Store(_) | Error::Broker(_) | Error::Io(_) => code::FAILED,
         })
     }
 }

@@ -17,6 +17,15 @@
 //! outbox purge sent --older-than 7d --yes
 //! outbox relays pause relay-1
 //! outbox --json status | jq .counts
+//!
+//! # consumers' dead letters (RabbitMQ)
+//! export AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f
+//! outbox dlq list billing.orders
+//! outbox dlq show 1234
+//! outbox dlq groups
+//! outbox dlq replay billing.orders.dead --dry-run
+//! outbox dlq replay billing.orders.dead --limit 100
+//! outbox dlq purge billing.orders.dead --yes
 //! ```
 //!
 //! The same command in a binary of your own (e.g. one that ships with a
@@ -44,7 +53,29 @@
 //! | `migrate [--contract]` | applies the migrations to `--schema` |
 //! | `ddl` | prints the migrations' SQL (no database needed) |
 //! | `explain-claim [--limit N]` | `EXPLAIN ANALYZE` of the relay's claim, rolled back |
+//! | `dlq list [QUEUE] [--all] [--after ID] [--limit N]` | consumers' dead letters in the order they were dead-lettered, from the database (never the broker: nothing reordered or dropped); `QUEUE` is the consumer's queue; `--all` adds replayed and purged ones |
+//! | `dlq show ID` | one dead letter with its reason, headers and payload |
+//! | `dlq groups [QUEUE]` | open dead letters grouped by consumer, event type and normalized reason |
+//! | `dlq replay DLQ [--limit N] [--dry-run]` | sends the dead-letter queue's messages back to the queue each came from, then marks their records replayed; `--dry-run` prints the queue's depth |
+//! | `dlq purge DLQ [--origin QUEUE] [--dry-run]` | deletes every message in the dead-letter queue (needs `--yes`), then marks the records of `--origin` (default: `DLQ` without `.dead`) purged |
 //!
+//! # Dead letters
+//! A consumer (`outbox-lapin`'s `InboxConsumer`) records each message it
+//! dead-letters in its database (`inbox_dead_letters`, in `--schema`);
+//! `dlq list|show|groups` read those records and need only `DATABASE_URL`.
+//! `dlq replay` and `dlq purge` act on the dead-letter queue in RabbitMQ
+//! (`--amqp-url`, env `AMQP_URL`) and then mark the records, so they need
+//! both URLs (a dry run only the broker's). A replay moves one message at a
+//! time and acks it in the dead-letter queue only after the broker confirmed
+//! its copy in the origin queue: **killed half way, it loses nothing** (a
+//! message is in one queue or, at worst, in both, and the consumer's inbox
+//! drops the duplicate); run it again to finish. It marks the records in
+//! chunks of `--chunk-size` as it goes, so a killed replay leaves at most
+//! one chunk of records open whose messages did go back. A replay that stops on a
+//! message (origin queue gone, no origin header) leaves it and the rest in
+//! the dead-letter queue and exits with 7. Both write an audit row
+//! (`dlq_replay`, `dlq_purge`) with their counts in its target, after the
+//! broker action.//!
 //! Filters: `--status S` (repeatable), `--aggregate TYPE:ID` or
 //! `--aggregate-type T`, `--event-type E`, `--error TEXT`, `--group G`,
 //! `--since` and `--until` (RFC 3339 or a duration ago: `30s`, `15m`, `7d`).
@@ -54,23 +85,27 @@
 //! `--schema` (env `OUTBOX_SCHEMA`, default `public`), `--json` (JSON on
 //! stdout for scripts, on every command), `--as NAME`, `--chunk-size N`
 //! (default 500), `--yes`, `--dedup-window` (default `14d`: replaying older
-//! events warns), `--amqp-url` (env `AMQP_URL`, used by `dlq`, coming).
+//! events warns), `--amqp-url` (env `AMQP_URL`, used by `dlq replay` and
+//! `dlq purge`; its password is never printed).
 //!
 //! A mutation that selects more than one event (and every purge) needs
 //! `--yes`, or a `y` on a terminal; without a terminal it is refused with
 //! exit code 4. Tables are coloured only on a terminal without `NO_COLOR`;
 //! replays and purges show a spinner with a count on a terminal, never with
-//! `--json`. Warnings (e.g. events older than the dedup window) go to stderr.
+//! `--json`; `dlq replay` shows a progress bar to the queue's depth.
+//! Warnings (e.g. events older than the dedup window) go to stderr.
 //!
 //! # Exit codes
 //! | Code | Meaning |
 //! |---|---|
 //! | 0 | ok (a dry run too, whatever it found) |
-//! | 1 | the store or the output failed |
+//! | 1 | the store, the broker or the output failed |
 //! | 2 | usage: unknown flag, missing argument |
-//! | 3 | not found: no such event, aggregate head or relay |
-//! | 4 | invalid request: empty selection, unconfirmed mutation, no database URL |
+//! | 3 | not found: no such event, aggregate head, relay or dead letter |
+//! | 4 | invalid request: empty selection, unconfirmed mutation, no database or RabbitMQ URL |
 //! | 5 | PostgreSQL not reachable (start it with `scripts/dev-services`, check `DATABASE_URL`) |
+//! | 6 | RabbitMQ not reachable (start it with `scripts/dev-services`, check `AMQP_URL`) |
+//! | 7 | a `dlq replay` stopped part way: what it replayed is printed and marked, nothing was lost, the rest is still in the dead-letter queue |
 //!
 //! # Feature flags
 //! | feature | default | enables |

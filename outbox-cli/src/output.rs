@@ -111,6 +111,21 @@ impl Output {
         bar.enable_steady_tick(std::time::Duration::from_millis(120));
         bar
     }
+
+    /// A progress bar to `len` on stderr, only on a terminal and without
+    /// `--json` (hidden otherwise).
+    pub(crate) fn bar(&self, len: u64, what: &'static str) -> ProgressBar {
+        if self.json || !std::io::stderr().is_terminal() {
+            return ProgressBar::hidden();
+        }
+        let bar = ProgressBar::new(len).with_message(what);
+        if let Ok(style) =
+            ProgressStyle::with_template("{msg}: {wide_bar} {pos}/{len} [{elapsed}, eta {eta}]")
+        {
+            bar.set_style(style);
+        }
+        bar
+    }
 }
 
 /// Prints one line (or a block) on stdout.

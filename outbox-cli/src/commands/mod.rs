@@ -3,13 +3,14 @@
 use std::io::{BufRead as _, IsTerminal as _, Write as _};
 
 use outbox_core::admin::{Admin, Caller};
-use outbox_diesel::PgOutboxStore;
+use outbox_diesel::{PgDeadLetters, PgOutboxStore};
 
 use crate::cli::{Cli, Command, Global};
 use crate::error::{Error, Result};
 use crate::output::Output;
 
 mod dead;
+mod dlq;
 mod events;
 mod mutate;
 mod relays;
@@ -22,6 +23,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Ddl => schema::ddl(&cli.global, out),
         Command::Migrate(args) => schema::migrate(&cli.global, out, &args).await,
+        Command::Dlq(cmd) => dlq::run(&cli.global, out, cmd).await,
         command => {
             let ctx = Context::connect(&cli.global, out).await?;
             match command {
@@ -35,7 +37,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
                 Command::Relays(cmd) => relays::run(&ctx, cmd).await,
                 Command::Audit(args) => relays::audit(&ctx, &args).await,
                 Command::ExplainClaim(args) => schema::explain_claim(&ctx, &args).await,
-                Command::Ddl | Command::Migrate(_) => Ok(()),
+                Command::Ddl | Command::Migrate(_) | Command::Dlq(_) => Ok(()),
             }
         }
     }
@@ -45,18 +47,21 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
 #[derive(Debug)]
 pub(crate) struct Context {
     pub(crate) admin: Admin<PgOutboxStore>,
+    /// Consumers' dead letters, in the same schema.
+    pub(crate) dead_letters: PgDeadLetters,
     pub(crate) caller: Caller,
     pub(crate) out: Output,
     pub(crate) yes: bool,
 }
 
 impl Context {
-    async fn connect(global: &Global, out: Output) -> Result<Context> {
+    pub(crate) async fn connect(global: &Global, out: Output) -> Result<Context> {
         let url = database_url(global)?;
         // One direct connection first: an unreachable server is exit code 5
         // with a hint, not a pool timeout later.
         drop(outbox_diesel::connect(url).await.map_err(Error::Connect)?);
         let pool = outbox_diesel::pool(url, 2)?;
+        let dead_letters = PgDeadLetters::with_schema(pool.clone(), &global.schema)?;
         let store = PgOutboxStore::builder(pool)
             .schema(&global.schema)
             .build()?;
@@ -66,6 +71,7 @@ impl Context {
         let identity = global.identity.clone().unwrap_or_else(default_identity);
         Ok(Context {
             admin,
+            dead_letters,
             caller: Caller::operator(identity),
             out,
             yes: global.yes,
@@ -83,6 +89,16 @@ impl Context {
             || "an unknown number of rows".to_owned(),
             |n| format!("{n} events"),
         );
+        self.confirm_text(what, &selected)
+    }
+
+    /// Whether a mutation that would change `selected` may go on: with
+    /// `--yes`, or when the operator says so on a terminal; refused (exit
+    /// 4) otherwise.
+    pub(crate) fn confirm_text(&self, what: &str, selected: &str) -> Result<()> {
+        if self.yes {
+            return Ok(());
+        }
         if std::io::stdin().is_terminal() && std::io::stderr().is_terminal() && !self.out.json {
             let mut err = std::io::stderr().lock();
             write!(err, "{what} {selected}? [y/N] ")?;

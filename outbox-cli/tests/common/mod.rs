@@ -3,6 +3,8 @@
 //! `outbox` binary pointed at that schema.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod broker;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use assert_cmd::Command;
