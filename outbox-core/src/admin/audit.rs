@@ -54,7 +54,7 @@ pub struct AuditEntry {
     /// Who.
     pub identity: String,
     /// The verb (`replay`, `skip`, `retry_now`, `purge_sent`, `purge_inbox`,
-    /// `pause`, `resume`).
+    /// `pause`, `resume`; the CLI's `dlq_replay`, `dlq_purge`).
     pub action: String,
     /// What it selected, as JSON (a filter, an id, a duration).
     pub target: serde_json::Value,
