@@ -307,6 +307,25 @@ async fn malformed_requests_are_400_with_a_json_error() {
         .unwrap();
     let reply = oneshot(&app, no_type).await;
     assert_error(&reply, StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type");
+    // Also a POST without a body: a cross-site form or no-cors fetch cannot
+    // pause a relay.
+    let pause = Request::post("/admin/relays/r1/pause")
+        .header("authorization", format!("Bearer {OPERATOR}"))
+        .body(Body::empty())
+        .unwrap();
+    let reply = oneshot(&app, pause).await;
+    assert_error(&reply, StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type");
+    // An age before the calendar's start is refused, not read as "now".
+    let reply = oneshot(
+        &app,
+        post(
+            "/admin/purge",
+            op,
+            &json!({ "target": "inbox", "older_than_seconds": u64::MAX }).to_string(),
+        ),
+    )
+    .await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "calendar");
 }
 
 #[tokio::test]

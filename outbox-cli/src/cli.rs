@@ -34,7 +34,7 @@ Examples:
   export AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f
   outbox dlq list billing.orders
   outbox dlq replay billing.orders.dead --dry-run
-  outbox dlq replay billing.orders.dead --limit 100
+  outbox dlq replay billing.orders.dead --limit 100 --yes
   outbox dlq purge billing.orders.dead --yes
   outbox --json status | jq .counts";
 
@@ -205,7 +205,7 @@ pub(crate) enum DlqCommand {
     /// (each confirmed before it leaves the dead-letter queue: a kill loses nothing).
     #[command(
         after_help = "Examples:\n  outbox dlq replay billing.orders.dead --dry-run\n  \
-                      outbox dlq replay billing.orders.dead --limit 100"
+                      outbox dlq replay billing.orders.dead --limit 100 --yes"
     )]
     Replay(DlqReplayArgs),
     /// Delete every message in a dead-letter queue and mark their records purged.
@@ -465,8 +465,10 @@ fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
     }
     let ago = parse_duration(text)
         .map_err(|_| "expected an RFC 3339 time or a duration ago (30s, 15m, 7d)".to_owned())?;
-    let ago = chrono::Duration::from_std(ago).map_err(|e| e.to_string())?;
-    Ok(Utc::now() - ago)
+    chrono::Duration::from_std(ago)
+        .ok()
+        .and_then(|ago| Utc::now().checked_sub_signed(ago))
+        .ok_or_else(|| format!("{text} ago is before the calendar's start"))
 }
 
 #[cfg(test)]

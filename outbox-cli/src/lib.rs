@@ -75,7 +75,10 @@
 //! message (origin queue gone, no origin header) leaves it and the rest in
 //! the dead-letter queue and exits with 7. Both write an audit row
 //! (`dlq_replay`, `dlq_purge`) with their counts in its target, after the
-//! broker action.//!
+//! broker action. `dlq replay` moves at most what the queue held when it
+//! started, and asks for `--yes` (or a `y` on a terminal) for more than one
+//! message.
+//!
 //! Filters: `--status S` (repeatable), `--aggregate TYPE:ID` or
 //! `--aggregate-type T`, `--event-type E`, `--error TEXT`, `--group G`,
 //! `--since` and `--until` (RFC 3339 or a duration ago: `30s`, `15m`, `7d`).

@@ -112,7 +112,17 @@ async fn dlq_replay_sends_them_back_to_their_queue_and_marks_them_replayed() {
     ]);
     assert_eq!(one["replayed"], 1);
     assert_eq!(one["marked"], 1);
-    let rest = db.json(&["--amqp-url", &url, "dlq", "replay", &queues.dlq]);
+    db.outbox()
+        .args(["--amqp-url", &url, "dlq", "replay", &queues.dlq])
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains("--yes"));
+    assert_eq!(
+        queues.depth(&queues.dlq).await,
+        2,
+        "nothing moved without --yes"
+    );
+    let rest = db.json(&["--amqp-url", &url, "--yes", "dlq", "replay", &queues.dlq]);
     assert_eq!(rest["replayed"], 2);
     assert_eq!(rest["marked"], 2);
     assert_eq!(rest["error"], Value::Null);
@@ -141,7 +151,14 @@ async fn dlq_replay_that_cannot_go_on_exits_7_and_leaves_the_rest_in_the_queue()
         .await;
 
     db.outbox()
-        .args(["--amqp-url", &amqp_url(), "dlq", "replay", &queues.dlq])
+        .args([
+            "--amqp-url",
+            &amqp_url(),
+            "--yes",
+            "dlq",
+            "replay",
+            &queues.dlq,
+        ])
         .assert()
         .code(7)
         .stdout(predicate::str::contains("1 message(s)"))
@@ -236,7 +253,7 @@ async fn dlq_replay_killed_half_way_loses_nothing_and_a_second_replay_finishes()
         .env("DATABASE_URL", &db.url)
         .env("OUTBOX_SCHEMA", &db.schema)
         .env("AMQP_URL", &url)
-        .args(["--chunk-size", "100", "dlq", "replay", &queues.dlq])
+        .args(["--chunk-size", "100", "--yes", "dlq", "replay", &queues.dlq])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -262,7 +279,7 @@ async fn dlq_replay_killed_half_way_loses_nothing_and_a_second_replay_finishes()
     }
 
     db.outbox()
-        .args(["--amqp-url", &url, "dlq", "replay", &queues.dlq])
+        .args(["--amqp-url", &url, "--yes", "dlq", "replay", &queues.dlq])
         .assert()
         .success();
     assert_eq!(queues.depth(&queues.dlq).await, 0);

@@ -183,8 +183,10 @@ impl DeadLetterQueue {
         Ok(declared.message_count())
     }
 
-    /// Sends up to `limit` dead letters (all when `None`) back to the
-    /// queues they came from, one at a time, as the type's docs describe;
+    /// Sends up to `limit` dead letters (when `None`, as many as the queue
+    /// holds when it starts: copies that fail again and come back to its
+    /// tail are not replayed again in the same run) back to the queues they
+    /// came from, one at a time, as the type's docs describe;
     /// `progress` gets the number replayed so far after each one.
     ///
     /// # Errors
@@ -207,9 +209,16 @@ impl DeadLetterQueue {
         progress: &(dyn Fn(u64) + Sync),
         confirmed: &(dyn Fn(u64) + Sync),
     ) -> Result<DlqReplayReport> {
+        // At most what the queue held at the start: a copy that fails again
+        // at once is dead-lettered back to the tail and must not be replayed
+        // forever in one run.
+        let limit = match limit {
+            Some(limit) => limit,
+            None => self.depth().await? as usize,
+        };
         let channel = self.channel().await?;
         let mut report = DlqReplayReport::default();
-        while limit.is_none_or(|limit| report.messages.len() < limit) {
+        while report.messages.len() < limit {
             match self.replay_one(&channel, confirmed, &report).await {
                 Ok(Some(message)) => {
                     report.replayed += 1;
@@ -425,6 +434,10 @@ fn replay_properties(delivery: &Delivery) -> BasicProperties {
         .map(|table| table.inner().clone())
         .unwrap_or_default();
     headers.remove(ATTEMPT_HEADER);
+    // Where it came from is told again by whoever dead-letters the copy:
+    // stale origins would send a later dead letter back to the wrong queue.
+    headers.remove(QUEUE_HEADER);
+    headers.remove("x-death");
     if let Some(reason) = headers.remove(DEAD_REASON_HEADER) {
         headers.insert(ShortString::from(REPLAYED_REASON_HEADER), reason);
     }

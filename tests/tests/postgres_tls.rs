@@ -189,7 +189,7 @@ async fn pool_migrations_and_listen_use_tls() {
         outbox::postgres::migrate_url(&verified, "public")
             .await
             .unwrap(),
-        vec![1, 2, 3, 4]
+        vec![1, 2, 3, 4, 5]
     );
     let pool = outbox::postgres::pool(&verified, 4).unwrap();
     let store = PgOutboxStore::builder(pool.clone())

@@ -31,6 +31,25 @@ pub(crate) type AppState<S> = State<Arc<Shared<S>>>;
 
 type Reply<T> = Result<Json<T>, ApiError>;
 
+/// Runs a mutation on its own task, so that a client that disconnects (or a
+/// timeout layer that gives up) does not cancel it between two chunks: it
+/// runs to its end and its audit row counts all it changed.
+async fn detached<S, T, F, Fut>(app: Arc<Shared<S>>, mutation: F) -> Reply<T>
+where
+    S: OutboxAdmin,
+    T: Send + 'static,
+    F: FnOnce(Arc<Shared<S>>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, AdminError>> + Send + 'static,
+{
+    match tokio::spawn(mutation(app)).await {
+        Ok(result) => Ok(Json(result?)),
+        Err(error) => {
+            tracing::error!(%error, "outbox admin: a mutation's task failed");
+            Err(ApiError::Admin(AdminError::Store(Box::new(error))))
+        }
+    }
+}
+
 /// The authenticated caller: from the request's extensions, else the
 /// router's authenticator; `401` without one.
 pub(crate) struct Authenticated(Caller);
@@ -143,11 +162,12 @@ pub(crate) async fn replay<S: OutboxAdmin>(
 ) -> Reply<ActionReport> {
     operator(&caller, "replay")?;
     let Body(s) = body;
-    let report = app
-        .admin
-        .replay(&caller, &s.filter, s.dry_run, &no_progress)
-        .await?;
-    Ok(Json(report))
+    detached(app, move |app| async move {
+        app.admin
+            .replay(&caller, &s.filter, s.dry_run, &no_progress)
+            .await
+    })
+    .await
 }
 
 pub(crate) async fn retry_now<S: OutboxAdmin>(
@@ -157,11 +177,12 @@ pub(crate) async fn retry_now<S: OutboxAdmin>(
 ) -> Reply<ActionReport> {
     operator(&caller, "retry_now")?;
     let Body(s) = body;
-    let report = app
-        .admin
-        .retry_now(&caller, &s.filter, s.dry_run, &no_progress)
-        .await?;
-    Ok(Json(report))
+    detached(app, move |app| async move {
+        app.admin
+            .retry_now(&caller, &s.filter, s.dry_run, &no_progress)
+            .await
+    })
+    .await
 }
 
 /// `POST /skip`: an event (`id`) or an aggregate's head.
@@ -218,17 +239,18 @@ pub(crate) async fn purge<S: OutboxAdmin>(
             _ => "purge_sent",
         },
     )?;
-    let report = app
-        .admin
-        .purge(
-            &caller,
-            p.target,
-            Duration::from_secs(p.older_than_seconds),
-            p.dry_run,
-            &no_progress,
-        )
-        .await?;
-    Ok(Json(report))
+    detached(app, move |app| async move {
+        app.admin
+            .purge(
+                &caller,
+                p.target,
+                Duration::from_secs(p.older_than_seconds),
+                p.dry_run,
+                &no_progress,
+            )
+            .await
+    })
+    .await
 }
 
 pub(crate) async fn relays<S: OutboxAdmin>(
@@ -262,7 +284,10 @@ async fn set_paused<S: OutboxAdmin>(
 ) -> Reply<ActionReport> {
     operator(&caller, if paused { "pause" } else { "resume" })?;
     let Path(name) = name?;
-    Ok(Json(app.admin.set_paused(&caller, &name, paused).await?))
+    detached(app, move |app| async move {
+        app.admin.set_paused(&caller, &name, paused).await
+    })
+    .await
 }
 
 pub(crate) async fn audit<S: OutboxAdmin>(

@@ -262,8 +262,40 @@ impl<S: OutboxAdmin> AdminRouterBuilder<S> {
             .route("/audit", get(handlers::audit::<S>))
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
+            .layer(axum::middleware::from_fn(json_posts_only))
+            .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(shared))
     }
+}
+
+/// The largest request body the admin router reads (a filter is small).
+const MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// Every `POST` must declare a JSON body, also those that carry none
+/// (pause, resume): a browser sends such a request cross-site only after a
+/// CORS preflight, so a page visited by an operator cannot act through a
+/// cookie-based auth layer or an anonymous router.
+async fn json_posts_only(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let json = request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if request.method() == http::Method::POST && !json {
+        return ApiError::Request(
+            http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "admin POST requests must be sent with Content-Type: application/json (an empty \
+             body is fine for pause and resume)"
+                .into(),
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 async fn not_found(uri: Uri) -> ApiError {

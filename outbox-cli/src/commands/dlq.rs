@@ -226,9 +226,16 @@ async fn replay(global: &Global, out: Output, args: &DlqReplayArgs) -> Result<()
     let ctx = Context::connect(global, out).await?;
     let dlq = connect_queue(url, queue).await?;
     let depth = dlq.depth().await.map_err(Error::Broker)?;
-    let total = args
-        .limit
-        .map_or(u64::from(depth), |l| u64::from(depth).min(l as u64));
+    // At most what the queue held at the start: a message that fails again
+    // at once comes back to its tail and must not be replayed forever.
+    let limit = args.limit.map_or(depth as usize, |l| l.min(depth as usize));
+    let total = limit as u64;
+    if total > 1 {
+        ctx.confirm_text(
+            &format!("dlq replay `{queue}`"),
+            &format!("{total} message(s): each goes back to its queue and is handled again"),
+        )?;
+    }
     let bar = out.bar(total, "replayed");
     // In chunks, each marked in the database before the next: killed half
     // way, at most one chunk of replayed messages is still open there.
@@ -236,11 +243,11 @@ async fn replay(global: &Global, out: Output, args: &DlqReplayArgs) -> Result<()
     let mut report = DlqReplayReport::default();
     let mut marked = 0;
     loop {
-        let left = args.limit.map(|l| l.saturating_sub(report.messages.len()));
-        if left == Some(0) {
+        let left = limit.saturating_sub(report.messages.len());
+        if left == 0 {
             break;
         }
-        let this = left.map_or(chunk, |l| l.min(chunk));
+        let this = left.min(chunk);
         let done = report.replayed;
         let part = match dlq
             .replay(Some(this), &|n| bar.set_position(done + n))

@@ -130,7 +130,8 @@ impl<S: OutboxAdmin> Janitor<S> {
     pub async fn run_once(&self) -> Result<JanitorReport, S::Error> {
         let mut report = JanitorReport::default();
         if let Some(keep) = self.sent_retention {
-            let before = Utc::now() - chrono::Duration::from_std(keep).unwrap_or_default();
+            // A retention reaching before the calendar's start keeps all.
+            let before = super::service::ago(keep).unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
             let mut after = None;
             loop {
                 let chunk = self
@@ -146,7 +147,7 @@ impl<S: OutboxAdmin> Janitor<S> {
             }
         }
         if let Some(keep) = self.inbox_retention {
-            let before = Utc::now() - chrono::Duration::from_std(keep).unwrap_or_default();
+            let before = super::service::ago(keep).unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
             loop {
                 let n = self
                     .store
@@ -159,7 +160,8 @@ impl<S: OutboxAdmin> Janitor<S> {
                 self.pause().await;
             }
         }
-        let stale = Utc::now() - chrono::Duration::from_std(self.stale_relays).unwrap_or_default();
+        let stale =
+            super::service::ago(self.stale_relays).unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
         report.relays = self.store.purge_stale_relays(stale).await?;
         ::metrics::counter!(metrics::PURGED_TOTAL, "table" => "outbox_events")
             .increment(report.sent);

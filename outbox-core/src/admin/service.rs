@@ -221,19 +221,19 @@ impl<S: OutboxAdmin> Admin<S> {
     ) -> Result<ActionReport, AdminError> {
         Self::authorize(caller, "replay")?;
         let filter = Self::selection(selection, &[EventStatus::Dead], "replay")?;
-        let cutoff = Utc::now() - chrono::Duration::from_std(self.dedup_window).unwrap_or_default();
-        let old = EventFilter {
-            occurred_before: Some(filter.occurred_before.map_or(cutoff, |b| b.min(cutoff))),
-            ..filter.clone()
-        };
-        let old = self.store.count(&old).await.map_err(AdminError::store)?;
         let mut warnings = Vec::new();
-        if old > 0 {
-            warnings.push(format!(
-                "{old} of these events occurred more than {} ago, beyond the dedup window: a \
-                 consumer whose inbox no longer holds an event's id processes it again",
-                humanize(self.dedup_window)
-            ));
+        // A dedup window reaching before the calendar's start warns of nothing.
+        if let Some(cutoff) = ago(self.dedup_window) {
+            let mut old = filter.clone();
+            old.occurred_before = Some(filter.occurred_before.map_or(cutoff, |b| b.min(cutoff)));
+            let old = self.store.count(&old).await.map_err(AdminError::store)?;
+            if old > 0 {
+                warnings.push(format!(
+                    "{old} of these events occurred more than {} ago, beyond the dedup window: \
+                     a consumer whose inbox no longer holds an event's id processes it again",
+                    humanize(self.dedup_window)
+                ));
+            }
         }
         self.run(
             caller,
@@ -382,7 +382,12 @@ impl<S: OutboxAdmin> Admin<S> {
             PurgeTarget::Inbox => "purge_inbox",
         };
         Self::authorize(caller, action)?;
-        let before = Utc::now() - chrono::Duration::from_std(older_than).unwrap_or_default();
+        let before = ago(older_than).ok_or_else(|| {
+            AdminError::Invalid(format!(
+                "older than {} reaches before the calendar's start: give a shorter age",
+                humanize(older_than)
+            ))
+        })?;
         if dry_run {
             // Counting what a purge would delete is a scan; say what it would
             // select instead of scanning a table of millions of rows twice.
@@ -641,6 +646,13 @@ impl<S: OutboxAdmin> Admin<S> {
             tokio::time::sleep(self.chunk_pause).await;
         }
     }
+}
+
+/// The time `age` ago, `None` when that is out of the calendar's range.
+pub(crate) fn ago(age: Duration) -> Option<chrono::DateTime<Utc>> {
+    chrono::Duration::from_std(age)
+        .ok()
+        .and_then(|age| Utc::now().checked_sub_signed(age))
 }
 
 /// `14 days`, `3 h`, `90 s`.
