@@ -129,6 +129,8 @@ async fn a_dry_run_counts_and_changes_nothing_and_a_real_run_is_audited_in_chunk
     assert_eq!(log[0].entry.action, "replay");
     assert_eq!(log[0].count, 5);
     assert_eq!(Some(log[0].id), report.audit_id);
+    assert_eq!(log[0].outcome.as_deref(), Some("done"));
+    assert!(log[0].finished_at.is_some());
 }
 
 #[tokio::test]

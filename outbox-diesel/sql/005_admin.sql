@@ -29,15 +29,19 @@ CREATE TABLE IF NOT EXISTS {schema}.outbox_attempts (
 CREATE INDEX IF NOT EXISTS outbox_attempts_event ON {schema}.outbox_attempts (event_seq, id);
 
 -- Every mutation an operator ran (replay, skip, retry-now, purge, pause):
--- who, what, which selection, when, and how many rows it changed (each
--- chunk adds its count in its own transaction).
+-- who, what, which selection, when, how many rows it changed (each chunk
+-- adds its count in its own transaction) and how it ended.
 CREATE TABLE IF NOT EXISTS {schema}.outbox_audit (
     id       bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at       timestamptz NOT NULL DEFAULT now(),
     identity text        NOT NULL,
     action   text        NOT NULL,
     target   jsonb       NOT NULL,
-    count    bigint      NOT NULL DEFAULT 0
+    count    bigint      NOT NULL DEFAULT 0,
+    -- Set when the run ends: `done`, or `failed: <why>`. NULL while it runs,
+    -- and for ever if it was killed: `count` then says how far it got.
+    finished_at timestamptz,
+    outcome  text
 );
 
 -- Relays register here and heartbeat every stats interval; an operator

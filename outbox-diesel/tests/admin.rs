@@ -336,6 +336,11 @@ async fn purges_delete_old_sent_events_and_inbox_entries_never_dead_ones() {
             .collect::<Vec<_>>(),
         [("purge_inbox", 5), ("purge_sent", 4)]
     );
+    assert!(
+        log.iter()
+            .all(|r| r.outcome.as_deref() == Some("done") && r.finished_at.is_some()),
+        "{log:?}"
+    );
 }
 
 #[tokio::test]
@@ -424,6 +429,13 @@ async fn a_replay_waits_for_a_row_a_relay_holds_and_says_so_when_it_holds_it_too
         .await;
     let error = held.unwrap_err().to_string();
     assert!(error.contains("run it again"), "{error}");
+    let last = admin.audit_log(None, 1).await.unwrap().remove(0);
+    assert!(
+        last.outcome
+            .as_deref()
+            .is_some_and(|o| o.starts_with("failed: ") && o.contains("run it again")),
+        "{last:?}"
+    );
     assert_eq!(status(&admin, ids[0]).await, EventStatus::Dead);
     AnsiTransactionManager::rollback_transaction(&mut holder)
         .await

@@ -52,7 +52,9 @@ pub(crate) async fn audit(ctx: &Context, args: &AuditArgs) -> Result<()> {
     if out.json {
         return out.json(&log);
     }
-    let mut table = out.table(["ID", "AT", "IDENTITY", "ACTION", "COUNT", "TARGET"]);
+    let mut table = out.table([
+        "ID", "AT", "IDENTITY", "ACTION", "COUNT", "OUTCOME", "TARGET",
+    ]);
     for r in &log {
         table.add_row([
             r.id.to_string(),
@@ -60,6 +62,10 @@ pub(crate) async fn audit(ctx: &Context, args: &AuditArgs) -> Result<()> {
             r.entry.identity.clone(),
             r.entry.action.clone(),
             r.count.to_string(),
+            // No outcome: still running, or its process was killed.
+            r.outcome
+                .as_deref()
+                .map_or_else(|| "unfinished".to_owned(), |o| cut(o, 40)),
             cut(&r.entry.target.to_string(), 80),
         ]);
     }

@@ -90,6 +90,11 @@ pub struct AuditRecord {
     /// in the chunk's own transaction, so a run stopped half way says how far
     /// it got.
     pub count: u64,
+    /// When the run ended; `None` while it runs, and for ever if its process
+    /// was killed ([`count`](Self::count) says how far it got).
+    pub finished_at: Option<DateTime<Utc>>,
+    /// How it ended: `done`, or `failed: <why>`.
+    pub outcome: Option<String>,
 }
 
 impl AuditRecord {
@@ -100,6 +105,16 @@ impl AuditRecord {
             at,
             entry,
             count,
+            finished_at: None,
+            outcome: None,
         }
+    }
+
+    /// The same record, ended at `at` with `outcome`.
+    #[must_use]
+    pub fn finished(mut self, at: DateTime<Utc>, outcome: impl Into<String>) -> Self {
+        self.finished_at = Some(at);
+        self.outcome = Some(outcome.into());
+        self
     }
 }

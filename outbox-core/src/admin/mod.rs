@@ -150,6 +150,14 @@ pub trait OutboxAdmin: Send + Sync + 'static {
         entry: &AuditEntry,
     ) -> impl Future<Output = Result<i64, Self::Error>> + Send;
 
+    /// Records how the run of audit row `audit` ended (`done`, or
+    /// `failed: <why>`).
+    fn finish_audit(
+        &self,
+        audit: i64,
+        outcome: &str,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
     /// The audit trail, newest first: rows with `id < before`.
     fn audit_log(
         &self,

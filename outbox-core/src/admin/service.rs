@@ -416,39 +416,43 @@ impl<S: OutboxAdmin> Admin<S> {
             .begin_audit(&entry)
             .await
             .map_err(AdminError::store)?;
-        let mut changed = 0;
-        match target {
-            PurgeTarget::Sent => {
-                let mut after = None;
-                loop {
-                    let chunk = self
+        let run = async {
+            let mut changed = 0;
+            match target {
+                PurgeTarget::Sent => {
+                    let mut after = None;
+                    loop {
+                        let chunk = self
+                            .store
+                            .purge_sent_chunk(before, after, self.chunk_size, Some(audit))
+                            .await
+                            .map_err(AdminError::store)?;
+                        changed += chunk.changed;
+                        progress(changed);
+                        match chunk.last {
+                            Some(last) => after = Some(last),
+                            None => break,
+                        }
+                        self.pause().await;
+                    }
+                }
+                PurgeTarget::Inbox => loop {
+                    let n = self
                         .store
-                        .purge_sent_chunk(before, after, self.chunk_size, Some(audit))
+                        .purge_inbox_chunk(before, self.chunk_size, Some(audit))
                         .await
                         .map_err(AdminError::store)?;
-                    changed += chunk.changed;
+                    changed += n;
                     progress(changed);
-                    match chunk.last {
-                        Some(last) => after = Some(last),
-                        None => break,
+                    if n < self.chunk_size as u64 {
+                        break;
                     }
                     self.pause().await;
-                }
+                },
             }
-            PurgeTarget::Inbox => loop {
-                let n = self
-                    .store
-                    .purge_inbox_chunk(before, self.chunk_size, Some(audit))
-                    .await
-                    .map_err(AdminError::store)?;
-                changed += n;
-                progress(changed);
-                if n < self.chunk_size as u64 {
-                    break;
-                }
-                self.pause().await;
-            },
-        }
+            Ok(changed)
+        };
+        let changed = self.ended(audit, run.await).await?;
         tracing::info!(
             identity = %caller.identity, action, changed, audit, %before,
             "outbox admin: purged"
@@ -500,7 +504,8 @@ impl<S: OutboxAdmin> Admin<S> {
             .store
             .set_paused(relay, paused, audit)
             .await
-            .map_err(AdminError::store)?;
+            .map_err(AdminError::store);
+        let found = self.ended(audit, found).await?;
         if !found {
             return Err(missing());
         }
@@ -615,18 +620,22 @@ impl<S: OutboxAdmin> Admin<S> {
             .begin_audit(&entry)
             .await
             .map_err(AdminError::store)?;
-        let mut changed = 0;
-        let mut after = None;
-        loop {
-            let done = chunk(after, audit).await.map_err(AdminError::store)?;
-            changed += done.changed;
-            progress(changed);
-            match done.last {
-                Some(last) => after = Some(last),
-                None => break,
+        let run = async {
+            let mut changed = 0;
+            let mut after = None;
+            loop {
+                let done = chunk(after, audit).await.map_err(AdminError::store)?;
+                changed += done.changed;
+                progress(changed);
+                match done.last {
+                    Some(last) => after = Some(last),
+                    None => break,
+                }
+                self.pause().await;
             }
-            self.pause().await;
-        }
+            Ok(changed)
+        };
+        let changed = self.ended(audit, run.await).await?;
         tracing::info!(
             identity = %caller.identity, action, matched, changed, audit,
             filter = %entry.target, "outbox admin: {action} done"
@@ -639,6 +648,19 @@ impl<S: OutboxAdmin> Admin<S> {
             audit_id: Some(audit),
             warnings,
         })
+    }
+
+    /// Records how the run of audit row `audit` ended (best effort: a
+    /// failure to record it is logged), and passes `result` on.
+    async fn ended<T>(&self, audit: i64, result: Result<T, AdminError>) -> Result<T, AdminError> {
+        let outcome = match &result {
+            Ok(_) => "done".to_owned(),
+            Err(error) => format!("failed: {error}"),
+        };
+        if let Err(error) = self.store.finish_audit(audit, &outcome).await {
+            tracing::warn!(%error, audit, "outbox admin: recording how a run ended failed");
+        }
+        result
     }
 
     async fn pause(&self) {

@@ -168,6 +168,10 @@ struct AuditRow {
     target: String,
     #[diesel(sql_type = BigInt)]
     count: i64,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    finished_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Text>)]
+    outcome: Option<String>,
 }
 
 #[derive(diesel::QueryableByName)]
@@ -589,10 +593,23 @@ impl OutboxAdmin for PgOutboxStore {
         Ok(row.n)
     }
 
+    async fn finish_audit(&self, audit: i64, outcome: &str) -> Result<()> {
+        let a = self.table("outbox_audit");
+        diesel::sql_query(format!(
+            "UPDATE {a} SET finished_at = now(), outcome = $2 WHERE id = $1"
+        ))
+        .bind::<BigInt, _>(audit)
+        .bind::<Text, _>(outcome.replace('\0', "\u{FFFD}"))
+        .execute(&mut *self.conn().await?)
+        .await?;
+        Ok(())
+    }
+
     async fn audit_log(&self, before: Option<i64>, limit: usize) -> Result<Vec<AuditRecord>> {
         let a = self.table("outbox_audit");
         let rows: Vec<AuditRow> = diesel::sql_query(format!(
-            "SELECT id, at, identity, action, target::text AS target, count FROM {a} \
+            "SELECT id, at, identity, action, target::text AS target, count, finished_at, \
+               outcome FROM {a} \
              WHERE id < $1 ORDER BY id DESC LIMIT $2"
         ))
         .bind::<BigInt, _>(before.unwrap_or(i64::MAX))
@@ -603,12 +620,16 @@ impl OutboxAdmin for PgOutboxStore {
             .into_iter()
             .map(|r| {
                 let target = serde_json::from_str(&r.target).unwrap_or(serde_json::Value::Null);
-                AuditRecord::new(
+                let record = AuditRecord::new(
                     r.id,
                     r.at,
                     AuditEntry::new(r.identity, r.action, target),
                     count(r.count),
-                )
+                );
+                match (r.finished_at, r.outcome) {
+                    (Some(at), Some(outcome)) => record.finished(at, outcome),
+                    _ => record,
+                }
             })
             .collect())
     }

@@ -192,6 +192,14 @@ impl OutboxAdmin for InMemoryStore {
         Ok(id)
     }
 
+    async fn finish_audit(&self, audit: i64, outcome: &str) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        if let Some(row) = state.audit.iter_mut().find(|r| r.id == audit) {
+            *row = row.clone().finished(Utc::now(), outcome);
+        }
+        Ok(())
+    }
+
     async fn audit_log(
         &self,
         before: Option<i64>,
