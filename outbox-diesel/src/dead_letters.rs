@@ -330,22 +330,41 @@ impl PgDeadLetters {
         Ok(changed as u64)
     }
 
-    /// Marks every open dead letter of `queue` (the queue the consumer read
-    /// them from) purged, after its dead-letter queue was purged; returns
-    /// how many rows.
+    /// Marks the open dead letters of `queue` (the queue the consumer read
+    /// them from) recorded before `before` purged, after its dead-letter
+    /// queue was purged; returns how many rows. Take `before` from
+    /// [`now`](Self::now) just before purging the queue: letters that arrive
+    /// afterwards are still in the queue and stay open.
     ///
     /// # Errors
     /// [`Error::Database`], [`Error::Pool`].
-    pub async fn mark_purged(&self, queue: &str) -> Result<u64> {
+    pub async fn mark_purged(&self, queue: &str, before: DateTime<Utc>) -> Result<u64> {
         let t = &self.table;
         let sql = format!(
-            "UPDATE {t} SET purged_at = now() WHERE queue = $1 \
+            "UPDATE {t} SET purged_at = now() WHERE queue = $1 AND dead_lettered_at < $2 \
              AND replayed_at IS NULL AND purged_at IS NULL"
         );
         let changed = diesel::sql_query(sql)
             .bind::<Text, _>(queue)
+            .bind::<diesel::sql_types::Timestamptz, _>(before)
             .execute(&mut *self.conn().await?)
             .await?;
         Ok(changed as u64)
+    }
+
+    /// The database's clock (what `dead_lettered_at` is written with).
+    ///
+    /// # Errors
+    /// [`Error::Database`], [`Error::Pool`].
+    pub async fn now(&self) -> Result<DateTime<Utc>> {
+        #[derive(diesel::QueryableByName)]
+        struct Now {
+            #[diesel(sql_type = diesel::sql_types::Timestamptz)]
+            now: DateTime<Utc>,
+        }
+        let row: Now = diesel::sql_query("SELECT now() AS now")
+            .get_result(&mut *self.conn().await?)
+            .await?;
+        Ok(row.now)
     }
 }

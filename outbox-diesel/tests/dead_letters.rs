@@ -111,7 +111,16 @@ async fn dead_letters_are_recorded_listed_grouped_and_marked() {
         0,
         "another queue's"
     );
-    assert_eq!(letters.mark_purged("orders").await.unwrap(), 1);
+    let before = letters.now().await.unwrap();
+    assert_eq!(
+        letters
+            .mark_purged("orders", before - chrono::Duration::hours(1))
+            .await
+            .unwrap(),
+        0,
+        "letters recorded after the cutoff stay open"
+    );
+    assert_eq!(letters.mark_purged("orders", before).await.unwrap(), 1);
     let open = letters.list(None, None, 10, false).await.unwrap();
     assert_eq!(open.items.len(), 1);
     assert_eq!(open.items[0].letter.queue, "payments");

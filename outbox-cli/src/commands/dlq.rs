@@ -372,10 +372,12 @@ async fn purge(global: &Global, out: Output, args: &DlqPurgeArgs) -> Result<()> 
         &format!("purge `{queue}`"),
         &format!("every message in it ({depth} now)"),
     )?;
+    // Letters recorded after this are still in the queue after the purge.
+    let before = ctx.dead_letters.now().await?;
     let purged = dlq.purge().await.map_err(Error::Broker);
     let _ = dlq.close().await;
     let purged = purged?;
-    let marked = ctx.dead_letters.mark_purged(origin).await?;
+    let marked = ctx.dead_letters.mark_purged(origin, before).await?;
     tracing::info!(queue, origin, purged, marked, "dlq purge");
     let target = serde_json::json!({
         "queue": queue,
