@@ -85,6 +85,10 @@ CREATE TABLE IF NOT EXISTS {schema}.inbox_dead_letters (
     purged_at         timestamptz
 );
 CREATE INDEX IF NOT EXISTS inbox_dead_letters_queue ON {schema}.inbox_dead_letters (queue, id);
+-- The id the consumer gives each dead letter (header x-outbox-dead-letter-id):
+-- a replay marks exactly the records of the messages it moved.
+CREATE INDEX IF NOT EXISTS inbox_dead_letters_letter_id
+    ON {schema}.inbox_dead_letters ((headers ->> 'x-outbox-dead-letter-id'));
 
 -- Autovacuum: every outbox row is inserted, updated once or twice and
 -- deleted (when sent, or by the purge), so the table's dead tuples are

@@ -330,6 +330,31 @@ impl PgDeadLetters {
         Ok(changed as u64)
     }
 
+    /// Marks the open dead letters with these consumer-given ids (header
+    /// `x-outbox-dead-letter-id`, e.g. `DlqReplayReport::dead_letter_ids()`)
+    /// replayed: exactly the records of the messages a replay moved; returns
+    /// how many rows.
+    ///
+    /// # Errors
+    /// [`Error::Database`], [`Error::Pool`].
+    pub async fn mark_replayed_letters(&self, dead_letter_ids: &[Uuid]) -> Result<u64> {
+        if dead_letter_ids.is_empty() {
+            return Ok(0);
+        }
+        let t = &self.table;
+        let ids: Vec<String> = dead_letter_ids.iter().map(Uuid::to_string).collect();
+        let sql = format!(
+            "UPDATE {t} SET replayed_at = now() \
+             WHERE (headers ->> 'x-outbox-dead-letter-id') = ANY($1) \
+             AND replayed_at IS NULL AND purged_at IS NULL"
+        );
+        let changed = diesel::sql_query(sql)
+            .bind::<Array<Text>, _>(ids)
+            .execute(&mut *self.conn().await?)
+            .await?;
+        Ok(changed as u64)
+    }
+
     /// Marks the open dead letters of `queue` (the queue the consumer read
     /// them from) recorded before `before` purged, after its dead-letter
     /// queue was purged; returns how many rows. Take `before` from

@@ -26,7 +26,8 @@ use crate::error::{bounded, connect, redact_url};
 use crate::topology::short_string;
 use crate::wire::header_str;
 use crate::{
-    ATTEMPT_HEADER, DEAD_REASON_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, Result,
+    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
+    QUEUE_HEADER, Result,
 };
 
 /// Header: on a replayed message, why it had been dead-lettered (the
@@ -115,6 +116,14 @@ impl DlqReplayReport {
     pub fn event_ids(&self) -> Vec<Uuid> {
         self.messages.iter().filter_map(|m| m.event_id).collect()
     }
+
+    /// The consumer-given ids of the replayed dead letters that have one.
+    pub fn dead_letter_ids(&self) -> Vec<Uuid> {
+        self.messages
+            .iter()
+            .filter_map(|m| m.dead_letter_id)
+            .collect()
+    }
 }
 
 /// One replayed message.
@@ -127,6 +136,10 @@ pub struct ReplayedMessage {
     pub message_id: Option<String>,
     /// The event id: the `message_id` when it is a UUID.
     pub event_id: Option<Uuid>,
+    /// The id the consumer gave the dead letter
+    /// ([`DEAD_LETTER_ID_HEADER`](crate::DEAD_LETTER_ID_HEADER)), if it has
+    /// one: marks exactly its record replayed.
+    pub dead_letter_id: Option<Uuid>,
 }
 
 impl DeadLetterQueue {
@@ -271,6 +284,8 @@ impl DeadLetterQueue {
         let named = message_id.as_deref().unwrap_or("without message_id");
         let empty = FieldTable::default();
         let headers = delivery.properties.headers().as_ref().unwrap_or(&empty);
+        let dead_letter_id =
+            header_str(headers, DEAD_LETTER_ID_HEADER).and_then(|id| Uuid::parse_str(id).ok());
         let Some(origin) = origin_queue(headers) else {
             self.requeue(&delivery).await;
             return Err(format!(
@@ -312,6 +327,7 @@ impl DeadLetterQueue {
             queue: origin,
             message_id,
             event_id,
+            dead_letter_id,
         }))
     }
 
@@ -437,6 +453,7 @@ fn replay_properties(delivery: &Delivery) -> BasicProperties {
     // Where it came from is told again by whoever dead-letters the copy:
     // stale origins would send a later dead letter back to the wrong queue.
     headers.remove(QUEUE_HEADER);
+    headers.remove(DEAD_LETTER_ID_HEADER);
     headers.remove("x-death");
     if let Some(reason) = headers.remove(DEAD_REASON_HEADER) {
         headers.insert(ShortString::from(REPLAYED_REASON_HEADER), reason);

@@ -91,9 +91,10 @@ mod topology;
 pub mod wire;
 
 pub use consumer::{
-    ATTEMPT_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError, HandlerFn, HandlerFuture,
-    InboxConsumer, InboxConsumerBuilder, LAST_ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER,
-    ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, handler_fn, metrics as consumer_metrics,
+    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError,
+    HandlerFn, HandlerFuture, InboxConsumer, InboxConsumerBuilder, LAST_ERROR_HEADER,
+    ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, handler_fn,
+    metrics as consumer_metrics,
 };
 pub use dlq::{DeadLetterQueue, DlqReplayReport, REPLAYED_REASON_HEADER, ReplayedMessage};
 pub use error::{CONNECT_TIMEOUT, Error, Result};

@@ -23,8 +23,8 @@ use outbox_core::testing::{InMemoryInbox, InboxTx};
 use outbox_core::{DomainEvent, EventEnvelope};
 use outbox_lapin::wire::{self, header_str};
 use outbox_lapin::{
-    ATTEMPT_HEADER, DEAD_REASON_HEADER, DeadLetterQueue, HandlerError, InboxConsumer,
-    IncomingEvent, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, QueueTopology,
+    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, DeadLetterQueue, HandlerError,
+    InboxConsumer, IncomingEvent, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, QueueTopology,
     REPLAYED_REASON_HEADER, handler_fn,
 };
 use serde::Serialize;
@@ -392,6 +392,21 @@ async fn dead_letters_are_recorded_and_a_replay_brings_each_back_once() {
     let replayed: Vec<String> = report.event_ids().iter().map(Uuid::to_string).collect();
     assert_eq!(replayed, dead_order, "replayed in dead-letter-queue order");
     assert_eq!(dlq.depth().await.unwrap(), 0);
+    // Each dead letter's own id, recorded and reported: exactly its record
+    // can be marked replayed.
+    let mut recorded: Vec<String> = letters
+        .iter()
+        .map(|l| l.headers[DEAD_LETTER_ID_HEADER].clone())
+        .collect();
+    let mut reported: Vec<String> = report
+        .dead_letter_ids()
+        .iter()
+        .map(Uuid::to_string)
+        .collect();
+    recorded.sort();
+    reported.sort();
+    assert_eq!(recorded.len(), 4);
+    assert_eq!(reported, recorded);
 
     // Back in the origin queue, in the same order, attempt reset, reason
     // kept aside, original routing key kept.
@@ -402,6 +417,12 @@ async fn dead_letters_are_recorded_and_a_replay_brings_each_back_once() {
         let headers = props.headers().as_ref().unwrap();
         assert!(!headers.contains_key(ATTEMPT_HEADER), "attempt reset");
         assert!(!headers.contains_key(DEAD_REASON_HEADER));
+        for stale in [QUEUE_HEADER, DEAD_LETTER_ID_HEADER, "x-death"] {
+            assert!(
+                !headers.contains_key(stale),
+                "{stale} is told anew if it dies again"
+            );
+        }
         assert_eq!(
             header_str(headers, REPLAYED_REASON_HEADER),
             Some(format!("stock for {id} not found").as_str())

@@ -329,13 +329,19 @@ async fn replay(global: &Global, out: Output, args: &DlqReplayArgs) -> Result<()
 /// Marks the records of what `report` replayed, per origin queue; returns
 /// how many.
 async fn mark_replayed(ctx: &Context, report: &DlqReplayReport) -> Result<u64> {
+    // Exactly the records of the moved messages, by the id the consumer
+    // gave each dead letter; by event id for letters dead-lettered before
+    // consumers set it.
+    let mut marked = ctx
+        .dead_letters
+        .mark_replayed_letters(&report.dead_letter_ids())
+        .await?;
     let mut by_queue: BTreeMap<&str, Vec<uuid::Uuid>> = BTreeMap::new();
     for m in &report.messages {
-        if let Some(id) = m.event_id {
+        if let (None, Some(id)) = (m.dead_letter_id, m.event_id) {
             by_queue.entry(m.queue.as_str()).or_default().push(id);
         }
     }
-    let mut marked = 0;
     for (origin, ids) in &by_queue {
         marked += ctx.dead_letters.mark_replayed(Some(origin), ids).await?;
     }

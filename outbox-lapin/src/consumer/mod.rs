@@ -69,6 +69,12 @@ pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-outbox-original-exchange";
 /// share.
 pub const QUEUE_HEADER: &str = "x-outbox-queue";
 
+/// Header: a fresh id (UUID v7) on every message the consumer dead-letters,
+/// recorded with it: a [replay](crate::DeadLetterQueue::replay) reports it,
+/// so exactly the records of the messages it moved are marked replayed
+/// (other copies of the same event, and undecodable messages, included).
+pub const DEAD_LETTER_ID_HEADER: &str = "x-outbox-dead-letter-id";
+
 /// Consumes a RabbitMQ queue and applies each event once, in a database
 /// transaction with an inbox entry.
 ///

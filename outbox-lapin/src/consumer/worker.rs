@@ -16,11 +16,13 @@ use tracing::Instrument;
 use super::dead_letter::dead_letter;
 use super::republish::{Republisher, text, with_headers};
 use super::{
-    ATTEMPT_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError, LAST_ERROR_HEADER,
-    ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, Settings, metrics,
+    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError,
+    LAST_ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER,
+    Settings, metrics,
 };
 use crate::wire::{header_i64, header_str};
 use crate::{DecodeError, IncomingEvent};
+use uuid::Uuid;
 
 /// A delivery on its way to a worker.
 pub(super) struct Job {
@@ -152,6 +154,7 @@ where
                     }
                     replaced.push((DEAD_REASON_HEADER, text(&reason)));
                     replaced.push((QUEUE_HEADER, text(&self.settings.queue)));
+                    replaced.push((DEAD_LETTER_ID_HEADER, text(&Uuid::now_v7().to_string())));
                     let properties = with_headers(&delivery.properties, replaced);
                     let attempts = header_i64(headers, ATTEMPT_HEADER).unwrap_or(1);
                     self.dead_letter(
@@ -334,6 +337,7 @@ where
             );
             headers.push((DEAD_REASON_HEADER, text(&reason)));
             headers.push((QUEUE_HEADER, text(&settings.queue)));
+            headers.push((DEAD_LETTER_ID_HEADER, text(&Uuid::now_v7().to_string())));
             let properties = with_headers(&delivery.properties, headers);
             self.dead_letter(
                 delivery,
