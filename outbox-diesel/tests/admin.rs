@@ -365,6 +365,16 @@ async fn two_janitors_purge_old_sent_events_in_chunks_and_keep_the_rest() {
         "INSERT INTO {schema}.inbox_events (consumer, event_id, received_at) \
          SELECT 'c', gen_random_uuid(), now() - interval '30 days' FROM generate_series(1, 250)",
     );
+    // Records of dead letters: two settled long ago, one settled lately,
+    // one still open (in its dead-letter queue).
+    db.execute(
+        "INSERT INTO {schema}.inbox_dead_letters (consumer, queue, exchange, routing_key, \
+           attempts, reason, payload, replayed_at, purged_at) VALUES \
+         ('c', 'q', 'q.dlx', 'k', 1, 'x', '', now() - interval '30 days', NULL), \
+         ('c', 'q', 'q.dlx', 'k', 1, 'x', '', NULL, now() - interval '30 days'), \
+         ('c', 'q', 'q.dlx', 'k', 1, 'x', '', now(), NULL), \
+         ('c', 'q', 'q.dlx', 'k', 1, 'x', '', NULL, NULL)",
+    );
     let janitor = |store: PgOutboxStore| {
         Janitor::new(store)
             .chunk_size(100)
@@ -375,6 +385,12 @@ async fn two_janitors_purge_old_sent_events_in_chunks_and_keep_the_rest() {
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a.sent + b.sent, 1_199, "{a:?} {b:?}");
     assert_eq!(a.inbox + b.inbox, 250, "{a:?} {b:?}");
+    assert_eq!(a.dead_letters + b.dead_letters, 2, "{a:?} {b:?}");
+    assert_eq!(
+        db.count("inbox_dead_letters", ""),
+        2,
+        "the recent and the open one stay"
+    );
     assert_eq!(
         db.count("outbox_events", ""),
         2,

@@ -143,7 +143,10 @@ async fn dead_letters_are_recorded_listed_grouped_and_marked() {
     let every = letters.list(None, None, 10, true).await.unwrap();
     assert_eq!(every.items.len(), 4);
     assert!(every.items[0].replayed_at.is_some());
-    assert!(every.items[2].replayed_at.is_some(), "the undecodable one, by its id");
+    assert!(
+        every.items[2].replayed_at.is_some(),
+        "the undecodable one, by its id"
+    );
     assert!(every.items[3].purged_at.is_some() && every.items[3].replayed_at.is_none());
     assert_eq!(letters.groups(Some("orders")).await.unwrap(), []);
 }

@@ -13,8 +13,9 @@ use crate::relay::metrics;
 /// Purges on a schedule what an outbox no longer needs: `sent` and
 /// `skipped` events older than [`sent_retention`](Self::sent_retention)
 /// (with their attempt history), inbox entries older than
-/// [`inbox_retention`](Self::inbox_retention), and registrations of relays
-/// silent for a day. `dead` events are never purged: they wait for an
+/// [`inbox_retention`](Self::inbox_retention) (and the records of consumer
+/// dead letters replayed or purged that long ago; open ones are kept), and
+/// registrations of relays silent for a day. `dead` events are never purged: they wait for an
 /// operator.
 ///
 /// | setting | default |
@@ -76,6 +77,9 @@ pub struct JanitorReport {
     pub inbox: u64,
     /// Stale relay registrations.
     pub relays: u64,
+    /// Records of consumer dead letters replayed or purged before the inbox
+    /// retention.
+    pub dead_letters: u64,
 }
 
 impl<S: OutboxAdmin> Janitor<S> {
@@ -159,6 +163,19 @@ impl<S: OutboxAdmin> Janitor<S> {
                 }
                 self.pause().await;
             }
+            // What the records of settled dead letters serve (what was
+            // replayed or purged, when) is as old as the inbox's memory.
+            loop {
+                let n = self
+                    .store
+                    .purge_dead_letter_records_chunk(before, self.chunk_size)
+                    .await?;
+                report.dead_letters += n;
+                if n < self.chunk_size as u64 {
+                    break;
+                }
+                self.pause().await;
+            }
         }
         let stale =
             super::service::ago(self.stale_relays).unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
@@ -191,6 +208,7 @@ impl<S: OutboxAdmin> Janitor<S> {
                         sent = report.sent,
                         inbox = report.inbox,
                         relays = report.relays,
+                        dead_letters = report.dead_letters,
                         took_ms = started.elapsed().as_millis() as u64,
                         "outbox janitor: purged"
                     ),

@@ -213,6 +213,19 @@ pub trait OutboxAdmin: Send + Sync + 'static {
         audit: Option<i64>,
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 
+    /// Deletes up to `limit` records of consumer dead letters that were
+    /// replayed or purged before `before` (open ones, still in a dead-letter
+    /// queue, are kept); returns how many (0: nothing left). The default
+    /// keeps no such records and deletes nothing.
+    fn purge_dead_letter_records_chunk(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send {
+        let _ = (before, limit);
+        std::future::ready(Ok(0))
+    }
+
     /// Removes relays whose last heartbeat is older than `before` (crashed
     /// relays that never deregistered), except paused ones (an operator's
     /// pause outlives the process); returns how many.

@@ -775,6 +775,24 @@ impl OutboxAdmin for PgOutboxStore {
         Ok(deleted as u64)
     }
 
+    async fn purge_dead_letter_records_chunk(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<u64> {
+        let d = self.table("inbox_dead_letters");
+        let deleted = diesel::sql_query(format!(
+            "DELETE FROM {d} WHERE id IN ( \
+               SELECT id FROM {d} WHERE coalesce(replayed_at, purged_at) < $1 \
+               ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)"
+        ))
+        .bind::<Timestamptz, _>(before)
+        .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(&mut *self.conn().await?)
+        .await?;
+        Ok(deleted as u64)
+    }
+
     async fn relays(&self) -> Result<Vec<RelayInfo>> {
         let r = self.table("outbox_relays");
         let rows: Vec<RelayRow> = diesel::sql_query(format!(
