@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use super::PgOutboxStore;
 use super::row::EventRow;
-use super::sql::{COLUMNS, literals};
+use super::sql::{COLUMNS, literals, replay_set, skip_set};
 use crate::{Error, Result};
 
 /// What failure groups are made of: the normalized error written with it
@@ -646,11 +646,7 @@ impl OutboxAdmin for PgOutboxStore {
         self.change_chunk(
             filter,
             Transition::Replay.from(),
-            &format!(
-                "status = '{}', attempts = 0, suspect_count = LEAST(suspect_count, 1), \
-                 next_attempt_at = NULL",
-                Transition::Replay.to().as_str()
-            ),
+            &replay_set(),
             "",
             after,
             limit,
@@ -669,10 +665,7 @@ impl OutboxAdmin for PgOutboxStore {
         self.change_chunk(
             filter,
             Transition::Skip.from(),
-            &format!(
-                "status = '{}', next_attempt_at = NULL, finished_at = now()",
-                Transition::Skip.to().as_str()
-            ),
+            &skip_set(),
             "",
             after,
             limit,

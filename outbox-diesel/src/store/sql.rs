@@ -303,8 +303,8 @@ impl Sql {
             ),
             replay_all: replay(&t),
             skip: format!(
-                "UPDATE {t} SET status = '{to}' WHERE id = $1 AND status IN ({from})",
-                to = Transition::Skip.to().as_str(),
+                "UPDATE {t} SET {set} WHERE id = $1 AND status IN ({from})",
+                set = skip_set(),
                 from = literals(Transition::Skip.from()),
             ),
             get_order: format!("SELECT delivery_order FROM {settings}"),
@@ -331,11 +331,29 @@ fn trim_attempts(at: &str, cte: &str) -> String {
     )
 }
 
+/// The `SET` list of a replay: back to pending with attempts reset, the
+/// suspect count lowered to 1 (published alone first), `seq` kept.
+pub(crate) fn replay_set() -> String {
+    format!(
+        "status = '{}', attempts = 0, suspect_count = LEAST(suspect_count, 1), \
+         next_attempt_at = NULL",
+        Transition::Replay.to().as_str()
+    )
+}
+
+/// The `SET` list of a skip: never published; `finished_at` starts its
+/// retention.
+pub(crate) fn skip_set() -> String {
+    format!(
+        "status = '{}', next_attempt_at = NULL, finished_at = now()",
+        Transition::Skip.to().as_str()
+    )
+}
+
 fn replay(t: &str) -> String {
     format!(
-        "UPDATE {t} SET status = '{to}', attempts = 0, suspect_count = LEAST(suspect_count, 1), next_attempt_at = NULL \
-         WHERE status IN ({from})",
-        to = Transition::Replay.to().as_str(),
+        "UPDATE {t} SET {set} WHERE status IN ({from})",
+        set = replay_set(),
         from = literals(Transition::Replay.from()),
     )
 }
