@@ -13,8 +13,9 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use common::{Reply, oneshot};
 use outbox_axum::admin::{AdminRouter, BearerTokens, LayerAuth};
-use outbox_core::admin::{Admin, Caller};
-use outbox_core::testing::InMemoryStore;
+use outbox_core::InboxDatabase as _;
+use outbox_core::admin::{Admin, Caller, DeadLetter, DeadLetters};
+use outbox_core::testing::{InMemoryDeadLetterQueues, InMemoryInbox, InMemoryStore, QueuedMessage};
 use outbox_core::{
     Claim, DomainEvent, EventStatus, FailedAttempt, NextStep, OutboxStore, RelayRegistration,
 };
@@ -248,6 +249,229 @@ async fn payloads_are_redacted_unless_allowed() {
         .unwrap();
     let detail = oneshot(&app(open), get(&path, Some(READER))).await.json();
     assert_eq!(detail["payload"]["secret"], "4111 1111 1111 1111");
+}
+
+/// An inbox with `n` recorded dead letters of `origin` in `origin.dead`, and
+/// the broker holding them; the router over both.
+async fn dead_letter_router(
+    origin: &str,
+    n: usize,
+    allow_payloads: bool,
+) -> (InMemoryInbox, InMemoryDeadLetterQueues, Router) {
+    let inbox = InMemoryInbox::new();
+    let broker = InMemoryDeadLetterQueues::new();
+    broker.declare("orders");
+    for _ in 0..n {
+        let event = Uuid::now_v7();
+        let mut letter =
+            DeadLetter::new("loyalty", origin, "x", "k", "bad", b"{\"card\": \"4111\"}");
+        letter.event_id = Some(event);
+        letter
+            .headers
+            .insert("x-outbox-dead-letter-id".into(), event.to_string());
+        inbox.record_dead_letter(&letter).await.unwrap();
+        broker.push(
+            &format!("{origin}.dead"),
+            QueuedMessage::new(
+                Some(event.to_string()),
+                Some(event),
+                Some(origin.to_owned()),
+            ),
+        );
+    }
+    let admin = AdminRouter::builder(Admin::new(InMemoryStore::new()))
+        .dead_letters(DeadLetters::new(inbox.clone(), broker.clone()))
+        .auth(tokens())
+        .allow_payloads(allow_payloads)
+        .build()
+        .unwrap();
+    (inbox, broker, app(admin))
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_redacted_and_replayed_by_operators_only() {
+    let (inbox, broker, app) = dead_letter_router("orders", 2, false).await;
+
+    let reply = oneshot(&app, get("/admin/dead-letters", None)).await;
+    assert_error(&reply, StatusCode::UNAUTHORIZED, "not authenticated");
+    let page = oneshot(
+        &app,
+        get("/admin/dead-letters?queue=orders&limit=1", Some(READER)),
+    )
+    .await
+    .json();
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
+    assert!(page["next"].is_i64());
+    let first = &page["items"][0];
+    assert!(
+        first["payload"].is_null() && first["headers"].is_null(),
+        "{first}"
+    );
+    let id = first["id"].as_i64().unwrap();
+    let shown = oneshot(
+        &app,
+        get(&format!("/admin/dead-letters/{id}"), Some(READER)),
+    )
+    .await;
+    assert_eq!(shown.status, StatusCode::OK);
+    assert!(!String::from_utf8_lossy(&shown.body).contains("4111"));
+    let groups = oneshot(&app, get("/admin/dead-letter-groups", Some(READER)))
+        .await
+        .json();
+    assert_eq!(groups[0]["count"], 2);
+
+    let replay = json!({"queue": "orders.dead"}).to_string();
+    let reply = oneshot(
+        &app,
+        post("/admin/dead-letters/replay", Some(READER), &replay),
+    )
+    .await;
+    assert_error(&reply, StatusCode::FORBIDDEN, "operator");
+    assert_eq!(broker.messages("orders.dead").len(), 2, "nothing moved");
+    let reply = oneshot(
+        &app,
+        post("/admin/dead-letters/replay", Some(OPERATOR), &replay),
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let outcome = reply.json();
+    assert_eq!(
+        (outcome["replayed"].clone(), outcome["marked"].clone()),
+        (json!(2), json!(2))
+    );
+    assert_eq!(broker.messages("orders").len(), 2);
+    assert_eq!(inbox.audit_log()[0].entry.identity, "alice");
+
+    let (_, _, open) = dead_letter_router("orders", 1, true).await;
+    let page = oneshot(&open, get("/admin/dead-letters", Some(READER)))
+        .await
+        .json();
+    assert_eq!(page["items"][0]["payload"], "{\"card\": \"4111\"}");
+}
+
+#[tokio::test]
+async fn a_dead_letter_replay_that_stops_is_409_with_what_moved() {
+    // `gone` is no queue of the broker's: its messages cannot go back.
+    let (_, broker, app) = dead_letter_router("gone", 2, false).await;
+    let body = json!({"queue": "gone.dead"}).to_string();
+    let reply = oneshot(
+        &app,
+        post("/admin/dead-letters/replay", Some(OPERATOR), &body),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CONFLICT);
+    let outcome = reply.json();
+    assert_eq!(outcome["replayed"], 0);
+    assert!(
+        outcome["error"].as_str().unwrap().contains("gone"),
+        "{outcome}"
+    );
+    assert_eq!(broker.messages("gone.dead").len(), 2, "nothing lost");
+
+    let skip = json!({"queue": "gone.dead", "skip_unreplayable": true}).to_string();
+    let reply = oneshot(
+        &app,
+        post("/admin/dead-letters/replay", Some(OPERATOR), &skip),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["skipped"].as_array().unwrap().len(), 2);
+
+    let purge = json!({"queue": "gone.dead", "dry_run": true}).to_string();
+    let reply = oneshot(
+        &app,
+        post("/admin/dead-letters/purge", Some(OPERATOR), &purge),
+    )
+    .await;
+    assert_eq!(reply.json()["depth"], 2);
+    let purge = json!({"queue": "gone.dead"}).to_string();
+    let reply = oneshot(
+        &app,
+        post("/admin/dead-letters/purge", Some(OPERATOR), &purge),
+    )
+    .await;
+    assert_eq!(
+        (
+            reply.json()["purged"].clone(),
+            reply.json()["marked"].clone()
+        ),
+        (json!(2), json!(2))
+    );
+}
+
+#[tokio::test]
+async fn dead_letter_requests_that_make_no_sense_are_4xx() {
+    let (_, _, served) = dead_letter_router("orders", 1, false).await;
+    let cases = [
+        (
+            get("/admin/dead-letters/abc", Some(READER)),
+            StatusCode::BAD_REQUEST,
+            "invalid path",
+        ),
+        (
+            get("/admin/dead-letters/99", Some(READER)),
+            StatusCode::NOT_FOUND,
+            "no dead letter",
+        ),
+        (
+            get("/admin/dead-letters?limit=0", Some(READER)),
+            StatusCode::BAD_REQUEST,
+            "limit",
+        ),
+        (
+            get("/admin/dead-letters?bogus=1", Some(READER)),
+            StatusCode::BAD_REQUEST,
+            "known parameters",
+        ),
+        (
+            post(
+                "/admin/dead-letters/replay",
+                Some(OPERATOR),
+                r#"{"queue": "orders.dead", "bogus": 1}"#,
+            ),
+            StatusCode::BAD_REQUEST,
+            "unknown field",
+        ),
+        (
+            post(
+                "/admin/dead-letters/replay",
+                Some(OPERATOR),
+                r#"{"queue": "nothing.dead"}"#,
+            ),
+            StatusCode::NOT_FOUND,
+            "no queue",
+        ),
+        (
+            post(
+                "/admin/dead-letters/purge",
+                Some(OPERATOR),
+                r#"{"queue": "shared"}"#,
+            ),
+            StatusCode::BAD_REQUEST,
+            "origins",
+        ),
+    ];
+    for (request, status, needle) in cases {
+        let uri = request.uri().clone();
+        let reply = oneshot(&served, request).await;
+        assert_eq!(
+            reply.status,
+            status,
+            "{uri}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert_error(&reply, status, needle);
+    }
+
+    // Without `.dead_letters(..)`, the endpoints say how to get them.
+    let bare = app(router(&InMemoryStore::new()));
+    let reply = oneshot(&bare, get("/admin/dead-letters", Some(READER))).await;
+    assert_error(&reply, StatusCode::NOT_FOUND, ".dead_letters(");
 }
 
 #[tokio::test]

@@ -205,14 +205,15 @@ pub(crate) enum DlqCommand {
     /// (each confirmed before it leaves the dead-letter queue: a kill loses nothing).
     #[command(
         after_help = "Examples:\n  outbox dlq replay billing.orders.dead --dry-run\n  \
-                      outbox dlq replay billing.orders.dead --limit 100 --yes"
+                      outbox dlq replay billing.orders.dead --limit 100 --yes\n  \
+                      outbox dlq replay billing.orders.dead --skip-unreplayable --yes"
     )]
     Replay(DlqReplayArgs),
     /// Delete every message in a dead-letter queue and mark their records purged.
     #[command(
         after_help = "Examples:\n  outbox dlq purge billing.orders.dead --dry-run\n  \
                       outbox dlq purge billing.orders.dead --yes\n  \
-                      outbox dlq purge orders-dlq --origin billing.orders --yes"
+                      outbox dlq purge shared-dlq --origin billing.orders --origin billing.refunds --yes"
     )]
     Purge(DlqPurgeArgs),
 }
@@ -241,6 +242,11 @@ pub(crate) struct DlqReplayArgs {
     /// Replay at most this many (default: all).
     #[arg(long)]
     pub(crate) limit: Option<usize>,
+    /// Move messages that cannot go back (no known origin, origin queue
+    /// gone) to the dead-letter queue's tail and go on, instead of stopping
+    /// at the first.
+    #[arg(long)]
+    pub(crate) skip_unreplayable: bool,
     /// Only print how many messages the dead-letter queue holds.
     #[arg(long)]
     pub(crate) dry_run: bool,
@@ -251,23 +257,14 @@ pub(crate) struct DlqReplayArgs {
 pub(crate) struct DlqPurgeArgs {
     /// The dead-letter queue, e.g. `billing.orders.dead`.
     pub(crate) queue: String,
-    /// The consumer's queue whose records to mark purged (default: QUEUE
-    /// without its `.dead` suffix).
-    #[arg(long, value_name = "QUEUE")]
-    pub(crate) origin: Option<String>,
+    /// A consumer queue that dead-letters into QUEUE, whose records to
+    /// mark purged (default: QUEUE without its `.dead` suffix); repeat it
+    /// for a dead-letter queue that several queues share.
+    #[arg(long = "origin", value_name = "QUEUE")]
+    pub(crate) origins: Vec<String>,
     /// Only print how many messages the dead-letter queue holds.
     #[arg(long)]
     pub(crate) dry_run: bool,
-}
-
-impl DlqPurgeArgs {
-    /// `--origin`, else the queue without `.dead`.
-    pub(crate) fn origin(&self) -> Option<&str> {
-        match &self.origin {
-            Some(origin) => Some(origin),
-            None => self.queue.strip_suffix(".dead").filter(|q| !q.is_empty()),
-        }
-    }
 }
 
 /// Which events: every criterion given must hold.

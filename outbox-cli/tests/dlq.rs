@@ -137,7 +137,8 @@ async fn dlq_replay_sends_them_back_to_their_queue_and_marks_them_replayed() {
     assert!(all["items"][2]["replayed_at"].is_string());
     let audit = db.json(&["audit"]);
     assert_eq!(audit[0]["action"], "dlq_replay");
-    assert_eq!(audit[0]["target"]["replayed"], 2);
+    assert_eq!(audit[0]["count"], 2);
+    assert_eq!(audit[0]["outcome"], "done");
 }
 
 #[tokio::test]
@@ -174,6 +175,30 @@ async fn dlq_replay_that_cannot_go_on_exits_7_and_leaves_the_rest_in_the_queue()
             .unwrap()
             .is_empty()
     );
+
+    // Told to skip what cannot go back, it moves those to the tail (in
+    // their order) and succeeds; nothing is lost or replayed twice.
+    let skipped = db.json(&[
+        "--amqp-url",
+        &amqp_url(),
+        "--yes",
+        "dlq",
+        "replay",
+        &queues.dlq,
+        "--skip-unreplayable",
+    ]);
+    assert_eq!(skipped["replayed"], 0, "{skipped}");
+    assert_eq!(skipped["skipped"].as_array().unwrap().len(), 2, "{skipped}");
+    assert!(
+        skipped["skipped"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains(".gone"),
+        "{skipped}"
+    );
+    assert_eq!(skipped["error"], Value::Null);
+    assert_eq!(queues.peek(&queues.dlq).await, strings(&lost));
+    assert_eq!(queues.depth(&queues.origin).await, 1);
 }
 
 #[tokio::test]
@@ -222,7 +247,7 @@ async fn dlq_purge_needs_yes_then_empties_the_queue_and_marks_the_records() {
     let purged = db.json(&["--amqp-url", &url, "dlq", "purge", &queues.dlq, "--yes"]);
     assert_eq!(purged["purged"], 3);
     assert_eq!(purged["marked"], 3);
-    assert_eq!(purged["origin"], queues.origin.as_str());
+    assert_eq!(purged["origins"], serde_json::json!([queues.origin]));
     assert_eq!(queues.depth(&queues.dlq).await, 0);
     assert!(
         db.json(&["dlq", "list"])["items"]

@@ -8,7 +8,10 @@ use chrono::{DateTime, Utc};
 use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, Text, Timestamptz};
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use outbox_core::admin::{DeadLetter, DeadLetterGroup, DeadLetterRecord, Page, group_dead_letters};
+use outbox_core::admin::{
+    AuditEntry, DeadLetter, DeadLetterGroup, DeadLetterRecord, DeadLetterStore, Page,
+    ReplayedMessage, group_dead_letters,
+};
 use uuid::Uuid;
 
 use crate::schema::Schema;
@@ -69,16 +72,19 @@ fn no_nul(text: &str) -> String {
 }
 
 /// Consumers' dead letters as [`PgInboxDatabase`](crate::PgInboxDatabase)
-/// recorded them: list, show and group them, and mark them replayed or
-/// purged after [`outbox_lapin::DeadLetterQueue`]'s replay or purge of the
-/// queue (the broker's queue holds the messages; these rows are their
-/// index, and listing them never touches the queue).
+/// recorded them, as a [`DeadLetterStore`]: list, show and group them, and
+/// mark them replayed or purged when
+/// [`DeadLetters`](outbox_core::admin::DeadLetters) replays or purges the
+/// queue over [`outbox_lapin::DeadLetterQueues`] (the broker's queue holds
+/// the messages; these rows are their index, and listing them never touches
+/// the queue). Audit rows go to `outbox_audit` in the same schema.
 ///
-/// "Open" rows are neither replayed nor purged. Rows are never deleted by
-/// the library (not by the inbox purge nor the `Janitor`): delete old ones
-/// by hand.
+/// "Open" rows are neither replayed nor purged. Open rows are never
+/// deleted; the [`Janitor`](outbox_core::admin::Janitor) deletes replayed
+/// and purged ones past the inbox retention.
 ///
 /// ```no_run
+/// use outbox_core::admin::DeadLetterStore as _;
 /// use outbox_diesel::PgDeadLetters;
 ///
 /// # async fn run() -> outbox_diesel::Result<()> {
@@ -93,11 +99,12 @@ fn no_nul(text: &str) -> String {
 /// # Ok(()) }
 /// ```
 ///
-/// [`outbox_lapin::DeadLetterQueue`]: https://docs.rs/outbox-lapin/latest/outbox_lapin/struct.DeadLetterQueue.html
+/// [`outbox_lapin::DeadLetterQueues`]: https://docs.rs/outbox-lapin/latest/outbox_lapin/struct.DeadLetterQueues.html
 #[derive(Clone)]
 pub struct PgDeadLetters {
     pool: Pool<AsyncPgConnection>,
     table: String,
+    audit: String,
 }
 
 impl std::fmt::Debug for PgDeadLetters {
@@ -209,6 +216,7 @@ impl PgDeadLetters {
         PgDeadLetters {
             pool,
             table: schema.table("inbox_dead_letters"),
+            audit: schema.table("outbox_audit"),
         }
     }
 
@@ -220,15 +228,12 @@ impl PgDeadLetters {
             .await
             .map_err(|e| Error::Pool(e.to_string()))
     }
+}
 
-    /// Dead letters with `id > after`, of `queue` (the queue the consumer
-    /// read them from) or of every queue, in `id` (recording) order, at most
-    /// `limit`; only open ones unless `include_settled` (replayed or purged
-    /// too).
-    ///
-    /// # Errors
-    /// [`Error::Database`], [`Error::Pool`].
-    pub async fn list(
+impl DeadLetterStore for PgDeadLetters {
+    type Error = Error;
+
+    async fn list(
         &self,
         queue: Option<&str>,
         after: Option<i64>,
@@ -262,11 +267,7 @@ impl PgDeadLetters {
         Ok(Page::new(items, next))
     }
 
-    /// One dead letter by id, open or not.
-    ///
-    /// # Errors
-    /// [`Error::Database`], [`Error::Pool`].
-    pub async fn show(&self, id: i64) -> Result<Option<DeadLetterRecord>> {
+    async fn show(&self, id: i64) -> Result<Option<DeadLetterRecord>> {
         let t = &self.table;
         let rows: Vec<DeadLetterRow> =
             diesel::sql_query(format!("SELECT {COLUMNS} FROM {t} WHERE id = $1"))
@@ -276,13 +277,7 @@ impl PgDeadLetters {
         Ok(rows.into_iter().next().map(DeadLetterRecord::from))
     }
 
-    /// Open dead letters of `queue` (or of every queue) grouped by consumer,
-    /// event type and [normalized](outbox_core::admin::normalize_error)
-    /// reason, most first.
-    ///
-    /// # Errors
-    /// [`Error::Database`], [`Error::Pool`].
-    pub async fn groups(&self, queue: Option<&str>) -> Result<Vec<DeadLetterGroup>> {
+    async fn groups(&self, queue: Option<&str>) -> Result<Vec<DeadLetterGroup>> {
         let t = &self.table;
         let sql = format!(
             "SELECT consumer, event_type, reason, count(*) AS n, min(dead_lettered_at) AS first, \
@@ -307,89 +302,84 @@ impl PgDeadLetters {
         })))
     }
 
-    /// Marks the open dead letters of these events (of `queue`, or of every
-    /// queue) replayed, e.g. with `DlqReplayReport::event_ids()` after a
-    /// replay; returns how many rows.
-    ///
-    /// # Errors
-    /// [`Error::Database`], [`Error::Pool`].
-    pub async fn mark_replayed(&self, queue: Option<&str>, event_ids: &[Uuid]) -> Result<u64> {
-        if event_ids.is_empty() {
+    /// In one statement: the records with the dead letters' own ids
+    /// (header `x-outbox-dead-letter-id`, indexed: exactly the moved
+    /// messages, undecodable ones and other copies of an event included),
+    /// and, for messages dead-lettered before consumers set that id, the
+    /// open records of their event in the queue they went back to.
+    async fn mark_replayed(&self, messages: &[ReplayedMessage]) -> Result<u64> {
+        let letters: Vec<String> = messages
+            .iter()
+            .filter_map(|m| m.dead_letter_id)
+            .map(|id| id.to_string())
+            .collect();
+        let (events, queues): (Vec<Uuid>, Vec<String>) = messages
+            .iter()
+            .filter(|m| m.dead_letter_id.is_none())
+            .filter_map(|m| m.event_id.map(|id| (id, m.queue.clone())))
+            .unzip();
+        if letters.is_empty() && events.is_empty() {
             return Ok(0);
         }
         let t = &self.table;
-        let sql = format!(
-            "UPDATE {t} SET replayed_at = now() WHERE event_id = ANY($1) \
-             AND ($2::text IS NULL OR queue = $2) AND replayed_at IS NULL AND purged_at IS NULL"
-        );
-        let changed = diesel::sql_query(sql)
-            .bind::<Array<diesel::sql_types::Uuid>, _>(event_ids)
-            .bind::<Nullable<Text>, _>(queue)
-            .execute(&mut *self.conn().await?)
-            .await?;
-        Ok(changed as u64)
-    }
-
-    /// Marks the open dead letters with these consumer-given ids (header
-    /// `x-outbox-dead-letter-id`, e.g. `DlqReplayReport::dead_letter_ids()`)
-    /// replayed: exactly the records of the messages a replay moved; returns
-    /// how many rows.
-    ///
-    /// # Errors
-    /// [`Error::Database`], [`Error::Pool`].
-    pub async fn mark_replayed_letters(&self, dead_letter_ids: &[Uuid]) -> Result<u64> {
-        if dead_letter_ids.is_empty() {
-            return Ok(0);
-        }
-        let t = &self.table;
-        let ids: Vec<String> = dead_letter_ids.iter().map(Uuid::to_string).collect();
         let sql = format!(
             "UPDATE {t} SET replayed_at = now() \
-             WHERE (headers ->> 'x-outbox-dead-letter-id') = ANY($1) \
-             AND replayed_at IS NULL AND purged_at IS NULL"
+             WHERE replayed_at IS NULL AND purged_at IS NULL AND id IN ( \
+               SELECT id FROM {t} WHERE (headers ->> 'x-outbox-dead-letter-id') = ANY($1) \
+               UNION ALL \
+               SELECT id FROM {t} WHERE (event_id, queue) IN \
+                 (SELECT * FROM unnest($2::uuid[], $3::text[])))"
         );
         let changed = diesel::sql_query(sql)
-            .bind::<Array<Text>, _>(ids)
+            .bind::<Array<Text>, _>(letters)
+            .bind::<Array<diesel::sql_types::Uuid>, _>(events)
+            .bind::<Array<Text>, _>(queues)
             .execute(&mut *self.conn().await?)
             .await?;
         Ok(changed as u64)
     }
 
-    /// Marks the open dead letters of `queue` (the queue the consumer read
-    /// them from) recorded before `before` purged, after its dead-letter
-    /// queue was purged; returns how many rows. Take `before` from
-    /// [`now`](Self::now) just before purging the queue: letters that arrive
-    /// afterwards are still in the queue and stay open.
-    ///
-    /// # Errors
-    /// [`Error::Database`], [`Error::Pool`].
-    pub async fn mark_purged(&self, queue: &str, before: DateTime<Utc>) -> Result<u64> {
+    /// Take `before` from [`now`](DeadLetterStore::now) just before purging
+    /// the queue: letters that arrive afterwards are still in the queue and
+    /// stay open.
+    async fn mark_purged(&self, queues: &[String], before: DateTime<Utc>) -> Result<u64> {
         let t = &self.table;
         let sql = format!(
-            "UPDATE {t} SET purged_at = now() WHERE queue = $1 AND dead_lettered_at < $2 \
+            "UPDATE {t} SET purged_at = now() WHERE queue = ANY($1) AND dead_lettered_at < $2 \
              AND replayed_at IS NULL AND purged_at IS NULL"
         );
         let changed = diesel::sql_query(sql)
-            .bind::<Text, _>(queue)
-            .bind::<diesel::sql_types::Timestamptz, _>(before)
+            .bind::<Array<Text>, _>(queues)
+            .bind::<Timestamptz, _>(before)
             .execute(&mut *self.conn().await?)
             .await?;
         Ok(changed as u64)
     }
 
-    /// The database's clock (what `dead_lettered_at` is written with).
-    ///
-    /// # Errors
-    /// [`Error::Database`], [`Error::Pool`].
-    pub async fn now(&self) -> Result<DateTime<Utc>> {
+    async fn now(&self) -> Result<DateTime<Utc>> {
         #[derive(diesel::QueryableByName)]
         struct Now {
-            #[diesel(sql_type = diesel::sql_types::Timestamptz)]
+            #[diesel(sql_type = Timestamptz)]
             now: DateTime<Utc>,
         }
         let row: Now = diesel::sql_query("SELECT now() AS now")
             .get_result(&mut *self.conn().await?)
             .await?;
         Ok(row.now)
+    }
+
+    async fn begin_audit(&self, entry: &AuditEntry) -> Result<i64> {
+        crate::audit::begin(&mut *self.conn().await?, &self.audit, entry).await
+    }
+
+    async fn record_audit(&self, audit: i64, count: u64, outcome: Option<&str>) -> Result<()> {
+        crate::audit::record(
+            &mut *self.conn().await?,
+            &self.audit,
+            audit,
+            Some(count),
+            outcome,
+        )
+        .await
     }
 }

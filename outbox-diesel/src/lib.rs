@@ -244,6 +244,7 @@
 //! | `sync` | yes | recording on sync `diesel::PgConnection` (links libpq) |
 //! | `postgres-tls` | no | TLS to PostgreSQL (rustls with ring, no OpenSSL) for every connection the crate opens, honouring `sslmode` and `sslrootcert`; see [TLS](#tls). Without it, connections are plaintext and a URL asking for `require` or `verify-*` is refused |
 
+mod audit;
 mod connect;
 mod dead_letters;
 mod error;

@@ -8,7 +8,7 @@ mod common;
 
 use common::TestDb;
 use outbox_core::InboxDatabase as _;
-use outbox_core::admin::DeadLetter;
+use outbox_core::admin::{AuditEntry, DeadLetter, DeadLetterStore as _, ReplayedMessage};
 use outbox_diesel::{PgDeadLetters, PgInbox, PgInboxDatabase};
 use uuid::Uuid;
 
@@ -109,35 +109,48 @@ async fn dead_letters_are_recorded_listed_grouped_and_marked() {
     // By the id the consumer gave it: also an undecodable letter (no
     // event id), and only that record.
     let undecodable = Uuid::parse_str(&recorded[2].headers["x-outbox-dead-letter-id"]).unwrap();
+    let by_letter = [ReplayedMessage::new("payments", None, Some(undecodable))];
+    assert_eq!(letters.mark_replayed(&by_letter).await.unwrap(), 1);
+    assert_eq!(letters.mark_replayed(&by_letter).await.unwrap(), 0, "once");
+    assert!(!letters.show(ids[2]).await.unwrap().unwrap().is_open());
+
+    // Messages without the consumer's id: by event id, in the queue they
+    // went back to.
+    let by_event = |queue: &str, id: Uuid| ReplayedMessage::new(queue, Some(id.to_string()), None);
     assert_eq!(
-        letters.mark_replayed_letters(&[undecodable]).await.unwrap(),
-        1
+        letters
+            .mark_replayed(&[by_event("orders", a), by_event("orders", b)])
+            .await
+            .unwrap(),
+        2
     );
     assert_eq!(
-        letters.mark_replayed_letters(&[undecodable]).await.unwrap(),
+        letters
+            .mark_replayed(&[by_event("orders", a)])
+            .await
+            .unwrap(),
         0,
         "once"
     );
-    assert!(!letters.show(ids[2]).await.unwrap().unwrap().is_open());
-
-    // Replayed and purged rows leave the open list, not the table.
-    assert_eq!(letters.mark_replayed(None, &[a, b]).await.unwrap(), 2);
-    assert_eq!(letters.mark_replayed(None, &[a]).await.unwrap(), 0, "once");
     assert_eq!(
-        letters.mark_replayed(Some("payments"), &[c]).await.unwrap(),
+        letters
+            .mark_replayed(&[by_event("payments", c)])
+            .await
+            .unwrap(),
         0,
         "another queue's"
     );
     let before = letters.now().await.unwrap();
+    let orders = ["orders".to_owned(), "elsewhere".to_owned()];
     assert_eq!(
         letters
-            .mark_purged("orders", before - chrono::Duration::hours(1))
+            .mark_purged(&orders, before - chrono::Duration::hours(1))
             .await
             .unwrap(),
         0,
         "letters recorded after the cutoff stay open"
     );
-    assert_eq!(letters.mark_purged("orders", before).await.unwrap(), 1);
+    assert_eq!(letters.mark_purged(&orders, before).await.unwrap(), 1);
     let open = letters.list(None, None, 10, false).await.unwrap();
     assert!(open.items.is_empty(), "{open:?}");
     let every = letters.list(None, None, 10, true).await.unwrap();
@@ -149,4 +162,38 @@ async fn dead_letters_are_recorded_listed_grouped_and_marked() {
     );
     assert!(every.items[3].purged_at.is_some() && every.items[3].replayed_at.is_none());
     assert_eq!(letters.groups(Some("orders")).await.unwrap(), []);
+}
+
+#[tokio::test]
+async fn dead_letter_verbs_write_their_audit_row_before_acting_and_end_it() {
+    let db = TestDb::new("dead_letters_audit").await;
+    let letters = PgDeadLetters::with_schema(db.pool.clone(), &db.schema).unwrap();
+    let entry = AuditEntry::new(
+        "alice",
+        "dlq_replay",
+        serde_json::json!({"queue": "q.dead"}),
+    );
+    let audit = letters.begin_audit(&entry).await.unwrap();
+    let row = |sql: &str| db.count("outbox_audit", &format!("WHERE {sql}"));
+    assert_eq!(
+        row(&format!(
+            "id = {audit} AND finished_at IS NULL AND count = 0"
+        )),
+        1
+    );
+    letters.record_audit(audit, 7, None).await.unwrap();
+    assert_eq!(
+        row(&format!(
+            "id = {audit} AND finished_at IS NULL AND count = 7"
+        )),
+        1
+    );
+    letters.record_audit(audit, 9, Some("done")).await.unwrap();
+    assert_eq!(
+        row(&format!(
+            "id = {audit} AND finished_at IS NOT NULL AND count = 9 AND outcome = 'done' \
+             AND identity = 'alice' AND action = 'dlq_replay'"
+        )),
+        1
+    );
 }

@@ -18,7 +18,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
-use serde::{Deserialize, Serialize};
+use outbox_core::admin::{DeadLetterBroker, DlqReplayReport, ReplayedMessage, SkippedMessage};
 use uuid::Uuid;
 
 use crate::consumer::republish::Republisher;
@@ -47,14 +47,16 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// let dlq = DeadLetterQueue::connect("amqp://guest:guest@127.0.0.1:5672/%2f", "loyalty.orders.dead")
 ///     .await?;
 /// println!("{} dead letters", dlq.depth().await?);
-/// let report = dlq.replay(Some(100), &|n| eprintln!("{n} replayed")).await?;
+/// let report = dlq.replay(Some(100), &|n| eprintln!("{n} taken")).await?;
 /// if let Some(error) = &report.error {
 ///     eprintln!("stopped: {error}");
 /// }
-/// // Mark them replayed in the database, e.g.
-/// // PgDeadLetters::mark_replayed(None, &report.event_ids()).
 /// # Ok(()) }
 /// ```
+///
+/// To mark the records of what moved and write an audit row, replay
+/// through [`outbox_core::admin::DeadLetters`] over [`DeadLetterQueues`]
+/// instead (what the `outbox` CLI and the admin router do).
 ///
 /// # Replay
 /// One message at a time: `basic.get` (not auto-acked) from the dead-letter
@@ -77,13 +79,16 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A message without an origin, or whose copy the broker does not take
 /// (origin queue gone: returned as unroutable; nacked; no confirm in time),
 /// is returned to the dead-letter queue (`basic.nack` with requeue) and the
-/// replay stops there with the reason in [`DlqReplayReport::error`].
+/// replay stops there with the reason in [`DlqReplayReport::error`]; with
+/// [`skip_unreplayable`](Self::skip_unreplayable) it is moved to the
+/// queue's tail instead (confirmed, then acked) and the replay goes on.
 pub struct DeadLetterQueue {
     connection: Arc<Connection>,
     republisher: Republisher,
     queue: String,
     url: String,
     timeout: Duration,
+    skip_unreplayable: bool,
 }
 
 impl fmt::Debug for DeadLetterQueue {
@@ -92,54 +97,9 @@ impl fmt::Debug for DeadLetterQueue {
             .field("url", &redact_url(&self.url))
             .field("queue", &self.queue)
             .field("timeout", &self.timeout)
+            .field("skip_unreplayable", &self.skip_unreplayable)
             .finish_non_exhaustive()
     }
-}
-
-/// What a [replay](DeadLetterQueue::replay) did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct DlqReplayReport {
-    /// Messages sent back to their queue (confirmed, and acked in the
-    /// dead-letter queue).
-    pub replayed: u64,
-    /// Each replayed message, in order.
-    pub messages: Vec<ReplayedMessage>,
-    /// Why the replay stopped before the queue was empty or the limit
-    /// reached; `None` when it finished.
-    pub error: Option<String>,
-}
-
-impl DlqReplayReport {
-    /// The event ids of the replayed messages (those that had one), to
-    /// mark their database records replayed.
-    pub fn event_ids(&self) -> Vec<Uuid> {
-        self.messages.iter().filter_map(|m| m.event_id).collect()
-    }
-
-    /// The consumer-given ids of the replayed dead letters that have one.
-    pub fn dead_letter_ids(&self) -> Vec<Uuid> {
-        self.messages
-            .iter()
-            .filter_map(|m| m.dead_letter_id)
-            .collect()
-    }
-}
-
-/// One replayed message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct ReplayedMessage {
-    /// The queue it was sent back to.
-    pub queue: String,
-    /// Its AMQP `message_id`, if any.
-    pub message_id: Option<String>,
-    /// The event id: the `message_id` when it is a UUID.
-    pub event_id: Option<Uuid>,
-    /// The id the consumer gave the dead letter
-    /// ([`DEAD_LETTER_ID_HEADER`](crate::DEAD_LETTER_ID_HEADER)), if it has
-    /// one: marks exactly its record replayed.
-    pub dead_letter_id: Option<Uuid>,
 }
 
 impl DeadLetterQueue {
@@ -164,7 +124,19 @@ impl DeadLetterQueue {
             queue,
             url: url.to_owned(),
             timeout: DEFAULT_TIMEOUT,
+            skip_unreplayable: false,
         })
+    }
+
+    /// Whether a [replay](Self::replay) moves a message it cannot send back
+    /// (no known origin; its origin queue refuses it or is gone) to this
+    /// queue's tail and goes on (reported in [`DlqReplayReport::skipped`]),
+    /// instead of stopping there (default). The move is confirmed before
+    /// the message is acked, as a replay is.
+    #[must_use]
+    pub fn skip_unreplayable(mut self, skip: bool) -> Self {
+        self.skip_unreplayable = skip;
+        self
     }
 
     /// The dead-letter queue's name.
@@ -200,7 +172,8 @@ impl DeadLetterQueue {
     /// holds when it starts: copies that fail again and come back to its
     /// tail are not replayed again in the same run) back to the queues they
     /// came from, one at a time, as the type's docs describe;
-    /// `progress` gets the number replayed so far after each one.
+    /// `progress` gets the number taken (replayed or skipped) so far after
+    /// each one.
     ///
     /// # Errors
     /// Only when it cannot start (no channel); a replay that stops on a
@@ -231,12 +204,20 @@ impl DeadLetterQueue {
         };
         let channel = self.channel().await?;
         let mut report = DlqReplayReport::default();
-        while report.messages.len() < limit {
+        while report.handled() < limit {
             match self.replay_one(&channel, confirmed, &report).await {
-                Ok(Some(message)) => {
+                Ok(Some(Taken::Replayed(message))) => {
                     report.replayed += 1;
                     report.messages.push(message);
-                    progress(report.replayed);
+                }
+                Ok(Some(Taken::Skipped(message))) => {
+                    tracing::warn!(
+                        queue = %self.queue,
+                        message_id = ?message.message_id,
+                        reason = %message.reason,
+                        "dead-letter replay: moved a message it cannot send back to the queue's tail"
+                    );
+                    report.skipped.push(message);
                 }
                 Ok(None) => break,
                 Err(error) => {
@@ -245,24 +226,27 @@ impl DeadLetterQueue {
                     break;
                 }
             }
+            progress(report.handled() as u64);
         }
         close(channel, self.timeout).await;
         tracing::info!(
             queue = %self.queue,
             replayed = report.replayed,
+            skipped = report.skipped.len(),
             stopped = report.error.is_some(),
             "dead-letter replay done"
         );
         Ok(report)
     }
 
-    /// Replays the next message; `None` when the queue is empty.
+    /// Takes the next message: replayed, or skipped; `None` when the queue
+    /// is empty.
     async fn replay_one(
         &self,
         channel: &Channel,
         confirmed: &(dyn Fn(u64) + Sync),
         report: &DlqReplayReport,
-    ) -> std::result::Result<Option<ReplayedMessage>, String> {
+    ) -> std::result::Result<Option<Taken>, String> {
         let dlq = &self.queue;
         let queue = short_string("dead-letter queue name", dlq).map_err(|e| e.to_string())?;
         let got = bounded(
@@ -281,32 +265,59 @@ impl DeadLetterQueue {
             .message_id()
             .as_ref()
             .map(|id| id.to_string());
-        let named = message_id.as_deref().unwrap_or("without message_id");
+        let named = message_id
+            .clone()
+            .unwrap_or_else(|| "without message_id".to_owned());
         let empty = FieldTable::default();
         let headers = delivery.properties.headers().as_ref().unwrap_or(&empty);
         let dead_letter_id =
             header_str(headers, DEAD_LETTER_ID_HEADER).and_then(|id| Uuid::parse_str(id).ok());
-        let Some(origin) = origin_queue(headers) else {
-            self.requeue(&delivery).await;
-            return Err(format!(
+        let sent = match origin_queue(headers) {
+            None => Err(format!(
                 "message {named} in `{dlq}` has neither an `{QUEUE_HEADER}` header nor an \
-                 `x-death` entry: where it came from is unknown, so it was left in `{dlq}` \
-                 (move it by hand)"
-            ));
+                 `x-death` entry: where it came from is unknown"
+            )),
+            Some(origin) => self
+                .republisher
+                .publish("", &origin, &delivery.data, replay_properties(&delivery))
+                .await
+                .map(|()| origin.clone())
+                .map_err(|error| {
+                    format!(
+                        "cannot replay message {named} to queue `{origin}` (does it still \
+                         exist?): {error}"
+                    )
+                }),
         };
-        let properties = replay_properties(&delivery);
-        if let Err(error) = self
-            .republisher
-            .publish("", &origin, &delivery.data, properties)
-            .await
-        {
-            self.requeue(&delivery).await;
-            return Err(format!(
-                "cannot replay message {named} to queue `{origin}` (does it still exist?): \
-                 {error}; it was left in `{dlq}`"
-            ));
-        }
-        confirmed(report.replayed + 1);
+        let taken = match sent {
+            Ok(origin) => {
+                confirmed(report.replayed + 1);
+                Taken::Replayed(ReplayedMessage::new(origin, message_id, dead_letter_id))
+            }
+            Err(reason) if self.skip_unreplayable => {
+                // To this queue's tail, as it is: confirmed before the ack,
+                // so a crash leaves it here (once or twice), never nowhere.
+                if let Err(error) = self
+                    .republisher
+                    .publish("", dlq, &delivery.data, delivery.properties.clone())
+                    .await
+                {
+                    self.requeue(&delivery).await;
+                    return Err(format!(
+                        "{reason}; moving it to the tail of `{dlq}` failed too ({error}): it \
+                         was left in place"
+                    ));
+                }
+                Taken::Skipped(SkippedMessage::new(message_id, dead_letter_id, reason))
+            }
+            Err(reason) => {
+                self.requeue(&delivery).await;
+                return Err(format!(
+                    "{reason}; it was left in `{dlq}` (replay with skip_unreplayable to move \
+                     such messages aside and go on)"
+                ));
+            }
+        };
         bounded(
             &format!("ack the replayed message in `{dlq}`"),
             self.timeout,
@@ -315,20 +326,12 @@ impl DeadLetterQueue {
         .await
         .map_err(|error| {
             format!(
-                "message {named} was replayed to `{origin}` but its ack failed ({error}): it is \
-                 also still in `{dlq}`; a later replay sends it again and the consumer's inbox \
+                "message {named} was copied but its ack in `{dlq}` failed ({error}): it is \
+                 still there too; a later replay sends it again and the consumer's inbox \
                  drops the duplicate"
             )
         })?;
-        let event_id = message_id
-            .as_deref()
-            .and_then(|id| Uuid::parse_str(id).ok());
-        Ok(Some(ReplayedMessage {
-            queue: origin,
-            message_id,
-            event_id,
-            dead_letter_id,
-        }))
+        Ok(Some(taken))
     }
 
     /// Returns `delivery` to the dead-letter queue, at its place.
@@ -407,6 +410,85 @@ async fn close(channel: Channel, timeout: Duration) {
         )
         .await;
     }
+}
+
+/// The dead-letter queues of one broker, for
+/// [`DeadLetters`](outbox_core::admin::DeadLetters): each call connects
+/// (a [`DeadLetterQueue`]) and closes again, so a long-lived admin router
+/// holds no connection and survives broker restarts.
+#[derive(Clone)]
+pub struct DeadLetterQueues {
+    url: String,
+}
+
+impl fmt::Debug for DeadLetterQueues {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeadLetterQueues")
+            .field("url", &redact_url(&self.url))
+            .finish()
+    }
+}
+
+impl DeadLetterQueues {
+    /// The dead-letter queues of the broker at `url` (not connected yet).
+    pub fn new(url: impl Into<String>) -> Self {
+        DeadLetterQueues { url: url.into() }
+    }
+
+    async fn open(&self, queue: &str) -> Result<DeadLetterQueue> {
+        DeadLetterQueue::connect(&self.url, queue).await
+    }
+}
+
+impl DeadLetterBroker for DeadLetterQueues {
+    type Error = crate::Error;
+
+    async fn depth(&self, queue: &str) -> Result<Option<u32>> {
+        let dlq = self.open(queue).await?;
+        let depth = dlq.depth().await;
+        let _ = dlq.close().await;
+        match depth {
+            Ok(depth) => Ok(Some(depth)),
+            Err(crate::Error::Amqp { source, .. }) if no_such_queue(&source) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn replay(
+        &self,
+        queue: &str,
+        limit: usize,
+        skip_unreplayable: bool,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<DlqReplayReport> {
+        let dlq = self.open(queue).await?.skip_unreplayable(skip_unreplayable);
+        let report = dlq.replay(Some(limit), progress).await;
+        let _ = dlq.close().await;
+        report
+    }
+
+    async fn purge(&self, queue: &str) -> Result<u64> {
+        let dlq = self.open(queue).await?;
+        let purged = dlq.purge().await;
+        let _ = dlq.close().await;
+        purged
+    }
+}
+
+/// The broker's `404` on a passive declare: the queue does not exist.
+fn no_such_queue(error: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(amqp)
+            if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    )
+}
+
+/// What a replay did with one message.
+enum Taken {
+    Replayed(ReplayedMessage),
+    Skipped(SkippedMessage),
 }
 
 /// `outbox-dlq.<queue>`, cut to fit a short string.

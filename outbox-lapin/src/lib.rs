@@ -96,8 +96,9 @@ pub use consumer::{
     ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, handler_fn,
     metrics as consumer_metrics,
 };
-pub use dlq::{DeadLetterQueue, DlqReplayReport, REPLAYED_REASON_HEADER, ReplayedMessage};
+pub use dlq::{DeadLetterQueue, DeadLetterQueues, REPLAYED_REASON_HEADER};
 pub use error::{CONNECT_TIMEOUT, Error, Result};
+pub use outbox_core::admin::{DlqReplayReport, ReplayedMessage, SkippedMessage};
 pub use publisher::{
     BLOCKED_GAUGE, ExchangeFn, LapinPublisher, LapinPublisherBuilder, RoutingKeyFn,
 };

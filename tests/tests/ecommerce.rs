@@ -321,6 +321,26 @@ impl Shop {
             .await
     }
 
+    /// `GET` on the admin API with `token`.
+    async fn admin_get(&self, token: &str, path: &str) -> (StatusCode, Value) {
+        self.request(self.http.get(self.url(path)).bearer_auth(token))
+            .await
+    }
+
+    /// `POST` of JSON to the admin API with `token`, if any.
+    async fn admin_post(
+        &self,
+        token: Option<&str>,
+        path: &str,
+        body: Value,
+    ) -> (StatusCode, Value) {
+        let mut request = self.http.post(self.url(path)).json(&body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        self.request(request).await
+    }
+
     async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
         self.request(self.http.put(self.url(path)).json(&body))
             .await
@@ -1633,4 +1653,177 @@ async fn malformed_messages_in_the_consumer_queues_are_dead_lettered_with_the_re
     for role in ["api", "inventory", "loyalty"] {
         assert!(shop.alive(role), "the {role} process exited");
     }
+}
+
+/// The consumers' dead letters through the example's admin API, against
+/// the real database and broker: listed from the records (in order,
+/// payloads redacted), grouped, replayed back to their queue (and, still
+/// bad, dead-lettered again), purged; each action audited with the
+/// caller's identity, a read-only token refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_are_listed_replayed_and_purged_through_the_admin_api() {
+    const OPERATOR: &str = "operator-token-0123456789";
+    const READER: &str = "reader-token-0123456789ab";
+    let mut shop = Shop::new("admin_dlq").await;
+    shop.env.push(("ADMIN_TOKEN", OPERATOR.to_owned()));
+    shop.env.push(("ADMIN_READ_TOKEN", READER.to_owned()));
+    // No relay: every message the consumer sees is published by the test.
+    shop.start(&["api", "loyalty"]).await;
+    let queue = shop.queue("loyalty");
+    let dlq = format!("{queue}.dead");
+    let order = Uuid::now_v7();
+    let bad: Vec<Message> = (0..3)
+        .map(|_| message("order.shipped", 1, order, &json!({"order_id": order})))
+        .collect();
+    for m in &bad {
+        shop.publish_to(&queue, &m.body, m.properties.clone()).await;
+    }
+    async fn open(shop: &Shop) -> Value {
+        let path = format!("/admin/dead-letters?queue={}", shop.queue("loyalty"));
+        shop.admin_get(READER, &path).await.1["items"].clone()
+    }
+    eventually("three dead letters recorded", 3, || async {
+        open(&shop).await.as_array().map_or(0, Vec::len)
+    })
+    .await;
+
+    // Listed in order, payloads and headers redacted.
+    let items = open(&shop).await;
+    let listed: Vec<&str> = items
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["event_id"].as_str().unwrap())
+        .collect();
+    let sent: Vec<String> = bad.iter().map(|m| m.id.to_string()).collect();
+    assert_eq!(listed, sent);
+    assert_eq!(items[0]["payload"], Value::Null, "redacted");
+    assert_eq!(items[0]["consumer"], "loyalty");
+    let id = items[0]["id"].as_i64().unwrap();
+    let (status, shown) = shop
+        .admin_get(READER, &format!("/admin/dead-letters/{id}"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert!(
+        shown["reason"]
+            .as_str()
+            .unwrap()
+            .contains("unknown event type")
+    );
+    let (status, _) = shop
+        .admin_get(READER, "/admin/dead-letters/999999999")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, groups) = shop.admin_get(READER, "/admin/dead-letter-groups").await;
+    assert_eq!(groups.as_array().unwrap().len(), 1, "{groups}");
+    assert_eq!(groups[0]["count"], 3);
+
+    // Refused without a token and for the read-only one; nothing moves.
+    let replay = json!({"queue": dlq, "limit": 2});
+    let (status, _) = shop
+        .admin_post(None, "/admin/dead-letters/replay", replay.clone())
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body) = shop
+        .admin_post(Some(READER), "/admin/dead-letters/replay", replay.clone())
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, missing) = shop
+        .admin_post(
+            Some(OPERATOR),
+            "/admin/dead-letters/replay",
+            json!({"queue": format!("{dlq}.nothing")}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{missing}");
+    let (status, dry) = shop
+        .admin_post(
+            Some(OPERATOR),
+            "/admin/dead-letters/replay",
+            json!({"queue": dlq, "dry_run": true}),
+        )
+        .await;
+    assert_eq!(
+        (status, dry["depth"].clone()),
+        (StatusCode::OK, json!(3)),
+        "{dry}"
+    );
+    assert_eq!(shop.ready(&dlq).await, 3);
+
+    // Two go back to the consumer's queue (still bad: dead-lettered again,
+    // recorded anew), their records marked replayed.
+    let (status, replayed) = shop
+        .admin_post(Some(OPERATOR), "/admin/dead-letters/replay", replay)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{replayed}");
+    assert_eq!(replayed["replayed"], 2, "{replayed}");
+    assert_eq!(replayed["marked"], 2, "{replayed}");
+    let replay_audit = replayed["audit_id"].as_i64().unwrap();
+    eventually(
+        "the replayed two dead-lettered and recorded again",
+        3,
+        || async { open(&shop).await.as_array().map_or(0, Vec::len) },
+    )
+    .await;
+    let again: Vec<String> = open(&shop)
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["event_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        again,
+        [sent[2].clone(), sent[0].clone(), sent[1].clone()],
+        "the one left, then the replayed two in their order"
+    );
+    eventually("all three back in the dead-letter queue", 3, || {
+        shop.ready(&dlq)
+    })
+    .await;
+
+    // Purged: the queue is empty and every open record marked.
+    let (status, purged) = shop
+        .admin_post(
+            Some(OPERATOR),
+            "/admin/dead-letters/purge",
+            json!({"queue": dlq}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{purged}");
+    assert_eq!(
+        (purged["purged"].clone(), purged["marked"].clone()),
+        (json!(3), json!(3)),
+        "{purged}"
+    );
+    assert_eq!(shop.ready(&dlq).await, 0);
+    assert_eq!(open(&shop).await, json!([]));
+    let (_, all) = shop
+        .admin_get(
+            READER,
+            &format!("/admin/dead-letters?queue={queue}&all=true"),
+        )
+        .await;
+    assert_eq!(all["items"].as_array().unwrap().len(), 5, "{all}");
+
+    // Both audited as the operator, with counts and outcomes.
+    let (_, audit) = shop.admin_get(READER, "/admin/audit").await;
+    let purge_row = &audit[0];
+    assert_eq!(purge_row["action"], "dlq_purge", "{audit}");
+    assert_eq!(purge_row["identity"], "admin");
+    assert_eq!(
+        (purge_row["count"].clone(), purge_row["outcome"].clone()),
+        (json!(3), json!("done"))
+    );
+    let replay_row = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == replay_audit)
+        .unwrap_or_else(|| panic!("no audit row {replay_audit}: {audit}"));
+    assert_eq!(replay_row["action"], "dlq_replay");
+    assert_eq!(
+        (replay_row["count"].clone(), replay_row["outcome"].clone()),
+        (json!(2), json!("done"))
+    );
 }

@@ -41,7 +41,7 @@ use std::sync::Arc;
 
 use outbox::admin::Janitor;
 use outbox::axum::OutboxLayer;
-use outbox::postgres::{PgOutboxStore, PgTransaction};
+use outbox::postgres::{PgDeadLetters, PgOutboxStore, PgTransaction};
 use outbox::rabbitmq::{EventHandler, LapinPublisher, QueueTopology};
 use outbox::{Relay, RelayHandle};
 use tokio::task::JoinSet;
@@ -378,7 +378,8 @@ async fn run_api(
         telemetry::register_relay_counters();
     }
     let store = PgOutboxStore::builder(pool.clone()).build()?;
-    let admin = routes::admin::router(&config, store.clone())?;
+    let dead_letters = PgDeadLetters::new(pool.clone());
+    let admin = routes::admin::router(&config, store.clone(), dead_letters)?;
     // Once before serving, so the gauges are on `/metrics` from the start.
     if let Err(error) = telemetry::refresh_outbox_gauges(&store).await {
         tracing::warn!(%error, "reading the outbox stats failed");

@@ -93,6 +93,13 @@ impl IntoResponse for ApiError {
                             "the outbox store failed (see the service's log); retry later",
                         );
                     }
+                    AdminError::Broker(_) => {
+                        tracing::error!(error = %error, source = ?std::error::Error::source(&error), "outbox admin: the broker failed");
+                        return json_error(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "the broker failed (see the service's log); retry later",
+                        );
+                    }
                     _ => {
                         tracing::error!(error = %error, "outbox admin: unexpected error");
                         StatusCode::INTERNAL_SERVER_ERROR

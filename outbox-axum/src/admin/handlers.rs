@@ -17,12 +17,14 @@ use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use super::auth::Authenticator;
+use super::dead_letters::DeadLetterVerbs;
 use super::error::ApiError;
 use super::query::{FilterQuery, audit_page};
 
 /// What every handler shares.
 pub(crate) struct Shared<S> {
     pub(crate) admin: Admin<S>,
+    pub(crate) dead_letters: Option<Arc<dyn DeadLetterVerbs>>,
     pub(crate) auth: Authenticator,
     pub(crate) allow_payloads: bool,
 }
@@ -41,7 +43,16 @@ where
     F: FnOnce(Arc<Shared<S>>) -> Fut,
     Fut: std::future::Future<Output = Result<T, AdminError>> + Send + 'static,
 {
-    match tokio::spawn(mutation(app)).await {
+    detached_with(mutation(app)).await
+}
+
+/// Runs `mutation` on its own task (see [`detached`]).
+pub(crate) async fn detached_with<T, Fut>(mutation: Fut) -> Reply<T>
+where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = Result<T, AdminError>> + Send + 'static,
+{
+    match tokio::spawn(mutation).await {
         Ok(result) => Ok(Json(result?)),
         Err(error) => {
             tracing::error!(%error, "outbox admin: a mutation's task failed");
@@ -52,7 +63,7 @@ where
 
 /// The authenticated caller: from the request's extensions, else the
 /// router's authenticator; `401` without one.
-pub(crate) struct Authenticated(Caller);
+pub(crate) struct Authenticated(pub(crate) Caller);
 
 impl<S: OutboxAdmin> FromRequestParts<Arc<Shared<S>>> for Authenticated {
     type Rejection = ApiError;
@@ -72,7 +83,7 @@ impl<S: OutboxAdmin> FromRequestParts<Arc<Shared<S>>> for Authenticated {
 
 /// An operator, or `403` before anything is read: a read-only caller learns
 /// nothing from a mutation's validation or counts.
-fn operator(caller: &Caller, action: &'static str) -> Result<(), ApiError> {
+pub(crate) fn operator(caller: &Caller, action: &'static str) -> Result<(), ApiError> {
     if caller.may_act() {
         Ok(())
     } else {
@@ -85,7 +96,7 @@ fn operator(caller: &Caller, action: &'static str) -> Result<(), ApiError> {
 }
 
 /// `Json<T>` whose rejections are answered in the router's JSON shape.
-pub(crate) struct Body<T>(T);
+pub(crate) struct Body<T>(pub(crate) T);
 
 impl<T: DeserializeOwned, St: Send + Sync> FromRequest<St> for Body<T> {
     type Rejection = ApiError;

@@ -52,6 +52,18 @@
 //! | `GET /relays` | | [`RelayInfo`](outbox_core::admin::RelayInfo)s |
 //! | `POST /relays/{name}/pause`, `POST /relays/{name}/resume` | | the relay paused or resumed |
 //! | `GET /audit` | query: `before=<id>`, `limit=` (default 100) | [`AuditRecord`](outbox_core::admin::AuditRecord)s, newest first |
+//! | `GET /dead-letters` | query: `queue=<consumer queue>`, `after=<id>`, `limit=` (default 100), `all=true` (replayed and purged ones too) | [`Page`](outbox_core::admin::Page) of [`DeadLetterRecord`](outbox_core::admin::DeadLetterRecord)s in the order they were dead-lettered; payload and headers `null` unless [`allow_payloads`](AdminRouterBuilder::allow_payloads) |
+//! | `GET /dead-letters/{id}` | | one [`DeadLetterRecord`](outbox_core::admin::DeadLetterRecord), redacted likewise |
+//! | `GET /dead-letter-groups` | query: `queue=` | open dead letters as [`DeadLetterGroup`](outbox_core::admin::DeadLetterGroup)s |
+//! | `POST /dead-letters/replay` | a [`DlqReplay`](outbox_core::admin::DlqReplay): `{"queue": "<dead-letter queue>", "limit": 100, "skip_unreplayable": false, "dry_run": false}` | [`DlqReplayOutcome`](outbox_core::admin::DlqReplayOutcome): each message back to its queue, confirmed before it leaves the dead-letter queue; `409` with the same body when it stopped on a message (`error` says why; what moved before is done) |
+//! | `POST /dead-letters/purge` | a [`DlqPurge`](outbox_core::admin::DlqPurge): `{"queue": "...", "origins": ["<consumer queue>"], "dry_run": false}` | [`DlqPurgeOutcome`](outbox_core::admin::DlqPurgeOutcome) |
+//!
+//! The dead-letter endpoints need
+//! [`dead_letters`](AdminRouterBuilder::dead_letters) (they answer `404`
+//! without); they list the records consumers write when they dead-letter a
+//! message (never the queue: getting and requeueing reorders it), and act
+//! on the broker's queue through
+//! [`DeadLetters`].
 //!
 //! The filter in a query string: `status` (repeatable:
 //! `?status=dead&status=retry`), `id` (repeatable), `aggregate_type`,
@@ -70,9 +82,10 @@
 //! | `400` | a malformed body or query string, an unknown field or parameter, a selection the verb refuses (e.g. an empty filter for a replay) |
 //! | `401` + `WWW-Authenticate: Bearer` | no caller: no token, a wrong one, no [`Caller`](outbox_core::admin::Caller) from your layer |
 //! | `403` | a read-only caller asked for a mutation (checked before anything is read) |
-//! | `404` | no such event, aggregate head or relay |
+//! | `404` | no such event, aggregate head, relay, dead letter or queue |
+//! | `409` | a dead-letter replay stopped on a message it cannot send back (the body is the replay's outcome) |
 //! | `415` | a `POST` body without `Content-Type: application/json` (required, so a browser cannot send it cross-site without a CORS preflight) |
-//! | `503` | the store failed (the details are in the log, not in the answer) |
+//! | `503` | the store or the broker failed (the details are in the log, not in the answer) |
 //!
 //! # Authentication
 //! The router refuses to build without a choice:
@@ -131,11 +144,12 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::Uri;
 use axum::routing::{get, post};
-use outbox_core::admin::{Admin, OutboxAdmin};
+use outbox_core::admin::{Admin, DeadLetterBroker, DeadLetterStore, DeadLetters, OutboxAdmin};
 
 use crate::Error;
 
 mod auth;
+mod dead_letters;
 mod error;
 mod handlers;
 mod query;
@@ -143,6 +157,7 @@ mod query;
 pub use auth::{ANONYMOUS, AdminAuth, BearerTokens, LayerAuth, MIN_TOKEN_LEN};
 
 use auth::Authenticator;
+use dead_letters::DeadLetterVerbs;
 use error::ApiError;
 use handlers::Shared;
 
@@ -157,6 +172,7 @@ impl AdminRouter {
     pub fn builder<S: OutboxAdmin>(admin: Admin<S>) -> AdminRouterBuilder<S> {
         AdminRouterBuilder {
             admin,
+            dead_letters: None,
             auth: None,
             anonymous: false,
             allow_payloads: false,
@@ -168,6 +184,7 @@ impl AdminRouter {
 #[must_use = "call `.build()` to get the router"]
 pub struct AdminRouterBuilder<S> {
     admin: Admin<S>,
+    dead_letters: Option<Arc<dyn DeadLetterVerbs>>,
     auth: Option<(Authenticator, Result<(), Error>)>,
     anonymous: bool,
     allow_payloads: bool,
@@ -179,6 +196,7 @@ impl<S> fmt::Debug for AdminRouterBuilder<S> {
             .field("auth", &self.auth.is_some())
             .field("anonymous", &self.anonymous)
             .field("allow_payloads", &self.allow_payloads)
+            .field("dead_letters", &self.dead_letters.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -205,6 +223,19 @@ impl<S: OutboxAdmin> AdminRouterBuilder<S> {
     /// `false`: they are `null`). Payloads often hold personal data.
     pub fn allow_payloads(mut self, allow: bool) -> Self {
         self.allow_payloads = allow;
+        self
+    }
+
+    /// Serves consumers' dead letters too (`/dead-letters`,
+    /// `/dead-letter-groups`), through `verbs` (e.g. over
+    /// `outbox_diesel::PgDeadLetters` and `outbox_lapin::DeadLetterQueues`).
+    /// Without it those endpoints answer `404` saying so.
+    pub fn dead_letters<D, B>(mut self, verbs: DeadLetters<D, B>) -> Self
+    where
+        D: DeadLetterStore,
+        B: DeadLetterBroker,
+    {
+        self.dead_letters = Some(Arc::new(verbs));
         self
     }
 
@@ -244,6 +275,7 @@ impl<S: OutboxAdmin> AdminRouterBuilder<S> {
         };
         let shared = Arc::new(Shared {
             admin: self.admin,
+            dead_letters: self.dead_letters,
             auth,
             allow_payloads: self.allow_payloads,
         });
@@ -260,6 +292,11 @@ impl<S: OutboxAdmin> AdminRouterBuilder<S> {
             .route("/relays/{name}/pause", post(handlers::pause::<S>))
             .route("/relays/{name}/resume", post(handlers::resume::<S>))
             .route("/audit", get(handlers::audit::<S>))
+            .route("/dead-letters", get(dead_letters::list::<S>))
+            .route("/dead-letters/{id}", get(dead_letters::show::<S>))
+            .route("/dead-letters/replay", post(dead_letters::replay::<S>))
+            .route("/dead-letters/purge", post(dead_letters::purge::<S>))
+            .route("/dead-letter-groups", get(dead_letters::groups::<S>))
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .layer(axum::middleware::from_fn(json_posts_only))

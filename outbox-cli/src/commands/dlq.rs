@@ -3,13 +3,14 @@
 //! Listing reads the records the consumers wrote in the database
 //! (`inbox_dead_letters`), never the broker's queue: getting and requeueing
 //! messages would reorder them (or drop them, on some queue types). Replay
-//! and purge act on the dead-letter queue in RabbitMQ, then mark the records.
+//! and purge act on the dead-letter queue in RabbitMQ and mark the records,
+//! through `outbox_core::admin::DeadLetters` (as the admin router does).
 
-use std::collections::BTreeMap;
-
-use outbox_core::admin::{AdminError, AuditEntry, DeadLetterRecord, OutboxAdmin as _};
-use outbox_lapin::{DeadLetterQueue, DlqReplayReport};
-use serde::Serialize;
+use outbox_core::admin::{
+    AdminError, DeadLetterRecord, DeadLetterStore as _, DeadLetters, DlqPurge, DlqReplay,
+};
+use outbox_diesel::PgDeadLetters;
+use outbox_lapin::DeadLetterQueues;
 
 use super::Context;
 use crate::cli::{DlqCommand, DlqListArgs, DlqPurgeArgs, DlqReplayArgs, Global};
@@ -169,67 +170,55 @@ fn amqp_url(global: &Global) -> Result<&str> {
         .ok_or(Error::NoAmqpUrl)
 }
 
-/// The dead-letter queue `queue` on the broker.
-async fn connect_queue(url: &str, queue: &str) -> Result<DeadLetterQueue> {
-    DeadLetterQueue::connect(url, queue)
-        .await
-        .map_err(|e| match e {
-            outbox_lapin::Error::Connect { .. } | outbox_lapin::Error::ConnectTimeout { .. } => {
-                Error::AmqpConnect(e)
-            }
-            e => Error::Broker(e),
-        })
+/// The dead-letter verbs over the database's records and the broker's
+/// queues.
+fn verbs(ctx: &Context, global: &Global) -> Result<DeadLetters<PgDeadLetters, DeadLetterQueues>> {
+    Ok(DeadLetters::new(
+        ctx.dead_letters.clone(),
+        DeadLetterQueues::new(amqp_url(global)?),
+    )
+    .chunk_size(global.chunk_size))
 }
 
-/// What a dry run found.
-#[derive(Debug, Serialize)]
-struct Depth<'a> {
-    queue: &'a str,
-    depth: u32,
-    dry_run: bool,
-}
-
-async fn dry_run(global: &Global, out: Output, queue: &str, verb: &str) -> Result<()> {
-    let dlq = connect_queue(amqp_url(global)?, queue).await?;
-    let depth = dlq.depth().await.map_err(Error::Broker)?;
-    // The broker closes the connection with the process in any case.
-    let _ = dlq.close().await;
-    if out.json {
-        return out.json(&Depth {
-            queue,
-            depth,
-            dry_run: true,
-        });
+/// A broker that cannot be reached is exit code 6, as everywhere.
+fn classify(error: AdminError) -> Error {
+    match error {
+        AdminError::Broker(e) => match e.downcast::<outbox_lapin::Error>() {
+            Ok(e) => match *e {
+                e @ (outbox_lapin::Error::Connect { .. }
+                | outbox_lapin::Error::ConnectTimeout { .. }) => Error::AmqpConnect(e),
+                e => Error::Broker(e),
+            },
+            Err(e) => Error::Admin(AdminError::Broker(e)),
+        },
+        e => Error::Admin(e),
     }
-    output::line(&format!(
-        "dry run: `{queue}` holds {depth} message(s); nothing {verb}"
-    ))
-}
-
-/// What a replay did.
-#[derive(Debug, Serialize)]
-struct Replayed<'a> {
-    queue: &'a str,
-    #[serde(flatten)]
-    report: &'a DlqReplayReport,
-    /// Records marked replayed in the database.
-    marked: u64,
-    audit_id: Option<i64>,
 }
 
 async fn replay(global: &Global, out: Output, args: &DlqReplayArgs) -> Result<()> {
     let queue = args.queue.as_str();
-    if args.dry_run {
-        return dry_run(global, out, queue, "replayed").await;
-    }
-    let url = amqp_url(global)?;
     let ctx = Context::connect(global, out).await?;
-    let dlq = connect_queue(url, queue).await?;
-    let depth = dlq.depth().await.map_err(Error::Broker)?;
-    // At most what the queue held at the start: a message that fails again
-    // at once comes back to its tail and must not be replayed forever.
-    let limit = args.limit.map_or(depth as usize, |l| l.min(depth as usize));
-    let total = limit as u64;
+    let verbs = verbs(&ctx, global)?;
+    let mut request = DlqReplay::new(queue).skipping_unreplayable(args.skip_unreplayable);
+    if let Some(limit) = args.limit {
+        request = request.limit(limit);
+    }
+    let counted = verbs
+        .replay(&ctx.caller, &request.clone().dry_run(true), &|_| {})
+        .await
+        .map_err(classify)?;
+    let total = args
+        .limit
+        .map_or(counted.depth as usize, |l| l.min(counted.depth as usize)) as u64;
+    if args.dry_run {
+        if out.json {
+            return out.json(&counted);
+        }
+        return output::line(&format!(
+            "dry run: `{queue}` holds {} message(s); nothing replayed",
+            counted.depth
+        ));
+    }
     if total > 1 {
         ctx.confirm_text(
             &format!("dlq replay `{queue}`"),
@@ -237,191 +226,97 @@ async fn replay(global: &Global, out: Output, args: &DlqReplayArgs) -> Result<()
         )?;
     }
     let bar = out.bar(total, "replayed");
-    // In chunks, each marked in the database before the next: killed half
-    // way, at most one chunk of replayed messages is still open there.
-    let chunk = global.chunk_size.max(1);
-    let mut report = DlqReplayReport::default();
-    let mut marked = 0;
-    loop {
-        let left = limit.saturating_sub(report.messages.len());
-        if left == 0 {
-            break;
-        }
-        let this = left.min(chunk);
-        let done = report.replayed;
-        let part = match dlq
-            .replay(Some(this), &|n| bar.set_position(done + n))
-            .await
-        {
-            Ok(part) => part,
-            Err(e) => {
-                report.error = Some(e.to_string());
-                break;
-            }
-        };
-        match mark_replayed(&ctx, &part).await {
-            Ok(n) => marked += n,
-            Err(e) => {
-                bar.finish_and_clear();
-                output::warn(&format!(
-                    "{} message(s) were replayed, but marking the last {} of them in the \
-                     database failed: `outbox dlq list` still shows those as open",
-                    report.replayed + part.replayed,
-                    part.replayed
-                ))?;
-                return Err(e);
-            }
-        }
-        let finished = part.messages.len() < this;
-        report.replayed += part.replayed;
-        report.messages.extend(part.messages);
-        if part.error.is_some() {
-            report.error = part.error;
-            break;
-        }
-        if finished {
-            break;
-        }
-    }
+    let outcome = verbs
+        .replay(&ctx.caller, &request, &|n| bar.set_position(n))
+        .await
+        .map_err(classify);
     bar.finish_and_clear();
-    let _ = dlq.close().await;
-
-    tracing::info!(
-        queue,
-        replayed = report.replayed,
-        marked,
-        stopped = report.error.is_some(),
-        "dlq replay"
-    );
-    let target = serde_json::json!({
-        "queue": queue,
-        "limit": args.limit,
-        "replayed": report.replayed,
-        "marked": marked,
-        "error": report.error,
-    });
-    let audit_id = audit(&ctx, "dlq_replay", target).await?;
+    let outcome = outcome?;
+    let report = &outcome.report;
     if out.json {
-        out.json(&Replayed {
-            queue,
-            report: &report,
-            marked,
-            audit_id,
-        })?;
+        out.json(&outcome)?;
     } else {
         output::line(&format!(
-            "dlq replay: {} message(s) from `{queue}` sent back to their queue; {marked} \
-             record(s) marked replayed{}",
+            "dlq replay: {} message(s) from `{queue}` sent back to their queue; {} record(s) \
+             marked replayed{}{}",
             report.replayed,
-            audit_suffix(audit_id)
+            outcome.marked,
+            if report.skipped.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; {} message(s) that cannot go back moved to the tail of `{queue}`",
+                    report.skipped.len()
+                )
+            },
+            audit_suffix(outcome.audit_id)
         ))?;
+        for skipped in &report.skipped {
+            output::warn(&format!(
+                "skipped {}: {}",
+                skipped
+                    .message_id
+                    .as_deref()
+                    .unwrap_or("a message without message_id"),
+                skipped.reason
+            ))?;
+        }
     }
     match &report.error {
         None => Ok(()),
         Some(error) => Err(Error::ReplayStopped(format!(
             "the replay stopped after {} message(s): {error}. Nothing was lost: the rest is \
-             still in `{queue}`; fix the cause and run `outbox dlq replay {queue}` again",
+             still in `{queue}`; fix the cause and run `outbox dlq replay {queue}` again \
+             (--skip-unreplayable moves messages that cannot go back aside)",
             report.replayed
         ))),
     }
 }
 
-/// Marks the records of what `report` replayed, per origin queue; returns
-/// how many.
-async fn mark_replayed(ctx: &Context, report: &DlqReplayReport) -> Result<u64> {
-    // Exactly the records of the moved messages, by the id the consumer
-    // gave each dead letter; by event id for letters dead-lettered before
-    // consumers set it.
-    let mut marked = ctx
-        .dead_letters
-        .mark_replayed_letters(&report.dead_letter_ids())
-        .await?;
-    let mut by_queue: BTreeMap<&str, Vec<uuid::Uuid>> = BTreeMap::new();
-    for m in &report.messages {
-        if let (None, Some(id)) = (m.dead_letter_id, m.event_id) {
-            by_queue.entry(m.queue.as_str()).or_default().push(id);
-        }
-    }
-    for (origin, ids) in &by_queue {
-        marked += ctx.dead_letters.mark_replayed(Some(origin), ids).await?;
-    }
-    Ok(marked)
-}
-
-/// What a purge did.
-#[derive(Debug, Serialize)]
-struct Purged<'a> {
-    queue: &'a str,
-    origin: &'a str,
-    purged: u64,
-    /// Records marked purged in the database.
-    marked: u64,
-    audit_id: Option<i64>,
-}
-
 async fn purge(global: &Global, out: Output, args: &DlqPurgeArgs) -> Result<()> {
     let queue = args.queue.as_str();
-    if args.dry_run {
-        return dry_run(global, out, queue, "purged").await;
-    }
-    let Some(origin) = args.origin() else {
+    if args.origins.is_empty() && !queue.ends_with(".dead") {
         return Err(Error::Invalid(format!(
-            "`{queue}` does not end in `.dead`: name the consumer's queue whose records to \
-             mark purged with --origin QUEUE"
+            "`{queue}` does not end in `.dead`: name each consumer queue that dead-letters into \
+             it, whose records to mark purged, with --origin QUEUE"
         )));
-    };
-    let url = amqp_url(global)?;
+    }
     let ctx = Context::connect(global, out).await?;
-    let dlq = connect_queue(url, queue).await?;
-    let depth = dlq.depth().await.map_err(Error::Broker)?;
+    let verbs = verbs(&ctx, global)?;
+    let request = DlqPurge::new(queue).origins(args.origins.clone());
+    let counted = verbs
+        .purge(&ctx.caller, &request.clone().dry_run(true))
+        .await
+        .map_err(classify)?;
+    if args.dry_run {
+        if out.json {
+            return out.json(&counted);
+        }
+        return output::line(&format!(
+            "dry run: `{queue}` holds {} message(s); nothing purged",
+            counted.depth
+        ));
+    }
     ctx.confirm_text(
         &format!("purge `{queue}`"),
-        &format!("every message in it ({depth} now)"),
+        &format!("every message in it ({} now)", counted.depth),
     )?;
-    // Letters recorded after this are still in the queue after the purge.
-    let before = ctx.dead_letters.now().await?;
-    let purged = dlq.purge().await.map_err(Error::Broker);
-    let _ = dlq.close().await;
-    let purged = purged?;
-    let marked = ctx.dead_letters.mark_purged(origin, before).await?;
-    tracing::info!(queue, origin, purged, marked, "dlq purge");
-    let target = serde_json::json!({
-        "queue": queue,
-        "origin": origin,
-        "purged": purged,
-        "marked": marked,
-    });
-    let audit_id = audit(&ctx, "dlq_purge", target).await?;
+    let outcome = verbs.purge(&ctx.caller, &request).await.map_err(classify)?;
     if out.json {
-        return out.json(&Purged {
-            queue,
-            origin,
-            purged,
-            marked,
-            audit_id,
-        });
+        return out.json(&outcome);
     }
     output::line(&format!(
-        "dlq purge: {purged} message(s) deleted from `{queue}`; {marked} record(s) of \
-         `{origin}` marked purged{}",
-        audit_suffix(audit_id)
+        "dlq purge: {} message(s) deleted from `{queue}`; {} record(s) of {} marked purged{}",
+        outcome.purged,
+        outcome.marked,
+        outcome
+            .origins
+            .iter()
+            .map(|o| format!("`{o}`"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        audit_suffix(outcome.audit_id)
     ))
-}
-
-/// Writes the audit row of a finished broker action, its counts in the
-/// target (the action is on the broker: nothing else updates the row). A
-/// failure is a warning: the action is done.
-async fn audit(ctx: &Context, action: &str, target: serde_json::Value) -> Result<Option<i64>> {
-    let entry = AuditEntry::new(&ctx.caller.identity, action, target);
-    match ctx.admin.store().begin_audit(&entry).await {
-        Ok(id) => Ok(Some(id)),
-        Err(e) => {
-            output::warn(&format!(
-                "the {action} is done but its audit row failed: {e}"
-            ))?;
-            Ok(None)
-        }
-    }
 }
 
 fn audit_suffix(audit_id: Option<i64>) -> String {

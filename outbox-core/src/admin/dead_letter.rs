@@ -133,6 +133,118 @@ impl DeadLetterRecord {
     }
 }
 
+/// What a replay of a dead-letter queue did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct DlqReplayReport {
+    /// Messages sent back to their queue (confirmed there, then acked in
+    /// the dead-letter queue).
+    pub replayed: u64,
+    /// Each replayed message, in order.
+    pub messages: Vec<ReplayedMessage>,
+    /// Messages that could not be sent back (no known origin, or the
+    /// origin refused them) and were moved to the dead-letter queue's tail
+    /// instead, when the replay was asked to skip them.
+    pub skipped: Vec<SkippedMessage>,
+    /// Why the replay stopped before the queue was empty or the limit
+    /// reached; `None` when it finished.
+    pub error: Option<String>,
+}
+
+impl DlqReplayReport {
+    /// Messages taken from the dead-letter queue: replayed and skipped.
+    pub fn handled(&self) -> usize {
+        self.messages.len() + self.skipped.len()
+    }
+
+    /// The event ids of the replayed messages (those that had one).
+    pub fn event_ids(&self) -> Vec<Uuid> {
+        self.messages.iter().filter_map(|m| m.event_id).collect()
+    }
+
+    /// The consumer-given ids of the replayed dead letters that have one.
+    pub fn dead_letter_ids(&self) -> Vec<Uuid> {
+        self.messages
+            .iter()
+            .filter_map(|m| m.dead_letter_id)
+            .collect()
+    }
+
+    /// Adds `part` (a later chunk of the same replay).
+    pub fn extend(&mut self, part: DlqReplayReport) {
+        self.replayed += part.replayed;
+        self.messages.extend(part.messages);
+        self.skipped.extend(part.skipped);
+        if part.error.is_some() {
+            self.error = part.error;
+        }
+    }
+}
+
+/// One replayed message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ReplayedMessage {
+    /// The queue it was sent back to.
+    pub queue: String,
+    /// Its AMQP `message_id`, if any.
+    pub message_id: Option<String>,
+    /// The event id: the `message_id` when it is a UUID.
+    pub event_id: Option<Uuid>,
+    /// The id the consumer gave the dead letter (header
+    /// `x-outbox-dead-letter-id`), if it has one: marks exactly its record
+    /// replayed.
+    pub dead_letter_id: Option<Uuid>,
+}
+
+impl ReplayedMessage {
+    /// A message sent back to `queue`; its event id is `message_id` when
+    /// that is a UUID.
+    pub fn new(
+        queue: impl Into<String>,
+        message_id: Option<String>,
+        dead_letter_id: Option<Uuid>,
+    ) -> Self {
+        let event_id = message_id
+            .as_deref()
+            .and_then(|id| Uuid::parse_str(id).ok());
+        ReplayedMessage {
+            queue: queue.into(),
+            message_id,
+            event_id,
+            dead_letter_id,
+        }
+    }
+}
+
+/// A message a replay could not send back and moved to the dead-letter
+/// queue's tail (its record stays open).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SkippedMessage {
+    /// Its AMQP `message_id`, if any.
+    pub message_id: Option<String>,
+    /// The id the consumer gave the dead letter, if any.
+    pub dead_letter_id: Option<Uuid>,
+    /// Why it could not be sent back.
+    pub reason: String,
+}
+
+impl SkippedMessage {
+    /// A skipped message.
+    pub fn new(
+        message_id: Option<String>,
+        dead_letter_id: Option<Uuid>,
+        reason: impl Into<String>,
+    ) -> Self {
+        SkippedMessage {
+            message_id,
+            dead_letter_id,
+            reason: reason.into(),
+        }
+    }
+}
+
 /// Dead letters of one consumer and event type that failed the same way
 /// (their reasons [normalized](super::normalize_error) are equal).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -21,7 +21,9 @@
 //! ([`InboxDatabase::record_dead_letter`](crate::InboxDatabase::record_dead_letter))
 //! as [`DeadLetter`]s; a database lists them as [`DeadLetterRecord`]s and
 //! groups them with [`group_dead_letters`] (in PostgreSQL,
-//! `outbox_diesel::PgDeadLetters`).
+//! `outbox_diesel::PgDeadLetters`). [`DeadLetters`] lists, groups, replays
+//! and purges them, over such a store and the broker's dead-letter queues
+//! (`outbox_lapin::DeadLetterQueues`).
 //!
 //! Retention runs by itself: a [`Janitor`] beside each relay purges sent
 //! events and inbox entries past their retention (dead events are kept
@@ -67,6 +69,7 @@ use uuid::Uuid;
 
 mod audit;
 mod dead_letter;
+mod dlq;
 mod filter;
 mod group;
 mod janitor;
@@ -74,7 +77,14 @@ mod report;
 mod service;
 
 pub use audit::{AuditEntry, AuditRecord, Caller, Role};
-pub use dead_letter::{DeadLetter, DeadLetterGroup, DeadLetterRecord, group_dead_letters};
+pub use dead_letter::{
+    DeadLetter, DeadLetterGroup, DeadLetterRecord, DlqReplayReport, ReplayedMessage,
+    SkippedMessage, group_dead_letters,
+};
+pub use dlq::{
+    DeadLetterBroker, DeadLetterStore, DeadLetters, DlqPurge, DlqPurgeOutcome, DlqReplay,
+    DlqReplayOutcome,
+};
 pub use filter::{EventFilter, Page};
 pub use group::{MAX_NORMALIZED_BYTES, group_id, normalize_error};
 pub use janitor::{Janitor, JanitorReport};

@@ -35,11 +35,18 @@ pub enum AdminError {
     /// The store failed.
     #[error("the outbox store failed: {0}")]
     Store(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The broker failed (dead-letter queues).
+    #[error("the broker failed: {0}")]
+    Broker(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl AdminError {
-    fn store<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
+    pub(crate) fn store<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
         AdminError::Store(Box::new(error))
+    }
+
+    pub(crate) fn broker<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
+        AdminError::Broker(Box::new(error))
     }
 }
 

@@ -3,19 +3,31 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::admin::DeadLetter;
+use crate::admin::{
+    AuditEntry, AuditRecord, DeadLetter, DeadLetterGroup, DeadLetterRecord, DeadLetterStore, Page,
+    ReplayedMessage, group_dead_letters,
+};
 use crate::{InboxDatabase, InboxOutcome, InboxStore};
 
 /// An in-memory inbox. Entries written through an [`InboxTx`] become visible
 /// to other transactions only when it is [committed](InboxTx::commit); a
 /// dropped transaction rolls back. Dead letters the consumer records are
-/// kept in order ([`dead_letters`](Self::dead_letters)).
+/// kept in order ([`dead_letters`](Self::dead_letters)); it is a
+/// [`DeadLetterStore`] with its own audit trail
+/// ([`audit_log`](Self::audit_log)).
 #[derive(Debug, Clone, Default)]
 pub struct InMemoryInbox {
     seen: Arc<Mutex<HashSet<(String, Uuid)>>>,
-    dead_letters: Arc<Mutex<Vec<DeadLetter>>>,
+    dead_letters: Arc<Mutex<DeadLetterState>>,
+}
+
+#[derive(Debug, Default)]
+struct DeadLetterState {
+    records: Vec<DeadLetterRecord>,
+    audit: Vec<AuditRecord>,
 }
 
 /// A transaction on an [`InMemoryInbox`].
@@ -62,10 +74,22 @@ impl InMemoryInbox {
 
     /// The dead letters recorded so far, in the order they were recorded.
     pub fn dead_letters(&self) -> Vec<DeadLetter> {
+        self.letters()
+            .records
+            .iter()
+            .map(|r| r.letter.clone())
+            .collect()
+    }
+
+    /// The audit rows of the dead-letter verbs, oldest first.
+    pub fn audit_log(&self) -> Vec<AuditRecord> {
+        self.letters().audit.clone()
+    }
+
+    fn letters(&self) -> MutexGuard<'_, DeadLetterState> {
         self.dead_letters
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
     }
 }
 
@@ -118,10 +142,141 @@ impl InboxDatabase for InMemoryInbox {
     }
 
     async fn record_dead_letter(&self, letter: &DeadLetter) -> Result<(), Self::Error> {
-        self.dead_letters
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(letter.clone());
+        let mut state = self.letters();
+        let id = state.records.last().map_or(1, |r| r.id + 1);
+        state
+            .records
+            .push(DeadLetterRecord::new(id, letter.clone(), None, None));
+        Ok(())
+    }
+}
+
+impl DeadLetterStore for InMemoryInbox {
+    type Error = std::convert::Infallible;
+
+    async fn list(
+        &self,
+        queue: Option<&str>,
+        after: Option<i64>,
+        limit: usize,
+        include_settled: bool,
+    ) -> Result<Page<DeadLetterRecord>, Self::Error> {
+        let state = self.letters();
+        let mut items: Vec<DeadLetterRecord> = state
+            .records
+            .iter()
+            .filter(|r| queue.is_none_or(|q| r.letter.queue == q))
+            .filter(|r| r.id > after.unwrap_or(0))
+            .filter(|r| include_settled || r.is_open())
+            .take(limit.max(1) + 1)
+            .cloned()
+            .collect();
+        let next = if items.len() > limit.max(1) {
+            items.truncate(limit.max(1));
+            items.last().map(|r| r.id)
+        } else {
+            None
+        };
+        Ok(Page::new(items, next))
+    }
+
+    async fn show(&self, id: i64) -> Result<Option<DeadLetterRecord>, Self::Error> {
+        Ok(self.letters().records.iter().find(|r| r.id == id).cloned())
+    }
+
+    async fn groups(&self, queue: Option<&str>) -> Result<Vec<DeadLetterGroup>, Self::Error> {
+        let state = self.letters();
+        Ok(group_dead_letters(
+            state
+                .records
+                .iter()
+                .filter(|r| r.is_open() && queue.is_none_or(|q| r.letter.queue == q))
+                .map(|r| {
+                    let l = &r.letter;
+                    (
+                        l.consumer.clone(),
+                        l.event_type.clone(),
+                        l.reason.clone(),
+                        1,
+                        l.dead_lettered_at,
+                        l.dead_lettered_at,
+                    )
+                }),
+        ))
+    }
+
+    async fn mark_replayed(&self, messages: &[ReplayedMessage]) -> Result<u64, Self::Error> {
+        let now = Utc::now();
+        let mut state = self.letters();
+        let mut marked = 0;
+        for record in state.records.iter_mut().filter(|r| r.is_open()) {
+            let own = record
+                .letter
+                .headers
+                .get("x-outbox-dead-letter-id")
+                .and_then(|id| Uuid::parse_str(id).ok());
+            let moved = messages.iter().any(|m| match m.dead_letter_id {
+                Some(id) => own == Some(id),
+                None => {
+                    m.event_id.is_some()
+                        && m.event_id == record.letter.event_id
+                        && m.queue == record.letter.queue
+                }
+            });
+            if moved {
+                record.replayed_at = Some(now);
+                marked += 1;
+            }
+        }
+        Ok(marked)
+    }
+
+    async fn mark_purged(
+        &self,
+        queues: &[String],
+        before: DateTime<Utc>,
+    ) -> Result<u64, Self::Error> {
+        let now = Utc::now();
+        let mut state = self.letters();
+        let mut marked = 0;
+        for record in state.records.iter_mut() {
+            if record.is_open()
+                && queues.contains(&record.letter.queue)
+                && record.letter.dead_lettered_at < before
+            {
+                record.purged_at = Some(now);
+                marked += 1;
+            }
+        }
+        Ok(marked)
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>, Self::Error> {
+        Ok(Utc::now())
+    }
+
+    async fn begin_audit(&self, entry: &AuditEntry) -> Result<i64, Self::Error> {
+        let mut state = self.letters();
+        let id = state.audit.last().map_or(1, |r| r.id + 1);
+        state
+            .audit
+            .push(AuditRecord::new(id, Utc::now(), entry.clone(), 0));
+        Ok(id)
+    }
+
+    async fn record_audit(
+        &self,
+        audit: i64,
+        count: u64,
+        outcome: Option<&str>,
+    ) -> Result<(), Self::Error> {
+        let mut state = self.letters();
+        if let Some(row) = state.audit.iter_mut().find(|r| r.id == audit) {
+            row.count = count;
+            if let Some(outcome) = outcome {
+                *row = row.clone().finished(Utc::now(), outcome);
+            }
+        }
         Ok(())
     }
 }

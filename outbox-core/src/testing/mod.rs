@@ -6,10 +6,12 @@
 //! be tested quickly; integration tests still belong against the real
 //! PostgreSQL and RabbitMQ.
 
+mod broker;
 mod inbox;
 mod memory;
 mod publisher;
 
+pub use broker::{BrokerError, InMemoryDeadLetterQueues, QueuedMessage};
 pub use inbox::{InMemoryInbox, InboxTx};
 pub use memory::{InMemoryClaim, InMemoryStore, StoreError};
 pub use publisher::{PublishAttempt, RecordingPublisher};

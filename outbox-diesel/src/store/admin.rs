@@ -9,7 +9,7 @@
 use chrono::{DateTime, Utc};
 use diesel::pg::Pg;
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, Text, Timestamptz};
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Nullable, Text, Timestamptz};
 use diesel_async::RunQueryDsl;
 use outbox_core::admin::{
     Attempt, AttemptOutcome, AuditEntry, AuditRecord, Chunk, EventDetail, EventFilter,
@@ -582,27 +582,12 @@ impl OutboxAdmin for PgOutboxStore {
 
     async fn begin_audit(&self, entry: &AuditEntry) -> Result<i64> {
         let a = self.table("outbox_audit");
-        let row: CountRow = diesel::sql_query(format!(
-            "INSERT INTO {a} (identity, action, target) VALUES ($1, $2, $3) RETURNING id AS n"
-        ))
-        .bind::<Text, _>(&entry.identity)
-        .bind::<Text, _>(&entry.action)
-        .bind::<Jsonb, _>(&entry.target)
-        .get_result(&mut *self.conn().await?)
-        .await?;
-        Ok(row.n)
+        crate::audit::begin(&mut *self.conn().await?, &a, entry).await
     }
 
     async fn finish_audit(&self, audit: i64, outcome: &str) -> Result<()> {
         let a = self.table("outbox_audit");
-        diesel::sql_query(format!(
-            "UPDATE {a} SET finished_at = now(), outcome = $2 WHERE id = $1"
-        ))
-        .bind::<BigInt, _>(audit)
-        .bind::<Text, _>(outcome.replace('\0', "\u{FFFD}"))
-        .execute(&mut *self.conn().await?)
-        .await?;
-        Ok(())
+        crate::audit::record(&mut *self.conn().await?, &a, audit, None, Some(outcome)).await
     }
 
     async fn audit_log(&self, before: Option<i64>, limit: usize) -> Result<Vec<AuditRecord>> {

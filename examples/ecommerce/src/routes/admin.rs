@@ -1,11 +1,13 @@
 //! The outbox admin API (`outbox::axum::admin`) at `/admin`, when
 //! `ADMIN_TOKEN` is set: status, dead events, replay, skip, purge, relays,
-//! audit trail. See the README's "Admin API".
+//! audit trail, and the consumers' dead letters (list, groups, replay,
+//! purge). See the README's "Admin API".
 
 use axum::Router;
-use outbox::admin::Admin;
+use outbox::admin::{Admin, DeadLetters};
 use outbox::axum::admin::{AdminRouter, BearerTokens};
-use outbox::postgres::PgOutboxStore;
+use outbox::postgres::{PgDeadLetters, PgOutboxStore};
+use outbox::rabbitmq::DeadLetterQueues;
 
 use crate::config::Config;
 
@@ -14,15 +16,16 @@ pub const OPERATOR: &str = "admin";
 /// The identity of `ADMIN_READ_TOKEN`.
 pub const READ_ONLY: &str = "read-only";
 
-/// The admin router over `store`, or `None` (logged at info) when
-/// `ADMIN_TOKEN` is not set. Payloads stay redacted: they hold customer
-/// data.
+/// The admin router over `store` and the consumers' `dead_letters` (their
+/// queues on `AMQP_URL`), or `None` (logged at info) when `ADMIN_TOKEN` is
+/// not set. Payloads stay redacted: they hold customer data.
 ///
 /// # Errors
 /// A token shorter than 16 bytes, or both tokens the same.
 pub fn router(
     config: &Config,
     store: PgOutboxStore,
+    dead_letters: PgDeadLetters,
 ) -> Result<Option<Router>, outbox::axum::Error> {
     let Some(token) = &config.admin_token else {
         tracing::info!("admin API off: set ADMIN_TOKEN to enable it");
@@ -32,7 +35,9 @@ pub fn router(
     if let Some(read) = &config.admin_read_token {
         tokens = tokens.read_only(READ_ONLY, read);
     }
+    let dead_letters = DeadLetters::new(dead_letters, DeadLetterQueues::new(&config.amqp_url));
     let router = AdminRouter::builder(Admin::new(store))
+        .dead_letters(dead_letters)
         .auth(tokens)
         .build()?;
     tracing::info!(
@@ -75,15 +80,29 @@ mod tests {
         PgOutboxStore::builder(pool).build().unwrap()
     }
 
+    fn dead_letters() -> PgDeadLetters {
+        let pool = crate::db::pool("postgres://nobody@127.0.0.1:1/nothing", 1).unwrap();
+        PgDeadLetters::new(pool)
+    }
+
     #[test]
     fn admin_is_off_without_a_token_and_refuses_a_short_one() {
-        assert!(router(&config(&[]), store()).unwrap().is_none());
         assert!(
-            router(&config(&[("ADMIN_TOKEN", TOKEN)]), store())
+            router(&config(&[]), store(), dead_letters())
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            router(&config(&[("ADMIN_TOKEN", TOKEN)]), store(), dead_letters())
                 .unwrap()
                 .is_some()
         );
-        let err = router(&config(&[("ADMIN_TOKEN", "changeme")]), store()).unwrap_err();
+        let err = router(
+            &config(&[("ADMIN_TOKEN", "changeme")]),
+            store(),
+            dead_letters(),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("fewer than 16"), "{err}");
     }
 

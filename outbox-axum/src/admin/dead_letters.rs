@@ -1,0 +1,221 @@
+//! `/dead-letters`: consumers' dead letters over
+//! [`DeadLetters`], behind the router's authentication.
+//!
+//! The router holds them as a trait object, so that its type does not grow
+//! a parameter per store and broker.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use outbox_core::admin::{
+    AdminError, Caller, DeadLetterBroker, DeadLetterGroup, DeadLetterRecord, DeadLetterStore,
+    DeadLetters, DlqPurge, DlqPurgeOutcome, DlqReplay, DlqReplayOutcome, OutboxAdmin, Page,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::handlers::{AppState, Authenticated, Body, Shared, detached_with, operator};
+use super::query::DEFAULT_LIMIT;
+
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T, AdminError>> + Send + 'a>>;
+
+/// [`DeadLetters`] with its store and broker types erased.
+pub(crate) trait DeadLetterVerbs: Send + Sync + 'static {
+    fn list<'a>(
+        &'a self,
+        queue: Option<&'a str>,
+        after: Option<i64>,
+        limit: usize,
+        include_settled: bool,
+    ) -> Boxed<'a, Page<DeadLetterRecord>>;
+    fn show(&self, id: i64) -> Boxed<'_, DeadLetterRecord>;
+    fn groups<'a>(&'a self, queue: Option<&'a str>) -> Boxed<'a, Vec<DeadLetterGroup>>;
+    fn replay<'a>(
+        &'a self,
+        caller: &'a Caller,
+        request: &'a DlqReplay,
+    ) -> Boxed<'a, DlqReplayOutcome>;
+    fn purge<'a>(&'a self, caller: &'a Caller, request: &'a DlqPurge)
+    -> Boxed<'a, DlqPurgeOutcome>;
+}
+
+impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetterVerbs for DeadLetters<S, B> {
+    fn list<'a>(
+        &'a self,
+        queue: Option<&'a str>,
+        after: Option<i64>,
+        limit: usize,
+        include_settled: bool,
+    ) -> Boxed<'a, Page<DeadLetterRecord>> {
+        Box::pin(DeadLetters::list(
+            self,
+            queue,
+            after,
+            limit,
+            include_settled,
+        ))
+    }
+
+    fn show(&self, id: i64) -> Boxed<'_, DeadLetterRecord> {
+        Box::pin(DeadLetters::show(self, id))
+    }
+
+    fn groups<'a>(&'a self, queue: Option<&'a str>) -> Boxed<'a, Vec<DeadLetterGroup>> {
+        Box::pin(DeadLetters::groups(self, queue))
+    }
+
+    fn replay<'a>(
+        &'a self,
+        caller: &'a Caller,
+        request: &'a DlqReplay,
+    ) -> Boxed<'a, DlqReplayOutcome> {
+        Box::pin(DeadLetters::replay(self, caller, request, &|_| {}))
+    }
+
+    fn purge<'a>(
+        &'a self,
+        caller: &'a Caller,
+        request: &'a DlqPurge,
+    ) -> Boxed<'a, DlqPurgeOutcome> {
+        Box::pin(DeadLetters::purge(self, caller, request))
+    }
+}
+
+/// The dead-letter verbs, or `404` saying how to get them.
+fn verbs<S>(app: &Shared<S>) -> Result<Arc<dyn DeadLetterVerbs>, ApiError> {
+    app.dead_letters.clone().ok_or_else(|| {
+        ApiError::Request(
+            StatusCode::NOT_FOUND,
+            "dead letters are not served here: build the admin router with \
+             `.dead_letters(DeadLetters::new(store, broker))`"
+                .into(),
+        )
+    })
+}
+
+/// A record as JSON; payload and headers `null` unless allowed.
+fn record_json(record: &DeadLetterRecord, allow_payloads: bool) -> Value {
+    let mut value = serde_json::to_value(record).unwrap_or(Value::Null);
+    if !allow_payloads && let Value::Object(map) = &mut value {
+        map.insert("payload".into(), Value::Null);
+        map.insert("headers".into(), Value::Null);
+    }
+    value
+}
+
+/// `GET /dead-letters` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    queue: Option<String>,
+    after: Option<i64>,
+    limit: Option<usize>,
+    #[serde(default)]
+    all: bool,
+}
+
+pub(crate) async fn list<S: OutboxAdmin>(
+    State(app): AppState<S>,
+    _caller: Authenticated,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query.map_err(|e| {
+        ApiError::invalid(format!(
+            "invalid query string: {}; known parameters: queue, after, limit, all",
+            e.body_text()
+        ))
+    })?;
+    let page = verbs(&app)?
+        .list(
+            q.queue.as_deref(),
+            q.after,
+            q.limit.unwrap_or(DEFAULT_LIMIT),
+            q.all,
+        )
+        .await?;
+    let items: Vec<Value> = page
+        .items
+        .iter()
+        .map(|r| record_json(r, app.allow_payloads))
+        .collect();
+    Ok(Json(
+        serde_json::json!({ "items": items, "next": page.next }),
+    ))
+}
+
+pub(crate) async fn show<S: OutboxAdmin>(
+    State(app): AppState<S>,
+    _caller: Authenticated,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path(id) = id?;
+    let record = verbs(&app)?.show(id).await?;
+    Ok(Json(record_json(&record, app.allow_payloads)))
+}
+
+/// `GET /dead-letter-groups` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GroupsQuery {
+    queue: Option<String>,
+}
+
+pub(crate) async fn groups<S: OutboxAdmin>(
+    State(app): AppState<S>,
+    _caller: Authenticated,
+    query: Result<Query<GroupsQuery>, QueryRejection>,
+) -> Result<Json<Vec<DeadLetterGroup>>, ApiError> {
+    let Query(q) = query.map_err(|e| {
+        ApiError::invalid(format!(
+            "invalid query string: {}; known parameter: queue",
+            e.body_text()
+        ))
+    })?;
+    Ok(Json(verbs(&app)?.groups(q.queue.as_deref()).await?))
+}
+
+/// A replay's answer: `200`, or `409` when it stopped on a message (the
+/// body is the same outcome, its `error` saying why: what moved before is
+/// done and counted).
+pub(crate) struct Replayed(DlqReplayOutcome);
+
+impl IntoResponse for Replayed {
+    fn into_response(self) -> Response {
+        let status = if self.0.report.error.is_some() {
+            StatusCode::CONFLICT
+        } else {
+            StatusCode::OK
+        };
+        (status, Json(self.0)).into_response()
+    }
+}
+
+pub(crate) async fn replay<S: OutboxAdmin>(
+    State(app): AppState<S>,
+    Authenticated(caller): Authenticated,
+    body: Body<DlqReplay>,
+) -> Result<Replayed, ApiError> {
+    operator(&caller, "dlq replay")?;
+    let verbs = verbs(&app)?;
+    let Body(request) = body;
+    let Json(outcome) = detached_with(async move { verbs.replay(&caller, &request).await }).await?;
+    Ok(Replayed(outcome))
+}
+
+pub(crate) async fn purge<S: OutboxAdmin>(
+    State(app): AppState<S>,
+    Authenticated(caller): Authenticated,
+    body: Body<DlqPurge>,
+) -> Result<Json<DlqPurgeOutcome>, ApiError> {
+    operator(&caller, "dlq purge")?;
+    let verbs = verbs(&app)?;
+    let Body(request) = body;
+    detached_with(async move { verbs.purge(&caller, &request).await }).await
+}
