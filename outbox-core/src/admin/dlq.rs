@@ -410,22 +410,13 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
         let total = request
             .limit
             .map_or(depth as usize, |limit| limit.min(depth as usize));
-        let entry = AuditEntry::new(
-            &caller.identity,
-            "dlq_replay",
-            serde_json::json!({
-                "queue": queue,
-                "limit": request.limit,
-                "skip_unreplayable": request.skip_unreplayable,
-            }),
-        );
-        let audit = self
-            .store
-            .begin_audit(&entry)
-            .await
-            .map_err(AdminError::store)?;
+        let target = serde_json::json!({
+            "queue": queue,
+            "limit": request.limit,
+            "skip_unreplayable": request.skip_unreplayable,
+        });
+        let audit = self.begin(caller, "dlq_replay", target).await?;
         outcome.audit_id = Some(audit);
-        tracing::info!(identity = %caller.identity, queue, total, audit, "outbox admin: dlq replay");
         while outcome.report.handled() < total {
             let this = (total - outcome.report.handled()).min(self.chunk_size);
             let before = outcome.report.handled() as u64;
@@ -467,17 +458,12 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
                 break;
             }
         }
-        let ended = match &outcome.report.error {
-            None => "done".to_owned(),
-            Some(error) => format!("failed: {error}"),
-        };
-        if let Err(error) = self
-            .store
-            .record_audit(audit, outcome.report.replayed, Some(&ended))
-            .await
-        {
-            tracing::warn!(%error, audit, "outbox admin: recording how a dlq replay ended failed");
-        }
+        self.end(
+            audit,
+            outcome.report.replayed,
+            outcome.report.error.as_deref(),
+        )
+        .await;
         tracing::info!(
             queue,
             replayed = outcome.report.replayed,
@@ -530,31 +516,39 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
         if request.dry_run {
             return Ok(outcome);
         }
-        let entry = AuditEntry::new(
-            &caller.identity,
-            "dlq_purge",
-            serde_json::json!({ "queue": queue, "origins": outcome.origins }),
-        );
+        let target = serde_json::json!({ "queue": queue, "origins": outcome.origins });
+        let audit = self.begin(caller, "dlq_purge", target).await?;
+        outcome.audit_id = Some(audit);
+        let result = self.purge_and_mark(queue, &mut outcome).await;
+        let failure = result.as_ref().err().map(ToString::to_string);
+        self.end(audit, outcome.purged, failure.as_deref()).await;
+        result.map(|()| outcome)
+    }
+
+    /// Writes the audit row of `action` on `target` before it acts.
+    async fn begin(
+        &self,
+        caller: &Caller,
+        action: &str,
+        target: serde_json::Value,
+    ) -> Result<i64, AdminError> {
+        let entry = AuditEntry::new(&caller.identity, action, target);
         let audit = self
             .store
             .begin_audit(&entry)
             .await
             .map_err(AdminError::store)?;
-        outcome.audit_id = Some(audit);
-        tracing::info!(identity = %caller.identity, queue, audit, "outbox admin: dlq purge");
-        let result = self.purge_and_mark(queue, &mut outcome).await;
-        let ended = match &result {
-            Ok(()) => "done".to_owned(),
-            Err(error) => format!("failed: {error}"),
-        };
-        if let Err(error) = self
-            .store
-            .record_audit(audit, outcome.purged, Some(&ended))
-            .await
-        {
-            tracing::warn!(%error, audit, "outbox admin: recording how a dlq purge ended failed");
+        tracing::info!(identity = %caller.identity, action, target = %entry.target, audit, "outbox admin: {action}");
+        Ok(audit)
+    }
+
+    /// Ends the audit row with its count and `done`, or `failed: <why>`; a
+    /// failure to write it is logged (what it records is done).
+    async fn end(&self, audit: i64, count: u64, failure: Option<&str>) {
+        let outcome = failure.map_or_else(|| "done".to_owned(), |why| format!("failed: {why}"));
+        if let Err(error) = self.store.record_audit(audit, count, Some(&outcome)).await {
+            tracing::warn!(%error, audit, "outbox admin: recording how a dlq run ended failed");
         }
-        result.map(|()| outcome)
     }
 
     /// The messages ready in `queue`; [`AdminError::NotFound`] when the
