@@ -75,7 +75,9 @@ impl Error {
             Error::AmqpConnect(_) => code::AMQP_CONNECT,
             Error::ReplayStopped(_) => code::REPLAY_STOPPED,
             Error::Admin(AdminError::NotFound(_)) => code::NOT_FOUND,
-            Error::Admin(AdminError::Invalid(_) | AdminError::Forbidden { .. }) => code::INVALID,
+            Error::Admin(
+                AdminError::Invalid(_) | AdminError::Forbidden { .. } | AdminError::Conflict(_),
+            ) => code::INVALID,
             Error::Admin(_) | Error::Store(_) | Error::Broker(_) | Error::Io(_) => code::FAILED,
         })
     }

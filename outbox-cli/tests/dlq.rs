@@ -138,7 +138,10 @@ async fn dlq_replay_sends_them_back_to_their_queue_and_marks_them_replayed() {
     let audit = db.json(&["audit"]);
     assert_eq!(audit[0]["action"], "dlq_replay");
     assert_eq!(audit[0]["count"], 2);
-    assert_eq!(audit[0]["outcome"], "done");
+    assert_eq!(
+        audit[0]["outcome"],
+        "done: 2 replayed, 0 skipped, 2 record(s) marked"
+    );
 }
 
 #[tokio::test]

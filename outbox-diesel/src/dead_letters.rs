@@ -9,8 +9,8 @@ use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, Text, Tim
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_core::admin::{
-    AuditEntry, DeadLetter, DeadLetterGroup, DeadLetterRecord, DeadLetterStore, Page,
-    ReplayedMessage, group_dead_letters,
+    AuditEntry, DeadLetter, DeadLetterGroup, DeadLetterQuery, DeadLetterRecord, DeadLetterStore,
+    Page, ReplayedMessage, group_dead_letters,
 };
 use uuid::Uuid;
 
@@ -84,12 +84,14 @@ fn no_nul(text: &str) -> String {
 /// and purged ones past the inbox retention.
 ///
 /// ```no_run
-/// use outbox_core::admin::DeadLetterStore as _;
+/// use outbox_core::admin::{DeadLetterQuery, DeadLetterStore as _};
 /// use outbox_diesel::PgDeadLetters;
 ///
 /// # async fn run() -> outbox_diesel::Result<()> {
 /// let letters = PgDeadLetters::new(outbox_diesel::pool("postgres://postgres@127.0.0.1/shop", 2)?);
-/// let page = letters.list(Some("loyalty.orders"), None, 50, false).await?;
+/// let page = letters
+///     .list(&DeadLetterQuery::new().queue("loyalty.orders").limit(50))
+///     .await?;
 /// for record in &page.items {
 ///     println!("{} {:?} {}", record.id, record.letter.event_type, record.letter.reason);
 /// }
@@ -233,23 +235,26 @@ impl PgDeadLetters {
 impl DeadLetterStore for PgDeadLetters {
     type Error = Error;
 
-    async fn list(
-        &self,
-        queue: Option<&str>,
-        after: Option<i64>,
-        limit: usize,
-        include_settled: bool,
-    ) -> Result<Page<DeadLetterRecord>> {
+    /// Without payloads, the payload and headers columns are not read.
+    async fn list(&self, query: &DeadLetterQuery) -> Result<Page<DeadLetterRecord>> {
         let t = &self.table;
+        let columns = if query.payloads {
+            COLUMNS.to_owned()
+        } else {
+            COLUMNS.replace(
+                "headers, payload,",
+                "'{}'::jsonb AS headers, '' AS payload,",
+            )
+        };
         let sql = format!(
-            "SELECT {COLUMNS} FROM {t} WHERE ($1::text IS NULL OR queue = $1) AND id > $2 \
+            "SELECT {columns} FROM {t} WHERE ($1::text IS NULL OR queue = $1) AND id > $2 \
              AND ($3 OR (replayed_at IS NULL AND purged_at IS NULL)) ORDER BY id LIMIT $4"
         );
-        let limit = limit.max(1);
+        let limit = query.limit.max(1);
         let rows: Vec<DeadLetterRow> = diesel::sql_query(sql)
-            .bind::<Nullable<Text>, _>(queue)
-            .bind::<BigInt, _>(after.unwrap_or(0))
-            .bind::<Bool, _>(include_settled)
+            .bind::<Nullable<Text>, _>(query.queue.as_deref())
+            .bind::<BigInt, _>(query.after.unwrap_or(0))
+            .bind::<Bool, _>(query.include_settled)
             .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1))
             .load(&mut *self.conn().await?)
             .await?;
@@ -257,7 +262,14 @@ impl DeadLetterStore for PgDeadLetters {
         let items: Vec<DeadLetterRecord> = rows
             .into_iter()
             .take(limit)
-            .map(DeadLetterRecord::from)
+            .map(|row| {
+                let record = DeadLetterRecord::from(row);
+                if query.payloads {
+                    record
+                } else {
+                    record.redacted()
+                }
+            })
             .collect();
         let next = if more {
             items.last().map(|r| r.id)
@@ -305,8 +317,9 @@ impl DeadLetterStore for PgDeadLetters {
     /// In one statement: the records with the dead letters' own ids
     /// (header `x-outbox-dead-letter-id`, indexed: exactly the moved
     /// messages, undecodable ones and other copies of an event included),
-    /// and, for messages dead-lettered before consumers set that id, the
-    /// open records of their event in the queue they went back to.
+    /// and, for messages without such an id (dead-lettered by the broker, or
+    /// before consumers set it), the oldest open record without one of
+    /// their event in the queue they went back to, one per message.
     async fn mark_replayed(&self, messages: &[ReplayedMessage]) -> Result<u64> {
         let letters: Vec<String> = messages
             .iter()
@@ -323,12 +336,20 @@ impl DeadLetterStore for PgDeadLetters {
         }
         let t = &self.table;
         let sql = format!(
-            "UPDATE {t} SET replayed_at = now() \
+            "WITH want AS ( \
+               SELECT e, q, count(*) AS n FROM unnest($2::uuid[], $3::text[]) AS w(e, q) \
+               GROUP BY e, q), \
+             oldest AS ( \
+               SELECT d.id, w.n, row_number() OVER (PARTITION BY d.event_id, d.queue \
+                 ORDER BY d.id) AS rn \
+               FROM {t} d JOIN want w ON d.event_id = w.e AND d.queue = w.q \
+               WHERE d.replayed_at IS NULL AND d.purged_at IS NULL \
+               AND NOT (d.headers ? 'x-outbox-dead-letter-id')) \
+             UPDATE {t} SET replayed_at = now() \
              WHERE replayed_at IS NULL AND purged_at IS NULL AND id IN ( \
                SELECT id FROM {t} WHERE (headers ->> 'x-outbox-dead-letter-id') = ANY($1) \
                UNION ALL \
-               SELECT id FROM {t} WHERE (event_id, queue) IN \
-                 (SELECT * FROM unnest($2::uuid[], $3::text[])))"
+               SELECT id FROM oldest WHERE rn <= n)"
         );
         let changed = diesel::sql_query(sql)
             .bind::<Array<Text>, _>(letters)
@@ -339,33 +360,36 @@ impl DeadLetterStore for PgDeadLetters {
         Ok(changed as u64)
     }
 
-    /// Take `before` from [`now`](DeadLetterStore::now) just before purging
-    /// the queue: letters that arrive afterwards are still in the queue and
-    /// stay open.
-    async fn mark_purged(&self, queues: &[String], before: DateTime<Utc>) -> Result<u64> {
+    async fn watermark(&self) -> Result<i64> {
+        #[derive(diesel::QueryableByName)]
+        struct Max {
+            #[diesel(sql_type = BigInt)]
+            id: i64,
+        }
+        let t = &self.table;
+        let row: Max = diesel::sql_query(format!("SELECT coalesce(max(id), 0) AS id FROM {t}"))
+            .get_result(&mut *self.conn().await?)
+            .await?;
+        Ok(row.id)
+    }
+
+    /// Take `watermark` from [`watermark`](DeadLetterStore::watermark) just
+    /// before purging the queue: a record is written after its message
+    /// reached the dead-letter queue, so the records up to it are of
+    /// messages the purge deleted, and later ones stay open. (Not the
+    /// records' times: those are the consumers' clocks.)
+    async fn mark_purged(&self, queues: &[String], watermark: i64) -> Result<u64> {
         let t = &self.table;
         let sql = format!(
-            "UPDATE {t} SET purged_at = now() WHERE queue = ANY($1) AND dead_lettered_at < $2 \
+            "UPDATE {t} SET purged_at = now() WHERE queue = ANY($1) AND id <= $2 \
              AND replayed_at IS NULL AND purged_at IS NULL"
         );
         let changed = diesel::sql_query(sql)
             .bind::<Array<Text>, _>(queues)
-            .bind::<Timestamptz, _>(before)
+            .bind::<BigInt, _>(watermark)
             .execute(&mut *self.conn().await?)
             .await?;
         Ok(changed as u64)
-    }
-
-    async fn now(&self) -> Result<DateTime<Utc>> {
-        #[derive(diesel::QueryableByName)]
-        struct Now {
-            #[diesel(sql_type = Timestamptz)]
-            now: DateTime<Utc>,
-        }
-        let row: Now = diesel::sql_query("SELECT now() AS now")
-            .get_result(&mut *self.conn().await?)
-            .await?;
-        Ok(row.now)
     }
 
     async fn begin_audit(&self, entry: &AuditEntry) -> Result<i64> {

@@ -8,7 +8,9 @@ mod common;
 
 use common::TestDb;
 use outbox_core::InboxDatabase as _;
-use outbox_core::admin::{AuditEntry, DeadLetter, DeadLetterStore as _, ReplayedMessage};
+use outbox_core::admin::{
+    AuditEntry, DeadLetter, DeadLetterQuery, DeadLetterStore as _, ReplayedMessage,
+};
 use outbox_diesel::{PgDeadLetters, PgInbox, PgInboxDatabase};
 use uuid::Uuid;
 
@@ -59,7 +61,10 @@ async fn dead_letters_are_recorded_listed_grouped_and_marked() {
     assert_eq!(db.count("inbox_dead_letters", ""), 4);
 
     // Everything, in recording order, as recorded.
-    let all = letters.list(None, None, 10, false).await.unwrap();
+    let all = letters
+        .list(&DeadLetterQuery::new().limit(10))
+        .await
+        .unwrap();
     assert_eq!(all.next, None);
     assert_eq!(all.items.len(), 4);
     let first = &all.items[0];
@@ -83,11 +88,19 @@ async fn dead_letters_are_recorded_listed_grouped_and_marked() {
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "id order: {ids:?}");
 
     // One queue, page by page.
-    let page = letters.list(Some("orders"), None, 2, false).await.unwrap();
+    let page = letters
+        .list(&DeadLetterQuery::new().queue("orders").limit(2))
+        .await
+        .unwrap();
     assert_eq!(page.items.len(), 2);
     assert_eq!(page.next, Some(page.items[1].id));
     let rest = letters
-        .list(Some("orders"), page.next, 2, false)
+        .list(
+            &DeadLetterQuery::new()
+                .queue("orders")
+                .after(page.next)
+                .limit(2),
+        )
         .await
         .unwrap();
     assert_eq!(rest.items.len(), 1);
@@ -114,53 +127,103 @@ async fn dead_letters_are_recorded_listed_grouped_and_marked() {
     assert_eq!(letters.mark_replayed(&by_letter).await.unwrap(), 0, "once");
     assert!(!letters.show(ids[2]).await.unwrap().unwrap().is_open());
 
-    // Messages without the consumer's id: by event id, in the queue they
-    // went back to.
+    // Messages without the consumer's id (dead-lettered by the broker, or
+    // before consumers set it) mark one open record without an id of their
+    // event in the queue they went back to, per message; never a record
+    // with its own id (its message may still be in the queue).
     let by_event = |queue: &str, id: Uuid| ReplayedMessage::new(queue, Some(id.to_string()), None);
-    assert_eq!(
-        letters
-            .mark_replayed(&[by_event("orders", a), by_event("orders", b)])
-            .await
-            .unwrap(),
-        2
-    );
     assert_eq!(
         letters
             .mark_replayed(&[by_event("orders", a)])
             .await
             .unwrap(),
         0,
-        "once"
+        "a record with its own id is marked by that id only"
+    );
+    let d = Uuid::now_v7();
+    for _ in 0..2 {
+        let mut old = letter("orders", "old", Some(d), b"{}");
+        old.headers.remove("x-outbox-dead-letter-id");
+        database.record_dead_letter(&old).await.unwrap();
+    }
+    assert_eq!(
+        letters
+            .mark_replayed(&[by_event("orders", d)])
+            .await
+            .unwrap(),
+        1,
+        "one copy replayed, one record"
     );
     assert_eq!(
         letters
-            .mark_replayed(&[by_event("payments", c)])
+            .mark_replayed(&[by_event("payments", d)])
             .await
             .unwrap(),
         0,
         "another queue's"
     );
-    let before = letters.now().await.unwrap();
-    let orders = ["orders".to_owned(), "elsewhere".to_owned()];
     assert_eq!(
         letters
-            .mark_purged(&orders, before - chrono::Duration::hours(1))
+            .mark_replayed(&[by_event("orders", d)])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        letters
+            .mark_replayed(&[by_event("orders", d)])
             .await
             .unwrap(),
         0,
-        "letters recorded after the cutoff stay open"
+        "once"
     );
-    assert_eq!(letters.mark_purged(&orders, before).await.unwrap(), 1);
-    let open = letters.list(None, None, 10, false).await.unwrap();
+    let own = |i: usize| {
+        ReplayedMessage::new(
+            "orders",
+            None,
+            Some(Uuid::parse_str(&recorded[i].headers["x-outbox-dead-letter-id"]).unwrap()),
+        )
+    };
+    assert_eq!(letters.mark_replayed(&[own(0), own(1)]).await.unwrap(), 2);
+    // A purge marks the records up to the watermark read before it: a
+    // letter recorded after that is still in the queue and stays open.
+    let watermark = letters.watermark().await.unwrap();
+    let late = letter("orders", "late", Some(Uuid::now_v7()), b"{}");
+    database.record_dead_letter(&late).await.unwrap();
+    let orders = ["orders".to_owned(), "elsewhere".to_owned()];
+    assert_eq!(letters.mark_purged(&orders, watermark).await.unwrap(), 1);
+    let open = letters
+        .list(&DeadLetterQuery::new().payloads(false))
+        .await
+        .unwrap();
+    assert_eq!(open.items.len(), 1, "{open:?}");
+    assert_eq!(open.items[0].letter.reason, "late");
+    assert!(open.items[0].redacted && open.items[0].letter.payload.is_empty());
+    assert!(open.items[0].letter.headers.is_empty(), "not read");
+    assert_eq!(
+        letters
+            .mark_purged(&orders, letters.watermark().await.unwrap())
+            .await
+            .unwrap(),
+        1
+    );
+    let open = letters
+        .list(&DeadLetterQuery::new().limit(10))
+        .await
+        .unwrap();
     assert!(open.items.is_empty(), "{open:?}");
-    let every = letters.list(None, None, 10, true).await.unwrap();
-    assert_eq!(every.items.len(), 4);
+    let every = letters
+        .list(&DeadLetterQuery::new().limit(10).include_settled(true))
+        .await
+        .unwrap();
+    assert_eq!(every.items.len(), 7);
     assert!(every.items[0].replayed_at.is_some());
     assert!(
         every.items[2].replayed_at.is_some(),
         "the undecodable one, by its id"
     );
     assert!(every.items[3].purged_at.is_some() && every.items[3].replayed_at.is_none());
+    assert!(every.items[4].replayed_at.is_some() && every.items[5].replayed_at.is_some());
     assert_eq!(letters.groups(Some("orders")).await.unwrap(), []);
 }
 

@@ -12,16 +12,22 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions, QueuePurgeOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueDeclareOptions,
+    QueuePurgeOptions,
 };
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection};
-use outbox_core::admin::{DeadLetterBroker, DlqReplayReport, ReplayedMessage, SkippedMessage};
+use lapin::{BasicProperties, Channel, Connection, Consumer};
+use outbox_core::admin::{
+    DeadLetterBroker, DeadLetterSession, DlqReplay, DlqReplayReport, QueueDepth, ReplayedMessage,
+    SkippedMessage, StopCause,
+};
 use uuid::Uuid;
 
-use crate::consumer::republish::Republisher;
+use crate::consumer::republish::{RepublishError, Republisher};
 use crate::error::{bounded, connect, redact_url};
 use crate::topology::short_string;
 use crate::wire::header_str;
@@ -44,13 +50,15 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// use outbox_lapin::DeadLetterQueue;
 ///
 /// # async fn run() -> outbox_lapin::Result<()> {
-/// let dlq = DeadLetterQueue::connect("amqp://guest:guest@127.0.0.1:5672/%2f", "loyalty.orders.dead")
-///     .await?;
+/// let mut dlq =
+///     DeadLetterQueue::connect("amqp://guest:guest@127.0.0.1:5672/%2f", "loyalty.orders.dead")
+///         .await?;
 /// println!("{} dead letters", dlq.depth().await?);
 /// let report = dlq.replay(Some(100), &|n| eprintln!("{n} taken")).await?;
 /// if let Some(error) = &report.error {
 ///     eprintln!("stopped: {error}");
 /// }
+/// dlq.close().await?;
 /// # Ok(()) }
 /// ```
 ///
@@ -59,11 +67,14 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// instead (what the `outbox` CLI and the admin router do).
 ///
 /// # Replay
-/// One message at a time: `basic.get` (not auto-acked) from the dead-letter
-/// queue, then publish a copy through the default exchange straight to the
-/// queue it was dead-lettered from (`mandatory`, on a confirm channel) and
-/// wait for the broker's confirm, and only then ack the dead letter. Never
-/// to the original exchange, which would fan it out to every other
+/// The replay first becomes the queue's only reader: an exclusive consumer
+/// with a prefetch of one, held until [`close`](Self::close), so two
+/// replays of one queue never run at once (the second is refused) and
+/// nothing else takes messages meanwhile. Then one message at a time: it
+/// publishes a copy through the default exchange straight to the queue the
+/// message was dead-lettered from (`mandatory`, on a confirm channel),
+/// waits for the broker's confirm, and only then acks the dead letter.
+/// Never to the original exchange, which would fan it out to every other
 /// subscriber again. The origin is the [`QUEUE_HEADER`] the consumer sets,
 /// else the first `x-death` entry's queue (messages the broker itself
 /// dead-lettered). The copy keeps body and properties but for the headers:
@@ -73,15 +84,25 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// **Nothing is lost if it dies half way**: a message is acked only after
 /// its copy is confirmed, so a crash leaves each message either in the
 /// dead-letter queue, or in its origin queue, or (crash between confirm and
-/// ack) in both: the consumer's inbox drops the second copy. Order is kept:
-/// the dead letters arrive in their origin queue in dead-letter-queue order.
+/// ack) in both: the consumer's inbox drops the second copy. The dead
+/// letters that go back arrive in their origin queue in dead-letter-queue
+/// order.
 ///
-/// A message without an origin, or whose copy the broker does not take
-/// (origin queue gone: returned as unroutable; nacked; no confirm in time),
-/// is returned to the dead-letter queue (`basic.nack` with requeue) and the
-/// replay stops there with the reason in [`DlqReplayReport::error`]; with
-/// [`skip_unreplayable`](Self::skip_unreplayable) it is moved to the
-/// queue's tail instead (confirmed, then acked) and the replay goes on.
+/// A message that cannot go back stops the replay there, returned to the
+/// dead-letter queue (`basic.nack` with requeue), with the reason in
+/// [`DlqReplayReport::error`] and [`StopCause::Unreplayable`]: one without
+/// an origin, or whose copy the broker refuses (origin queue gone: returned
+/// as unroutable; nacked). With
+/// [`skip_unreplayable`](Self::skip_unreplayable) such a message moves to
+/// the queue's tail instead (confirmed, then acked) and the replay goes on.
+/// A message that carries no sign of having been dead-lettered (none of
+/// [`QUEUE_HEADER`], `x-death`, [`DEAD_REASON_HEADER`]) always stops it:
+/// the queue may be a live one. A broker failure (connection, channel, no
+/// confirm in time) stops it with [`StopCause::Broker`].
+///
+/// On a quorum queue with a delivery limit, each stop returns the message
+/// it stopped at, which counts as a delivery: fix the cause rather than
+/// replaying into the same stop many times.
 pub struct DeadLetterQueue {
     connection: Arc<Connection>,
     republisher: Republisher,
@@ -89,6 +110,14 @@ pub struct DeadLetterQueue {
     url: String,
     timeout: Duration,
     skip_unreplayable: bool,
+    /// The exclusive consumer, once the queue is claimed.
+    reader: Option<Reader>,
+}
+
+/// An exclusive consumer of the queue, prefetch 1.
+struct Reader {
+    channel: Channel,
+    consumer: Consumer,
 }
 
 impl fmt::Debug for DeadLetterQueue {
@@ -98,6 +127,7 @@ impl fmt::Debug for DeadLetterQueue {
             .field("queue", &self.queue)
             .field("timeout", &self.timeout)
             .field("skip_unreplayable", &self.skip_unreplayable)
+            .field("claimed", &self.reader.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -125,6 +155,7 @@ impl DeadLetterQueue {
             url: url.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             skip_unreplayable: false,
+            reader: None,
         })
     }
 
@@ -150,6 +181,16 @@ impl DeadLetterQueue {
     /// [`Error::Amqp`](crate::Error::Amqp) (`404` when the queue does not
     /// exist), [`Error::Timeout`](crate::Error::Timeout).
     pub async fn depth(&self) -> Result<u32> {
+        Ok(u32::try_from(self.inspect().await?.ready).unwrap_or(u32::MAX))
+    }
+
+    /// The messages ready in the queue and its consumers (a passive
+    /// `queue.declare`).
+    ///
+    /// # Errors
+    /// [`Error::Amqp`](crate::Error::Amqp) (`404` when the queue does not
+    /// exist), [`Error::Timeout`](crate::Error::Timeout).
+    pub async fn inspect(&self) -> Result<QueueDepth> {
         let channel = self.channel().await?;
         let declared = bounded(
             &format!("read the depth of `{}` (passive queue.declare)", self.queue),
@@ -165,21 +206,78 @@ impl DeadLetterQueue {
         )
         .await?;
         close(channel, self.timeout).await;
-        Ok(declared.message_count())
+        Ok(QueueDepth::new(
+            u64::from(declared.message_count()),
+            declared.consumer_count(),
+        ))
+    }
+
+    /// Becomes the queue's only reader (an exclusive consumer, prefetch 1)
+    /// until [`close`](Self::close); `false` when another consumer holds it
+    /// (another replay, or a consumer of a queue that is not a dead-letter
+    /// queue). A [replay](Self::replay) claims the queue itself.
+    ///
+    /// # Errors
+    /// [`Error::Amqp`](crate::Error::Amqp) (`404` when the queue does not
+    /// exist), [`Error::Timeout`](crate::Error::Timeout).
+    pub async fn claim(&mut self) -> Result<bool> {
+        match self.reader().await {
+            Ok(_) => Ok(true),
+            Err(crate::Error::Amqp { source, .. }) if in_use(&source) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The exclusive consumer, started on first use.
+    async fn reader(&mut self) -> Result<&mut Reader> {
+        if self.reader.is_none() {
+            let channel = self.channel().await?;
+            bounded(
+                "set the prefetch of the dead-letter replay (basic.qos)",
+                self.timeout,
+                channel.basic_qos(1, BasicQosOptions::default()),
+            )
+            .await?;
+            let consumer = bounded(
+                &format!("consume `{}` exclusively", self.queue),
+                self.timeout,
+                channel.basic_consume(
+                    short_string("dead-letter queue name", &self.queue)?,
+                    ShortString::from("outbox-dlq-replay"),
+                    BasicConsumeOptions {
+                        exclusive: true,
+                        ..BasicConsumeOptions::default()
+                    },
+                    FieldTable::default(),
+                ),
+            )
+            .await;
+            let consumer = match consumer {
+                Ok(consumer) => consumer,
+                Err(error) => {
+                    close(channel, self.timeout).await;
+                    return Err(error);
+                }
+            };
+            self.reader = Some(Reader { channel, consumer });
+        }
+        self.reader
+            .as_mut()
+            .ok_or_else(|| crate::Error::Config("the dead-letter reader is not open".into()))
     }
 
     /// Sends up to `limit` dead letters (when `None`, as many as the queue
     /// holds when it starts: copies that fail again and come back to its
     /// tail are not replayed again in the same run) back to the queues they
-    /// came from, one at a time, as the type's docs describe;
-    /// `progress` gets the number taken (replayed or skipped) so far after
-    /// each one.
+    /// came from, one at a time, as the type's docs describe; `progress`
+    /// gets the number taken (replayed or skipped) so far after each one.
     ///
     /// # Errors
-    /// Only when it cannot start (no channel); a replay that stops on a
-    /// message says why in [`DlqReplayReport::error`].
+    /// Only when it cannot start (no channel, the queue held by another
+    /// consumer: `403`); a replay that stops on a message says why in
+    /// [`DlqReplayReport::error`].
     pub async fn replay(
-        &self,
+        &mut self,
         limit: Option<usize>,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<DlqReplayReport> {
@@ -190,7 +288,7 @@ impl DeadLetterQueue {
     /// is confirmed and before its dead letter is acked: tests crash there.
     #[doc(hidden)]
     pub async fn replay_with_hook(
-        &self,
+        &mut self,
         limit: Option<usize>,
         progress: &(dyn Fn(u64) + Sync),
         confirmed: &(dyn Fn(u64) + Sync),
@@ -202,10 +300,10 @@ impl DeadLetterQueue {
             Some(limit) => limit,
             None => self.depth().await? as usize,
         };
-        let channel = self.channel().await?;
+        self.reader().await?;
         let mut report = DlqReplayReport::default();
         while report.handled() < limit {
-            match self.replay_one(&channel, confirmed, &report).await {
+            match self.replay_one(confirmed, &report).await {
                 Ok(Some(Taken::Replayed(message))) => {
                     report.replayed += 1;
                     report.messages.push(message);
@@ -220,15 +318,20 @@ impl DeadLetterQueue {
                     report.skipped.push(message);
                 }
                 Ok(None) => break,
-                Err(error) => {
-                    tracing::warn!(queue = %self.queue, %error, "dead-letter replay stopped");
-                    report.error = Some(error);
+                Err((cause, error)) => {
+                    tracing::warn!(queue = %self.queue, ?cause, %error, "dead-letter replay stopped");
+                    report.stop(cause, error);
                     break;
                 }
             }
             progress(report.handled() as u64);
         }
-        close(channel, self.timeout).await;
+        if report.error.is_some() {
+            // Nothing more this run: the message it stopped at (returned,
+            // and redelivered to the exclusive consumer at once) goes back
+            // to the queue, ready.
+            self.release().await;
+        }
         tracing::info!(
             queue = %self.queue,
             replayed = report.replayed,
@@ -239,27 +342,48 @@ impl DeadLetterQueue {
         Ok(report)
     }
 
+    /// Stops being the queue's reader: what it holds unacked returns to
+    /// the queue.
+    async fn release(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            close(reader.channel, self.timeout).await;
+        }
+    }
+
+    /// The next message of the exclusive consumer; `None` when none comes
+    /// within the timeout (the queue is empty).
+    async fn next(&mut self) -> std::result::Result<Option<Delivery>, (StopCause, String)> {
+        let timeout = self.timeout;
+        let queue = self.queue.clone();
+        let reader = self
+            .reader()
+            .await
+            .map_err(|e| (StopCause::Broker, e.to_string()))?;
+        match tokio::time::timeout(timeout, reader.consumer.next()).await {
+            Err(_) => Ok(None),
+            Ok(Some(Ok(delivery))) => Ok(Some(delivery)),
+            Ok(Some(Err(error))) => Err((
+                StopCause::Broker,
+                format!("consuming `{queue}` failed: {error}"),
+            )),
+            Ok(None) => Err((
+                StopCause::Broker,
+                format!("the broker cancelled the replay's consumer of `{queue}` (queue deleted?)"),
+            )),
+        }
+    }
+
     /// Takes the next message: replayed, or skipped; `None` when the queue
     /// is empty.
     async fn replay_one(
-        &self,
-        channel: &Channel,
+        &mut self,
         confirmed: &(dyn Fn(u64) + Sync),
         report: &DlqReplayReport,
-    ) -> std::result::Result<Option<Taken>, String> {
-        let dlq = &self.queue;
-        let queue = short_string("dead-letter queue name", dlq).map_err(|e| e.to_string())?;
-        let got = bounded(
-            &format!("basic.get from `{dlq}`"),
-            self.timeout,
-            channel.basic_get(queue, BasicGetOptions { no_ack: false }),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        let Some(got) = got else {
+    ) -> std::result::Result<Option<Taken>, (StopCause, String)> {
+        let Some(delivery) = self.next().await? else {
             return Ok(None);
         };
-        let delivery = got.delivery;
+        let dlq = self.queue.clone();
         let message_id = delivery
             .properties
             .message_id()
@@ -270,23 +394,37 @@ impl DeadLetterQueue {
             .unwrap_or_else(|| "without message_id".to_owned());
         let empty = FieldTable::default();
         let headers = delivery.properties.headers().as_ref().unwrap_or(&empty);
+        if !dead_lettered(headers) {
+            self.requeue(&delivery).await;
+            return Err((
+                StopCause::Unreplayable,
+                format!(
+                    "message {named} in `{dlq}` carries no sign of having been dead-lettered \
+                     (no `{QUEUE_HEADER}`, `x-death` or `{DEAD_REASON_HEADER}` header): is \
+                     `{dlq}` a dead-letter queue? It was left in place"
+                ),
+            ));
+        }
         let dead_letter_id =
             header_str(headers, DEAD_LETTER_ID_HEADER).and_then(|id| Uuid::parse_str(id).ok());
-        let sent = match origin_queue(headers) {
-            None => Err(format!(
+        let sent = match origin_queue(headers).filter(|origin| *origin != dlq) {
+            None => Err(RepublishError::Refused(format!(
                 "message {named} in `{dlq}` has neither an `{QUEUE_HEADER}` header nor an \
-                 `x-death` entry: where it came from is unknown"
-            )),
+                 `x-death` entry naming another queue: where it came from is unknown"
+            ))),
             Some(origin) => self
                 .republisher
                 .publish("", &origin, &delivery.data, replay_properties(&delivery))
                 .await
                 .map(|()| origin.clone())
-                .map_err(|error| {
-                    format!(
+                .map_err(|error| match error {
+                    RepublishError::Refused(why) => RepublishError::Refused(format!(
                         "cannot replay message {named} to queue `{origin}` (does it still \
-                         exist?): {error}"
-                    )
+                         exist?): {why}"
+                    )),
+                    RepublishError::Failed(why) => RepublishError::Failed(format!(
+                        "replaying message {named} to queue `{origin}` failed: {why}"
+                    )),
                 }),
         };
         let taken = match sent {
@@ -294,27 +432,40 @@ impl DeadLetterQueue {
                 confirmed(report.replayed + 1);
                 Taken::Replayed(ReplayedMessage::new(origin, message_id, dead_letter_id))
             }
-            Err(reason) if self.skip_unreplayable => {
+            Err(RepublishError::Refused(reason)) if self.skip_unreplayable => {
                 // To this queue's tail, as it is: confirmed before the ack,
                 // so a crash leaves it here (once or twice), never nowhere.
                 if let Err(error) = self
                     .republisher
-                    .publish("", dlq, &delivery.data, delivery.properties.clone())
+                    .publish("", &dlq, &delivery.data, delivery.properties.clone())
                     .await
                 {
                     self.requeue(&delivery).await;
-                    return Err(format!(
-                        "{reason}; moving it to the tail of `{dlq}` failed too ({error}): it \
-                         was left in place"
+                    return Err((
+                        StopCause::Broker,
+                        format!(
+                            "{reason}; moving it to the tail of `{dlq}` failed ({error}): it \
+                             was left in place"
+                        ),
                     ));
                 }
                 Taken::Skipped(SkippedMessage::new(message_id, dead_letter_id, reason))
             }
-            Err(reason) => {
+            Err(RepublishError::Refused(reason)) => {
                 self.requeue(&delivery).await;
-                return Err(format!(
-                    "{reason}; it was left in `{dlq}` (replay with skip_unreplayable to move \
-                     such messages aside and go on)"
+                return Err((
+                    StopCause::Unreplayable,
+                    format!(
+                        "{reason}; it was left in `{dlq}` (replay with skip_unreplayable to \
+                         move such messages aside and go on)"
+                    ),
+                ));
+            }
+            Err(RepublishError::Failed(reason)) => {
+                self.requeue(&delivery).await;
+                return Err((
+                    StopCause::Broker,
+                    format!("{reason}; it was left in `{dlq}`"),
                 ));
             }
         };
@@ -325,10 +476,13 @@ impl DeadLetterQueue {
         )
         .await
         .map_err(|error| {
-            format!(
-                "message {named} was copied but its ack in `{dlq}` failed ({error}): it is \
-                 still there too; a later replay sends it again and the consumer's inbox \
-                 drops the duplicate"
+            (
+                StopCause::Broker,
+                format!(
+                    "message {named} was copied but its ack in `{dlq}` failed ({error}): it is \
+                     still there too; a later replay sends it again and the consumer's inbox \
+                     drops the duplicate"
+                ),
             )
         })?;
         Ok(Some(taken))
@@ -376,11 +530,12 @@ impl DeadLetterQueue {
         Ok(u64::from(purged))
     }
 
-    /// Closes the connection.
+    /// Closes the connection (letting the queue go).
     ///
     /// # Errors
     /// [`Error::Amqp`](crate::Error::Amqp), [`Error::Timeout`](crate::Error::Timeout).
-    pub async fn close(self) -> Result<()> {
+    pub async fn close(mut self) -> Result<()> {
+        self.release().await;
         bounded(
             "close the dead-letter queue's connection",
             self.timeout,
@@ -401,6 +556,29 @@ impl DeadLetterQueue {
     }
 }
 
+impl Drop for DeadLetterQueue {
+    /// Dropped without [`close`](Self::close) (e.g. a cancelled replay):
+    /// the connection is closed in the background, so the queue is not held
+    /// by a consumer nobody reads.
+    fn drop(&mut self) {
+        if !self.connection.status().connected() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let connection = self.connection.clone();
+            let timeout = self.timeout;
+            runtime.spawn(async move {
+                let _ = bounded(
+                    "close a dropped dead-letter queue's connection",
+                    timeout,
+                    connection.close(200, "OK".into()),
+                )
+                .await;
+            });
+        }
+    }
+}
+
 async fn close(channel: Channel, timeout: Duration) {
     if channel.status().connected() {
         let _ = bounded(
@@ -413,9 +591,10 @@ async fn close(channel: Channel, timeout: Duration) {
 }
 
 /// The dead-letter queues of one broker, for
-/// [`DeadLetters`](outbox_core::admin::DeadLetters): each call connects
-/// (a [`DeadLetterQueue`]) and closes again, so a long-lived admin router
-/// holds no connection and survives broker restarts.
+/// [`DeadLetters`](outbox_core::admin::DeadLetters): each inspection and
+/// purge connects and closes again, and each replay holds its own
+/// connection (its [`DeadLetterQueue`]) until it ends, so a long-lived admin
+/// router holds no connection between calls and survives broker restarts.
 #[derive(Clone)]
 pub struct DeadLetterQueues {
     url: String,
@@ -435,17 +614,18 @@ impl DeadLetterQueues {
         DeadLetterQueues { url: url.into() }
     }
 
-    async fn open(&self, queue: &str) -> Result<DeadLetterQueue> {
+    async fn connect(&self, queue: &str) -> Result<DeadLetterQueue> {
         DeadLetterQueue::connect(&self.url, queue).await
     }
 }
 
 impl DeadLetterBroker for DeadLetterQueues {
     type Error = crate::Error;
+    type Session = DeadLetterQueue;
 
-    async fn depth(&self, queue: &str) -> Result<Option<u32>> {
-        let dlq = self.open(queue).await?;
-        let depth = dlq.depth().await;
+    async fn inspect(&self, queue: &str) -> Result<Option<QueueDepth>> {
+        let dlq = self.connect(queue).await?;
+        let depth = dlq.inspect().await;
         let _ = dlq.close().await;
         match depth {
             Ok(depth) => Ok(Some(depth)),
@@ -454,35 +634,83 @@ impl DeadLetterBroker for DeadLetterQueues {
         }
     }
 
-    async fn replay(
-        &self,
-        queue: &str,
-        limit: usize,
-        skip_unreplayable: bool,
-        progress: &(dyn Fn(u64) + Sync),
-    ) -> Result<DlqReplayReport> {
-        let dlq = self.open(queue).await?.skip_unreplayable(skip_unreplayable);
-        let report = dlq.replay(Some(limit), progress).await;
-        let _ = dlq.close().await;
-        report
+    async fn open(&self, queue: &str) -> Result<Option<DeadLetterQueue>> {
+        let mut dlq = self.connect(queue).await?;
+        match dlq.claim().await {
+            Ok(true) => Ok(Some(dlq)),
+            Ok(false) => {
+                let _ = dlq.close().await;
+                Ok(None)
+            }
+            Err(error) => {
+                let _ = dlq.close().await;
+                Err(error)
+            }
+        }
     }
 
     async fn purge(&self, queue: &str) -> Result<u64> {
-        let dlq = self.open(queue).await?;
+        let dlq = self.connect(queue).await?;
         let purged = dlq.purge().await;
         let _ = dlq.close().await;
         purged
     }
 }
 
+impl DeadLetterSession for DeadLetterQueue {
+    type Error = crate::Error;
+
+    async fn replay(
+        &mut self,
+        limit: usize,
+        request: &DlqReplay,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<DlqReplayReport> {
+        self.skip_unreplayable = request.skip_unreplayable;
+        DeadLetterQueue::replay(self, Some(limit), progress).await
+    }
+
+    async fn close(self) {
+        if let Err(error) = DeadLetterQueue::close(self).await {
+            tracing::warn!(%error, "closing a dead-letter replay's connection failed");
+        }
+    }
+}
+
 /// The broker's `404` on a passive declare: the queue does not exist.
 fn no_such_queue(error: &lapin::Error) -> bool {
-    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    soft_error(error, &[AMQPSoftError::NOTFOUND])
+}
+
+/// The broker's `403`/`405` on an exclusive consume: another consumer holds
+/// the queue.
+fn in_use(error: &lapin::Error) -> bool {
+    soft_error(
+        error,
+        &[AMQPSoftError::ACCESSREFUSED, AMQPSoftError::RESOURCELOCKED],
+    )
+}
+
+fn soft_error(error: &lapin::Error, kinds: &[AMQPSoftError]) -> bool {
     matches!(
         error.kind(),
         lapin::ErrorKind::ProtocolError(amqp)
-            if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+            if matches!(amqp.kind(), AMQPErrorKind::Soft(kind) if kinds.contains(kind))
     )
+}
+
+/// Whether the headers show the message was dead-lettered (by a consumer,
+/// or by the broker).
+fn dead_lettered(headers: &FieldTable) -> bool {
+    let inner = headers.inner();
+    [
+        QUEUE_HEADER,
+        "x-death",
+        DEAD_REASON_HEADER,
+        DEAD_LETTER_ID_HEADER,
+    ]
+    .iter()
+    .any(|name| inner.contains_key(*name))
 }
 
 /// What a replay did with one message.

@@ -98,7 +98,9 @@ pub use consumer::{
 };
 pub use dlq::{DeadLetterQueue, DeadLetterQueues, REPLAYED_REASON_HEADER};
 pub use error::{CONNECT_TIMEOUT, Error, Result};
-pub use outbox_core::admin::{DlqReplayReport, ReplayedMessage, SkippedMessage};
+pub use outbox_core::admin::{
+    DlqReplayReport, QueueDepth, ReplayedMessage, SkippedMessage, StopCause,
+};
 pub use publisher::{
     BLOCKED_GAUGE, ExchangeFn, LapinPublisher, LapinPublisherBuilder, RoutingKeyFn,
 };

@@ -19,13 +19,14 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use outbox_core::admin::DeadLetterBroker;
 use outbox_core::testing::{InMemoryInbox, InboxTx};
 use outbox_core::{DomainEvent, EventEnvelope};
 use outbox_lapin::wire::{self, header_str};
 use outbox_lapin::{
-    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, DeadLetterQueue, HandlerError,
-    InboxConsumer, IncomingEvent, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, QueueTopology,
-    REPLAYED_REASON_HEADER, handler_fn,
+    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, DeadLetterQueue, DeadLetterQueues,
+    HandlerError, InboxConsumer, IncomingEvent, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER,
+    QueueTopology, REPLAYED_REASON_HEADER, StopCause, handler_fn,
 };
 use serde::Serialize;
 use tokio::sync::oneshot;
@@ -376,7 +377,7 @@ async fn dead_letters_are_recorded_and_a_replay_brings_each_back_once() {
     }
     let dead_order: Vec<String> = dead.into_iter().map(|(id, _)| id).collect();
 
-    let dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
+    let mut dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
         .await
         .unwrap();
     assert_eq!(dlq.depth().await.unwrap(), 4);
@@ -455,7 +456,7 @@ async fn a_replay_killed_between_confirm_and_ack_loses_nothing() {
 
     // The replay process dies right after the third copy is confirmed,
     // before that dead letter is acked: its connection goes with it.
-    let dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
+    let mut dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
         .await
         .unwrap();
     let killed = tokio::spawn(async move {
@@ -483,7 +484,7 @@ async fn a_replay_killed_between_confirm_and_ack_loses_nothing() {
     assert_eq!(everywhere, expected, "every message is somewhere");
 
     // A second replay finishes the job.
-    let dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
+    let mut dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
         .await
         .unwrap();
     let report = dlq.replay(None, &|_| {}).await.unwrap();
@@ -506,7 +507,7 @@ async fn a_replay_killed_between_confirm_and_ack_loses_nothing() {
 #[tokio::test]
 async fn a_message_that_cannot_go_back_stays_and_purge_empties_the_queue() {
     let broker = Broker::new("stuck").await;
-    let dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
+    let mut dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
         .await
         .unwrap();
 
@@ -573,5 +574,79 @@ async fn a_message_that_cannot_go_back_stays_and_purge_empties_the_queue() {
         .await
         .unwrap();
     assert!(missing.depth().await.is_err());
+    dlq.close().await.unwrap();
+}
+
+/// A dead letter of `origin`, as a consumer dead-letters it.
+fn dead_letter_props(id: &str, origin: &str) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ShortString::from(QUEUE_HEADER),
+        AMQPValue::LongString(LongString::from(origin)),
+    );
+    BasicProperties::default()
+        .with_message_id(id.into())
+        .with_headers(headers)
+}
+
+#[tokio::test]
+async fn a_replay_holds_the_queue_alone_and_never_moves_a_live_message() {
+    let broker = Broker::new("alone").await;
+    for id in ["one", "two"] {
+        let props = dead_letter_props(id, broker.queue());
+        broker
+            .publish_to(broker.dlx(), "order.placed", b"{}", props)
+            .await;
+    }
+    broker.wait_ready(broker.dlq(), 2).await;
+
+    // The first replay's hold: a second reader is refused, and the queue
+    // shows a consumer (so the admin refuses to replay or purge it).
+    let mut first = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
+        .await
+        .unwrap();
+    assert!(first.claim().await.unwrap());
+    let mut second = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
+        .await
+        .unwrap();
+    assert!(!second.claim().await.unwrap(), "held by the first");
+    assert_eq!(second.inspect().await.unwrap().consumers, 1);
+    let queues = DeadLetterQueues::new(amqp_url());
+    assert!(
+        DeadLetterBroker::open(&queues, broker.dlq())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let report = first.replay(Some(2), &|_| {}).await.unwrap();
+    assert_eq!(report.replayed, 2);
+    first.close().await.unwrap();
+    assert!(second.claim().await.unwrap(), "free once the first closed");
+    second.close().await.unwrap();
+    assert_eq!(broker.ready(broker.queue()).await, 2);
+
+    // A message with no sign of having been dead-lettered stops a replay
+    // even when told to skip what cannot go back: the queue may be live.
+    let live = BasicProperties::default().with_message_id("live".into());
+    broker
+        .publish_to(broker.dlx(), "order.placed", b"{}", live)
+        .await;
+    broker.wait_ready(broker.dlq(), 1).await;
+    let mut dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
+        .await
+        .unwrap()
+        .skip_unreplayable(true);
+    let report = dlq.replay(None, &|_| {}).await.unwrap();
+    assert_eq!((report.replayed, report.skipped.len()), (0, 0));
+    assert_eq!(report.stopped_by, Some(StopCause::Unreplayable));
+    assert!(
+        report
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("dead-letter queue?"),
+        "{report:?}"
+    );
+    assert_eq!(dlq.depth().await.unwrap(), 1, "left in place");
     dlq.close().await.unwrap();
 }

@@ -14,11 +14,11 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use outbox_core::admin::{
-    AdminError, Caller, DeadLetterBroker, DeadLetterGroup, DeadLetterRecord, DeadLetterStore,
-    DeadLetters, DlqPurge, DlqPurgeOutcome, DlqReplay, DlqReplayOutcome, OutboxAdmin, Page,
+    AdminError, Caller, DeadLetterBroker, DeadLetterGroup, DeadLetterQuery, DeadLetterRecord,
+    DeadLetterStore, DeadLetters, DlqPurge, DlqPurgeOutcome, DlqReplay, DlqReplayOutcome,
+    OutboxAdmin, Page, StopCause,
 };
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::error::ApiError;
 use super::handlers::{AppState, Authenticated, Body, Shared, detached_with, operator};
@@ -28,13 +28,7 @@ type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T, AdminError>> + Send + 
 
 /// [`DeadLetters`] with its store and broker types erased.
 pub(crate) trait DeadLetterVerbs: Send + Sync + 'static {
-    fn list<'a>(
-        &'a self,
-        queue: Option<&'a str>,
-        after: Option<i64>,
-        limit: usize,
-        include_settled: bool,
-    ) -> Boxed<'a, Page<DeadLetterRecord>>;
+    fn list<'a>(&'a self, query: &'a DeadLetterQuery) -> Boxed<'a, Page<DeadLetterRecord>>;
     fn show(&self, id: i64) -> Boxed<'_, DeadLetterRecord>;
     fn groups<'a>(&'a self, queue: Option<&'a str>) -> Boxed<'a, Vec<DeadLetterGroup>>;
     fn replay<'a>(
@@ -47,20 +41,8 @@ pub(crate) trait DeadLetterVerbs: Send + Sync + 'static {
 }
 
 impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetterVerbs for DeadLetters<S, B> {
-    fn list<'a>(
-        &'a self,
-        queue: Option<&'a str>,
-        after: Option<i64>,
-        limit: usize,
-        include_settled: bool,
-    ) -> Boxed<'a, Page<DeadLetterRecord>> {
-        Box::pin(DeadLetters::list(
-            self,
-            queue,
-            after,
-            limit,
-            include_settled,
-        ))
+    fn list<'a>(&'a self, query: &'a DeadLetterQuery) -> Boxed<'a, Page<DeadLetterRecord>> {
+        Box::pin(DeadLetters::list(self, query))
     }
 
     fn show(&self, id: i64) -> Boxed<'_, DeadLetterRecord> {
@@ -100,15 +82,9 @@ fn verbs<S>(app: &Shared<S>) -> Result<Arc<dyn DeadLetterVerbs>, ApiError> {
     })
 }
 
-/// A record as JSON; payload and headers `null` unless allowed.
-fn record_json(record: &DeadLetterRecord, allow_payloads: bool) -> Value {
-    let mut value = serde_json::to_value(record).unwrap_or(Value::Null);
-    if !allow_payloads && let Value::Object(map) = &mut value {
-        map.insert("payload".into(), Value::Null);
-        map.insert("headers".into(), Value::Null);
-    }
-    value
-}
+/// The most records `GET /dead-letters` answers at once (each may hold a
+/// 64 KiB payload).
+const MAX_LIST: usize = 1_000;
 
 /// `GET /dead-letters` query.
 #[derive(Debug, Deserialize)]
@@ -125,39 +101,42 @@ pub(crate) async fn list<S: OutboxAdmin>(
     State(app): AppState<S>,
     _caller: Authenticated,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Page<DeadLetterRecord>>, ApiError> {
     let Query(q) = query.map_err(|e| {
         ApiError::invalid(format!(
             "invalid query string: {}; known parameters: queue, after, limit, all",
             e.body_text()
         ))
     })?;
-    let page = verbs(&app)?
-        .list(
-            q.queue.as_deref(),
-            q.after,
-            q.limit.unwrap_or(DEFAULT_LIMIT),
-            q.all,
-        )
-        .await?;
-    let items: Vec<Value> = page
-        .items
-        .iter()
-        .map(|r| record_json(r, app.allow_payloads))
-        .collect();
-    Ok(Json(
-        serde_json::json!({ "items": items, "next": page.next }),
-    ))
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIST).contains(&limit) {
+        return Err(ApiError::invalid(format!(
+            "limit must be between 1 and {MAX_LIST}, not {limit}"
+        )));
+    }
+    let mut query = DeadLetterQuery::new()
+        .after(q.after)
+        .limit(limit)
+        .include_settled(q.all)
+        .payloads(app.allow_payloads);
+    if let Some(queue) = q.queue {
+        query = query.queue(queue);
+    }
+    Ok(Json(verbs(&app)?.list(&query).await?))
 }
 
 pub(crate) async fn show<S: OutboxAdmin>(
     State(app): AppState<S>,
     _caller: Authenticated,
     id: Result<Path<i64>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DeadLetterRecord>, ApiError> {
     let Path(id) = id?;
     let record = verbs(&app)?.show(id).await?;
-    Ok(Json(record_json(&record, app.allow_payloads)))
+    Ok(Json(if app.allow_payloads {
+        record
+    } else {
+        record.redacted()
+    }))
 }
 
 /// `GET /dead-letter-groups` query.
@@ -181,19 +160,38 @@ pub(crate) async fn groups<S: OutboxAdmin>(
     Ok(Json(verbs(&app)?.groups(q.queue.as_deref()).await?))
 }
 
-/// A replay's answer: `200`, or `409` when it stopped on a message (the
-/// body is the same outcome, its `error` saying why: what moved before is
-/// done and counted).
+/// A replay's answer, the outcome as the body: `200`; `409` when it
+/// stopped on a message that cannot go back; `503` when the broker or the
+/// store failed part way (their text, which may name hosts and users, is
+/// logged and replaced). What moved before a stop is done and counted.
 pub(crate) struct Replayed(DlqReplayOutcome);
 
 impl IntoResponse for Replayed {
     fn into_response(self) -> Response {
-        let status = if self.0.report.error.is_some() {
-            StatusCode::CONFLICT
-        } else {
-            StatusCode::OK
+        let mut outcome = self.0;
+        let status = match outcome.report.stopped_by {
+            None => StatusCode::OK,
+            Some(StopCause::Unreplayable) => StatusCode::CONFLICT,
+            Some(cause) => {
+                tracing::error!(
+                    ?cause,
+                    error = outcome.report.error.as_deref().unwrap_or(""),
+                    queue = %outcome.queue,
+                    "outbox admin: a dead-letter replay stopped part way"
+                );
+                outcome.report.error = Some(match cause {
+                    StopCause::Store => {
+                        "marking the replayed messages' records failed (see the service's log); \
+                         they went back, the list still shows them open"
+                    }
+                    _ => "the broker failed part way (see the service's log); nothing was lost: \
+                          replay again when it is back",
+                }
+                .to_owned());
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         };
-        (status, Json(self.0)).into_response()
+        (status, Json(outcome)).into_response()
     }
 }
 

@@ -84,6 +84,7 @@ impl IntoResponse for ApiError {
                     AdminError::Invalid(_) => StatusCode::BAD_REQUEST,
                     AdminError::Forbidden { .. } => StatusCode::FORBIDDEN,
                     AdminError::NotFound(_) => StatusCode::NOT_FOUND,
+                    AdminError::Conflict(_) => StatusCode::CONFLICT,
                     AdminError::Store(_) => {
                         // The driver's text may name hosts and users: for the
                         // log, not for the client.

@@ -52,10 +52,10 @@
 //! | `GET /relays` | | [`RelayInfo`](outbox_core::admin::RelayInfo)s |
 //! | `POST /relays/{name}/pause`, `POST /relays/{name}/resume` | | the relay paused or resumed |
 //! | `GET /audit` | query: `before=<id>`, `limit=` (default 100) | [`AuditRecord`](outbox_core::admin::AuditRecord)s, newest first |
-//! | `GET /dead-letters` | query: `queue=<consumer queue>`, `after=<id>`, `limit=` (default 100), `all=true` (replayed and purged ones too) | [`Page`](outbox_core::admin::Page) of [`DeadLetterRecord`](outbox_core::admin::DeadLetterRecord)s in the order they were dead-lettered; payload and headers `null` unless [`allow_payloads`](AdminRouterBuilder::allow_payloads) |
+//! | `GET /dead-letters` | query: `queue=<consumer queue>`, `after=<id>`, `limit=` (default 100, at most 1000), `all=true` (replayed and purged ones too) | [`Page`](outbox_core::admin::Page) of [`DeadLetterRecord`](outbox_core::admin::DeadLetterRecord)s in the order they were dead-lettered; unless [`allow_payloads`](AdminRouterBuilder::allow_payloads), payload `""`, headers `{}` and `"redacted": true` (and they are not read from the database) |
 //! | `GET /dead-letters/{id}` | | one [`DeadLetterRecord`](outbox_core::admin::DeadLetterRecord), redacted likewise |
 //! | `GET /dead-letter-groups` | query: `queue=` | open dead letters as [`DeadLetterGroup`](outbox_core::admin::DeadLetterGroup)s |
-//! | `POST /dead-letters/replay` | a [`DlqReplay`](outbox_core::admin::DlqReplay): `{"queue": "<dead-letter queue>", "limit": 100, "skip_unreplayable": false, "dry_run": false}` | [`DlqReplayOutcome`](outbox_core::admin::DlqReplayOutcome): each message back to its queue, confirmed before it leaves the dead-letter queue; `409` with the same body when it stopped on a message (`error` says why; what moved before is done) |
+//! | `POST /dead-letters/replay` | a [`DlqReplay`](outbox_core::admin::DlqReplay): `{"queue": "<dead-letter queue>", "limit": 100, "skip_unreplayable": false, "dry_run": false}` | [`DlqReplayOutcome`](outbox_core::admin::DlqReplayOutcome): each message back to its queue, confirmed before it leaves the dead-letter queue; with the same body, `409` when it stopped on a message that cannot go back and `503` when the broker or the store failed part way (`error` and `stopped_by` say which; what moved before is done and counted) |
 //! | `POST /dead-letters/purge` | a [`DlqPurge`](outbox_core::admin::DlqPurge): `{"queue": "...", "origins": ["<consumer queue>"], "dry_run": false}` | [`DlqPurgeOutcome`](outbox_core::admin::DlqPurgeOutcome) |
 //!
 //! The dead-letter endpoints need
@@ -83,7 +83,7 @@
 //! | `401` + `WWW-Authenticate: Bearer` | no caller: no token, a wrong one, no [`Caller`](outbox_core::admin::Caller) from your layer |
 //! | `403` | a read-only caller asked for a mutation (checked before anything is read) |
 //! | `404` | no such event, aggregate head, relay, dead letter or queue |
-//! | `409` | a dead-letter replay stopped on a message it cannot send back (the body is the replay's outcome) |
+//! | `409` | a dead-letter queue with consumers (a replay of it runs, or it is a live queue), or a replay that stopped on a message it cannot send back (the body is then the replay's outcome) |
 //! | `415` | a `POST` body without `Content-Type: application/json` (required, so a browser cannot send it cross-site without a CORS preflight) |
 //! | `503` | the store or the broker failed (the details are in the log, not in the answer) |
 //!
@@ -219,8 +219,11 @@ impl<S: OutboxAdmin> AdminRouterBuilder<S> {
         self
     }
 
-    /// Whether `GET /events/{id}` shows payloads and headers (default
-    /// `false`: they are `null`). Payloads often hold personal data.
+    /// Whether `GET /events/{id}` and the dead-letter listings show
+    /// payloads and headers (default `false`: an event's are `null`, a dead
+    /// letter's empty and marked `"redacted": true`). Payloads often hold
+    /// personal data. Failure reasons are shown either way (operators group
+    /// by them): keep payload values out of your handlers' error texts.
     pub fn allow_payloads(mut self, allow: bool) -> Self {
         self.allow_payloads = allow;
         self

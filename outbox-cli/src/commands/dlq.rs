@@ -7,7 +7,7 @@
 //! through `outbox_core::admin::DeadLetters` (as the admin router does).
 
 use outbox_core::admin::{
-    AdminError, DeadLetterRecord, DeadLetterStore as _, DeadLetters, DlqPurge, DlqReplay,
+    AdminError, DeadLetterQuery, DeadLetterRecord, DeadLetters, DlqPurge, DlqReplay, StopCause,
 };
 use outbox_diesel::PgDeadLetters;
 use outbox_lapin::DeadLetterQueues;
@@ -30,13 +30,14 @@ pub(crate) async fn run(global: &Global, out: Output, cmd: DlqCommand) -> Result
 }
 
 async fn list(ctx: &Context, args: &DlqListArgs) -> Result<()> {
-    if !(1..=10_000).contains(&args.limit) {
-        return Err(Error::Invalid("--limit must be 1 to 10000".to_owned()));
+    let mut query = DeadLetterQuery::new()
+        .after(args.after)
+        .limit(args.limit)
+        .include_settled(args.all);
+    if let Some(queue) = &args.queue {
+        query = query.queue(queue);
     }
-    let page = ctx
-        .dead_letters
-        .list(args.queue.as_deref(), args.after, args.limit, args.all)
-        .await?;
+    let page = ctx.verbs(None).list(&query).await?;
     let out = ctx.out;
     if out.json {
         return out.json(&page);
@@ -86,9 +87,7 @@ fn state(r: &DeadLetterRecord) -> &'static str {
 }
 
 async fn show(ctx: &Context, id: i64) -> Result<()> {
-    let Some(r) = ctx.dead_letters.show(id).await? else {
-        return Err(AdminError::NotFound(format!("no dead letter has the id {id}")).into());
-    };
+    let r = ctx.verbs(None).show(id).await?;
     let out = ctx.out;
     if out.json {
         return out.json(&r);
@@ -129,7 +128,7 @@ async fn show(ctx: &Context, id: i64) -> Result<()> {
 }
 
 async fn groups(ctx: &Context, queue: Option<&str>) -> Result<()> {
-    let groups = ctx.dead_letters.groups(queue).await?;
+    let groups = ctx.verbs(None).groups(queue).await?;
     let out = ctx.out;
     if out.json {
         return out.json(&groups);
@@ -170,14 +169,16 @@ fn amqp_url(global: &Global) -> Result<&str> {
         .ok_or(Error::NoAmqpUrl)
 }
 
-/// The dead-letter verbs over the database's records and the broker's
-/// queues.
-fn verbs(ctx: &Context, global: &Global) -> Result<DeadLetters<PgDeadLetters, DeadLetterQueues>> {
-    Ok(DeadLetters::new(
-        ctx.dead_letters.clone(),
-        DeadLetterQueues::new(amqp_url(global)?),
-    )
-    .chunk_size(global.chunk_size))
+impl Context {
+    /// The dead-letter verbs over the database's records and the broker at
+    /// `amqp_url` (listing never connects to it).
+    fn verbs(&self, amqp_url: Option<&str>) -> DeadLetters<PgDeadLetters, DeadLetterQueues> {
+        DeadLetters::new(
+            self.dead_letters.clone(),
+            DeadLetterQueues::new(amqp_url.unwrap_or_default()),
+        )
+        .chunk_size(self.chunk_size)
+    }
 }
 
 /// A broker that cannot be reached is exit code 6, as everywhere.
@@ -197,19 +198,21 @@ fn classify(error: AdminError) -> Error {
 
 async fn replay(global: &Global, out: Output, args: &DlqReplayArgs) -> Result<()> {
     let queue = args.queue.as_str();
+    let url = amqp_url(global)?;
     let ctx = Context::connect(global, out).await?;
-    let verbs = verbs(&ctx, global)?;
-    let mut request = DlqReplay::new(queue).skipping_unreplayable(args.skip_unreplayable);
+    let verbs = ctx.verbs(Some(url));
+    let request = DlqReplay::new(queue).skip_unreplayable(args.skip_unreplayable);
+    let mut counting = request.clone().dry_run(true);
     if let Some(limit) = args.limit {
-        request = request.limit(limit);
+        counting = counting.limit(limit);
     }
     let counted = verbs
-        .replay(&ctx.caller, &request.clone().dry_run(true), &|_| {})
+        .replay(&ctx.caller, &counting, &|_| {})
         .await
         .map_err(classify)?;
-    let total = args
-        .limit
-        .map_or(counted.depth as usize, |l| l.min(counted.depth as usize)) as u64;
+    let total = args.limit.map_or(counted.depth, |l| {
+        u64::try_from(l).unwrap_or(u64::MAX).min(counted.depth)
+    });
     if args.dry_run {
         if out.json {
             return out.json(&counted);
@@ -219,12 +222,20 @@ async fn replay(global: &Global, out: Output, args: &DlqReplayArgs) -> Result<()
             counted.depth
         ));
     }
+    if total == 0 {
+        if out.json {
+            return out.json(&counted);
+        }
+        return output::line(&format!("`{queue}` is empty: nothing to replay"));
+    }
     if total > 1 {
         ctx.confirm_text(
             &format!("dlq replay `{queue}`"),
             &format!("{total} message(s): each goes back to its queue and is handled again"),
         )?;
     }
+    // Exactly what was confirmed, whatever arrives meanwhile.
+    let request = request.limit(usize::try_from(total).unwrap_or(usize::MAX));
     let bar = out.bar(total, "replayed");
     let outcome = verbs
         .replay(&ctx.caller, &request, &|n| bar.set_position(n))
@@ -262,15 +273,24 @@ async fn replay(global: &Global, out: Output, args: &DlqReplayArgs) -> Result<()
             ))?;
         }
     }
-    match &report.error {
-        None => Ok(()),
-        Some(error) => Err(Error::ReplayStopped(format!(
-            "the replay stopped after {} message(s): {error}. Nothing was lost: the rest is \
-             still in `{queue}`; fix the cause and run `outbox dlq replay {queue}` again \
-             (--skip-unreplayable moves messages that cannot go back aside)",
-            report.replayed
-        ))),
-    }
+    let Some(error) = &report.error else {
+        return Ok(());
+    };
+    let next = match report.stopped_by {
+        Some(StopCause::Unreplayable) => format!(
+            "fix the cause and run `outbox dlq replay {queue}` again (--skip-unreplayable moves \
+             messages that cannot go back aside)"
+        ),
+        Some(StopCause::Store) => "the messages went back; their records are still listed open \
+                                   (`outbox dlq list`)"
+            .to_owned(),
+        _ => format!("when the broker is back, run `outbox dlq replay {queue}` again"),
+    };
+    Err(Error::ReplayStopped(format!(
+        "the replay stopped after {} message(s): {error}. Nothing was lost: the rest is still \
+         in `{queue}`; {next}",
+        report.handled()
+    )))
 }
 
 async fn purge(global: &Global, out: Output, args: &DlqPurgeArgs) -> Result<()> {
@@ -281,8 +301,9 @@ async fn purge(global: &Global, out: Output, args: &DlqPurgeArgs) -> Result<()> 
              it, whose records to mark purged, with --origin QUEUE"
         )));
     }
+    let url = amqp_url(global)?;
     let ctx = Context::connect(global, out).await?;
-    let verbs = verbs(&ctx, global)?;
+    let verbs = ctx.verbs(Some(url));
     let request = DlqPurge::new(queue).origins(args.origins.clone());
     let counted = verbs
         .purge(&ctx.caller, &request.clone().dry_run(true))
@@ -304,6 +325,9 @@ async fn purge(global: &Global, out: Output, args: &DlqPurgeArgs) -> Result<()> 
     let outcome = verbs.purge(&ctx.caller, &request).await.map_err(classify)?;
     if out.json {
         return out.json(&outcome);
+    }
+    for warning in &outcome.warnings {
+        output::warn(warning)?;
     }
     output::line(&format!(
         "dlq purge: {} message(s) deleted from `{queue}`; {} record(s) of {} marked purged{}",

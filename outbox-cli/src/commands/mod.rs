@@ -52,6 +52,8 @@ pub(crate) struct Context {
     pub(crate) caller: Caller,
     pub(crate) out: Output,
     pub(crate) yes: bool,
+    /// Rows (or messages) per chunk of a long run.
+    pub(crate) chunk_size: usize,
 }
 
 impl Context {
@@ -75,6 +77,7 @@ impl Context {
             caller: Caller::operator(identity),
             out,
             yes: global.yes,
+            chunk_size: global.chunk_size,
         })
     }
 

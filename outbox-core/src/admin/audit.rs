@@ -45,6 +45,22 @@ impl Caller {
     pub fn may_act(&self) -> bool {
         self.role >= Role::Operator
     }
+
+    /// `Ok` when it may run `action`.
+    ///
+    /// # Errors
+    /// [`AdminError::Forbidden`](super::AdminError::Forbidden) for a
+    /// read-only caller.
+    pub fn authorize(&self, action: &'static str) -> Result<(), super::AdminError> {
+        if self.may_act() {
+            Ok(())
+        } else {
+            Err(super::AdminError::Forbidden {
+                identity: self.identity.clone(),
+                action,
+            })
+        }
+    }
 }
 
 /// A mutation about to run, as the audit trail records it.
@@ -93,7 +109,8 @@ pub struct AuditRecord {
     /// When the run ended; `None` while it runs, and for ever if its process
     /// was killed ([`count`](Self::count) says how far it got).
     pub finished_at: Option<DateTime<Utc>>,
-    /// How it ended: `done`, or `failed: <why>`.
+    /// How it ended: `done` (the dead-letter verbs: `done: <counts>`), or
+    /// `failed: <why>`.
     pub outcome: Option<String>,
 }
 

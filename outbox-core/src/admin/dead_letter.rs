@@ -108,6 +108,9 @@ pub struct DeadLetterRecord {
     pub replayed_at: Option<DateTime<Utc>>,
     /// When its dead-letter queue was purged.
     pub purged_at: Option<DateTime<Utc>>,
+    /// Payload and headers left out ([`redacted`](Self::redacted)).
+    #[serde(default)]
+    pub redacted: bool,
 }
 
 impl DeadLetterRecord {
@@ -123,7 +126,19 @@ impl DeadLetterRecord {
             letter,
             replayed_at,
             purged_at,
+            redacted: false,
         }
+    }
+
+    /// Without payload and headers (empty, [`redacted`](Self::redacted)
+    /// set), for callers not allowed to see them.
+    #[must_use]
+    pub fn redacted(mut self) -> Self {
+        self.letter.payload = String::new();
+        self.letter.payload_truncated = false;
+        self.letter.headers.clear();
+        self.redacted = true;
+        self
     }
 
     /// Neither replayed nor purged: still in the dead-letter queue, as far
@@ -149,6 +164,24 @@ pub struct DlqReplayReport {
     /// Why the replay stopped before the queue was empty or the limit
     /// reached; `None` when it finished.
     pub error: Option<String>,
+    /// What stopped it, with [`error`](Self::error).
+    pub stopped_by: Option<StopCause>,
+}
+
+/// What stopped a dead-letter replay early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StopCause {
+    /// A message cannot go back: no known origin, the origin queue is gone
+    /// or refuses it, or it carries no sign of having been dead-lettered.
+    /// It stays in the dead-letter queue.
+    Unreplayable,
+    /// The broker failed (connection, channel, a confirm or an ack in
+    /// time).
+    Broker,
+    /// Marking the moved messages' records failed (they stay listed open).
+    Store,
 }
 
 impl DlqReplayReport {
@@ -177,7 +210,14 @@ impl DlqReplayReport {
         self.skipped.extend(part.skipped);
         if part.error.is_some() {
             self.error = part.error;
+            self.stopped_by = part.stopped_by;
         }
+    }
+
+    /// Records why it stopped.
+    pub fn stop(&mut self, cause: StopCause, error: impl Into<String>) {
+        self.stopped_by = Some(cause);
+        self.error = Some(error.into());
     }
 }
 

@@ -2,13 +2,84 @@
 
 use std::future::Future;
 
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::{
     AdminError, AuditEntry, Caller, DeadLetterGroup, DeadLetterRecord, DlqReplayReport, Page,
-    ReplayedMessage,
+    ReplayedMessage, StopCause,
 };
+
+/// Which dead-letter records to list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct DeadLetterQuery {
+    /// Only those a consumer read from this queue (its own queue, not the
+    /// dead-letter queue).
+    pub queue: Option<String>,
+    /// Only records with a greater id (the previous page's `next`).
+    pub after: Option<i64>,
+    /// At most this many (1 to 10,000).
+    pub limit: usize,
+    /// Replayed and purged ones too.
+    pub include_settled: bool,
+    /// Read payloads and headers (when `false` they are left out, the
+    /// records [redacted](DeadLetterRecord::redacted), and not read at all).
+    pub payloads: bool,
+}
+
+impl DeadLetterQuery {
+    /// Open records of every queue, the first 100, with payloads.
+    pub fn new() -> Self {
+        DeadLetterQuery {
+            queue: None,
+            after: None,
+            limit: 100,
+            include_settled: false,
+            payloads: true,
+        }
+    }
+
+    /// Only those a consumer read from `queue`.
+    #[must_use]
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// After the cursor `after`.
+    #[must_use]
+    pub fn after(mut self, after: Option<i64>) -> Self {
+        self.after = after;
+        self
+    }
+
+    /// At most `limit`.
+    #[must_use]
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Replayed and purged ones too.
+    #[must_use]
+    pub fn include_settled(mut self, include: bool) -> Self {
+        self.include_settled = include;
+        self
+    }
+
+    /// With payloads and headers, or without.
+    #[must_use]
+    pub fn payloads(mut self, payloads: bool) -> Self {
+        self.payloads = payloads;
+        self
+    }
+}
+
+impl Default for DeadLetterQuery {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// Where inbox consumers record the messages they dead-letter
 /// ([`InboxDatabase::record_dead_letter`](crate::InboxDatabase::record_dead_letter)),
@@ -17,15 +88,10 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     /// The store's error.
     type Error: std::error::Error + Send + Sync + 'static;
 
-    /// Records with `id > after`, of the consumer queue `queue` (or of
-    /// every queue), in `id` order, at most `limit`; only open ones unless
-    /// `include_settled`.
+    /// A page of records in `id` (recording) order.
     fn list(
         &self,
-        queue: Option<&str>,
-        after: Option<i64>,
-        limit: usize,
-        include_settled: bool,
+        query: &DeadLetterQuery,
     ) -> impl Future<Output = Result<Page<DeadLetterRecord>, Self::Error>> + Send;
 
     /// One record, open or not.
@@ -43,24 +109,25 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<DeadLetterGroup>, Self::Error>> + Send;
 
     /// Marks the open records of `messages` replayed: by the dead letter's
-    /// own id where it has one, else by event id within the queue it went
-    /// back to. Returns how many records.
+    /// own id where it has one; otherwise one open record without such an
+    /// id, of its event in the queue it went back to, per message. Returns
+    /// how many records.
     fn mark_replayed(
         &self,
         messages: &[ReplayedMessage],
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 
-    /// Marks the open records of the consumer queues `queues` recorded
-    /// before `before` (the store's clock, from [`now`](Self::now)) purged.
-    /// Returns how many records.
+    /// The greatest record id so far: read before a purge, the records up
+    /// to it are of messages that were in the queue when it was purged.
+    fn watermark(&self) -> impl Future<Output = Result<i64, Self::Error>> + Send;
+
+    /// Marks the open records of the consumer queues `queues` with an id up
+    /// to `watermark` purged. Returns how many records.
     fn mark_purged(
         &self,
         queues: &[String],
-        before: DateTime<Utc>,
+        watermark: i64,
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
-
-    /// The store's clock, the one records are stamped with.
-    fn now(&self) -> impl Future<Output = Result<DateTime<Utc>, Self::Error>> + Send;
 
     /// Writes the audit row of a verb about to act; returns its id.
     fn begin_audit(
@@ -78,33 +145,73 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
-/// The broker side: dead-letter queues to count, replay and purge.
+/// A queue as the broker sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct QueueDepth {
+    /// Messages ready to be taken.
+    pub ready: u64,
+    /// Consumers attached: a dead-letter queue has none, unless a replay of
+    /// it is running.
+    pub consumers: u32,
+}
+
+impl QueueDepth {
+    /// A depth.
+    pub fn new(ready: u64, consumers: u32) -> Self {
+        QueueDepth { ready, consumers }
+    }
+}
+
+/// The broker side: dead-letter queues to inspect, replay and purge.
 pub trait DeadLetterBroker: Send + Sync + 'static {
     /// The broker's error.
     type Error: std::error::Error + Send + Sync + 'static;
+    /// A replay's hold on one queue.
+    type Session: DeadLetterSession<Error = Self::Error>;
 
-    /// Messages ready in `queue`; `None` when there is no such queue.
-    fn depth(&self, queue: &str) -> impl Future<Output = Result<Option<u32>, Self::Error>> + Send;
-
-    /// Takes up to `limit` messages from `queue`, one at a time, and sends
-    /// each back to the queue it was dead-lettered from, confirmed before
-    /// it is acked. A message that cannot be sent back stops the replay
-    /// (it stays in `queue`), or, when `skip_unreplayable`, moves to
-    /// `queue`'s tail (confirmed, then acked) and the replay goes on.
-    /// `progress` gets the count of messages taken so far.
-    ///
-    /// An `Err` means nothing was taken (no connection); a stop on a
-    /// message is [`DlqReplayReport::error`].
-    fn replay(
+    /// The queue's depth and consumers; `None` when there is no such queue.
+    fn inspect(
         &self,
         queue: &str,
-        limit: usize,
-        skip_unreplayable: bool,
-        progress: &(dyn Fn(u64) + Sync),
-    ) -> impl Future<Output = Result<DlqReplayReport, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<QueueDepth>, Self::Error>> + Send;
+
+    /// Takes `queue` for a replay: its only reader until the session is
+    /// closed. `None` when another reader holds it (e.g. another replay).
+    fn open(
+        &self,
+        queue: &str,
+    ) -> impl Future<Output = Result<Option<Self::Session>, Self::Error>> + Send;
 
     /// Deletes every message ready in `queue`; returns how many.
     fn purge(&self, queue: &str) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+}
+
+/// A replay's exclusive hold on a dead-letter queue
+/// ([`DeadLetterBroker::open`]).
+pub trait DeadLetterSession: Send {
+    /// The broker's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Takes up to `limit` messages, one at a time, and sends each back to
+    /// the queue it was dead-lettered from, confirmed there before it is
+    /// acked. A message that cannot go back stops the replay (it stays in
+    /// the queue), or, with [`DlqReplay::skip_unreplayable`], moves to the
+    /// queue's tail (confirmed, then acked) and the replay goes on; a
+    /// message with no sign of having been dead-lettered always stops it.
+    /// `progress` gets the count of messages taken so far.
+    ///
+    /// An `Err` means nothing was taken; a stop on a message is
+    /// [`DlqReplayReport::error`].
+    fn replay(
+        &mut self,
+        limit: usize,
+        request: &DlqReplay,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> impl Future<Output = Result<DlqReplayReport, Self::Error>> + Send;
+
+    /// Lets the queue go.
+    fn close(self) -> impl Future<Output = ()> + Send;
 }
 
 /// A replay of a dead-letter queue, as asked.
@@ -119,9 +226,10 @@ pub struct DlqReplay {
     /// tail are not replayed twice in one run).
     #[serde(default)]
     pub limit: Option<usize>,
-    /// Move messages that cannot be sent back (no known origin, origin
-    /// queue gone) to the queue's tail and go on, instead of stopping at
-    /// the first.
+    /// Move messages that cannot go back (no known origin, origin queue
+    /// gone) to the queue's tail and go on, instead of stopping at the
+    /// first. A message with no sign of having been dead-lettered still
+    /// stops the replay: the queue may be a live one.
     #[serde(default)]
     pub skip_unreplayable: bool,
     /// Only count.
@@ -130,8 +238,7 @@ pub struct DlqReplay {
 }
 
 impl DlqReplay {
-    /// Every message of `queue`, stopping at the first that cannot be sent
-    /// back.
+    /// Every message of `queue`, stopping at the first that cannot go back.
     pub fn new(queue: impl Into<String>) -> Self {
         DlqReplay {
             queue: queue.into(),
@@ -150,7 +257,7 @@ impl DlqReplay {
 
     /// See [`skip_unreplayable`](Self::skip_unreplayable).
     #[must_use]
-    pub fn skipping_unreplayable(mut self, skip: bool) -> Self {
+    pub fn skip_unreplayable(mut self, skip: bool) -> Self {
         self.skip_unreplayable = skip;
         self
     }
@@ -171,14 +278,15 @@ pub struct DlqReplayOutcome {
     pub queue: String,
     /// Only counted.
     pub dry_run: bool,
-    /// Messages in the queue when it started.
-    pub depth: u32,
+    /// Messages ready in the queue when it started.
+    pub depth: u64,
     /// What moved, and why it stopped early if it did.
     #[serde(flatten)]
     pub report: DlqReplayReport,
     /// Records marked replayed in the store.
     pub marked: u64,
-    /// The audit row (`None` in a dry run).
+    /// The audit row (`None` in a dry run or when there was nothing to
+    /// replay).
     pub audit_id: Option<i64>,
 }
 
@@ -252,14 +360,17 @@ pub struct DlqPurgeOutcome {
     pub origins: Vec<String>,
     /// Only counted.
     pub dry_run: bool,
-    /// Messages in the queue when it started.
-    pub depth: u32,
+    /// Messages ready in the queue when it started.
+    pub depth: u64,
     /// Messages deleted.
     pub purged: u64,
     /// Records marked purged in the store.
     pub marked: u64,
     /// The audit row (`None` in a dry run).
     pub audit_id: Option<i64>,
+    /// What the operator should know (e.g. the purge is done but marking
+    /// the records failed).
+    pub warnings: Vec<String>,
 }
 
 /// Consumers' dead letters as admin verbs: it drives a
@@ -273,14 +384,26 @@ pub struct DlqPurgeOutcome {
 /// `outbox_lapin::DeadLetterQueues` (broker).
 ///
 /// # What a replay guarantees
-/// Each message is published to the queue it came from and confirmed there
-/// before it is acked in the dead-letter queue, so a replay killed at any
-/// point loses nothing (at worst a message is in both queues, and the
-/// consumer's inbox drops the second copy). It runs in chunks; after each,
-/// the records of the moved messages are marked replayed and the audit
-/// row's count is brought up to date, so a replay killed half way leaves an
-/// audit row (written before the first message moved) that says how far it
-/// got, and at most one chunk of moved messages still shown as open.
+/// - **Nothing is lost.** Each message is published to the queue it came
+///   from and confirmed there before it is acked in the dead-letter queue,
+///   so a replay killed at any point leaves a message in one queue or, at
+///   worst, in both (the consumer's inbox drops the second copy).
+/// - **One replay of a queue at a time, and only of a dead-letter queue.**
+///   A replay holds the queue as its only reader (an exclusive consumer in
+///   RabbitMQ) until it ends; a queue with consumers is refused (another
+///   replay runs, or it is a live queue), and so is a message that carries
+///   no sign of having been dead-lettered.
+/// - **Bounded.** At most the messages the queue held at the start: copies
+///   that fail again and return to its tail wait for the next run.
+/// - **Accounted for.** The audit row is written before the first message
+///   moves; after each chunk the moved messages' records are marked
+///   replayed and the row's count brought up to date, so a replay killed
+///   half way leaves a row that says how far it got, and at most one chunk
+///   of moved messages still listed open.
+///
+/// Broker and store failures are logged in full; the audit row and the
+/// outcome's `error` say which failed, without the driver's text (which
+/// may name hosts and users) in the audit row.
 #[derive(Debug, Clone)]
 pub struct DeadLetters<S, B> {
     store: S,
@@ -300,7 +423,7 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
 
     /// Messages moved between two updates of the records and the audit row
     /// (default 100, at least 1): a replay killed half way leaves at most
-    /// this many moved messages shown as open.
+    /// this many moved messages listed open.
     #[must_use]
     pub fn chunk_size(mut self, n: usize) -> Self {
         self.chunk_size = n.max(1);
@@ -317,30 +440,20 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
         &self.broker
     }
 
-    /// A page of records (see [`DeadLetterStore::list`]).
+    /// A page of records.
     ///
     /// # Errors
     /// [`AdminError::Invalid`] for a `limit` of 0 or over 10,000 or a
     /// queue name with a NUL; [`AdminError::Store`].
     pub async fn list(
         &self,
-        queue: Option<&str>,
-        after: Option<i64>,
-        limit: usize,
-        include_settled: bool,
+        query: &DeadLetterQuery,
     ) -> Result<Page<DeadLetterRecord>, AdminError> {
-        if !(1..=10_000).contains(&limit) {
-            return Err(AdminError::Invalid(format!(
-                "limit must be between 1 and 10000, not {limit}"
-            )));
-        }
-        if let Some(queue) = queue {
+        super::service::check_limit(query.limit)?;
+        if let Some(queue) = &query.queue {
             check_name("queue", queue)?;
         }
-        self.store
-            .list(queue, after, limit, include_settled)
-            .await
-            .map_err(AdminError::store)
+        self.store.list(query).await.map_err(AdminError::store)
     }
 
     /// One record.
@@ -368,24 +481,27 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
     }
 
     /// Sends the messages of a dead-letter queue back to the queues they
-    /// came from (see the [type docs](Self)); `progress` gets the count
-    /// of messages taken so far. A replay that stops on a message answers
-    /// `Ok` with the reason in [`DlqReplayReport::error`]: what moved
-    /// before it is done and counted.
+    /// came from (see the [type docs](Self)); `progress` gets the count of
+    /// messages taken so far. A replay that stops on a message, or whose
+    /// broker or store fails part way, answers `Ok` with the reason in
+    /// [`DlqReplayReport::error`] and its cause in
+    /// [`DlqReplayReport::stopped_by`]: what moved before is done and
+    /// counted.
     ///
     /// # Errors
-    /// [`AdminError::Forbidden`] for a read-only caller;
-    /// [`AdminError::Invalid`] for an empty or invalid queue name or a
-    /// limit of 0; [`AdminError::Broker`] when the queue cannot be read
-    /// (before anything moved); [`AdminError::Store`] when the audit row
-    /// cannot be written (before anything moved).
+    /// Before anything moved: [`AdminError::Forbidden`] for a read-only
+    /// caller; [`AdminError::Invalid`] for an empty or invalid queue name
+    /// or a limit of 0; [`AdminError::NotFound`] when the broker has no
+    /// such queue; [`AdminError::Conflict`] when the queue has consumers
+    /// (another replay, or a live queue); [`AdminError::Broker`];
+    /// [`AdminError::Store`] when the audit row cannot be written.
     pub async fn replay(
         &self,
         caller: &Caller,
         request: &DlqReplay,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<DlqReplayOutcome, AdminError> {
-        authorize(caller, "dlq replay")?;
+        caller.authorize("dlq replay")?;
         let queue = request.queue.as_str();
         check_name("queue", queue)?;
         if request.limit == Some(0) {
@@ -393,105 +509,118 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
                 "limit must be at least 1 (leave it out for every message)".into(),
             ));
         }
-        let depth = self.depth(queue).await?;
+        let depth = self.idle_queue(queue, "replay").await?;
         let mut outcome = DlqReplayOutcome {
             queue: queue.to_owned(),
             dry_run: request.dry_run,
-            depth,
+            depth: depth.ready,
             report: DlqReplayReport::default(),
             marked: 0,
             audit_id: None,
         };
-        if request.dry_run {
-            return Ok(outcome);
-        }
         // At most what the queue held at the start: a copy that fails again
         // at once comes back to its tail and must not be replayed forever.
-        let total = request
-            .limit
-            .map_or(depth as usize, |limit| limit.min(depth as usize));
+        let total = request.limit.map_or(depth.ready, |limit| {
+            (u64::try_from(limit).unwrap_or(u64::MAX)).min(depth.ready)
+        });
+        if request.dry_run || total == 0 {
+            return Ok(outcome);
+        }
+        let Some(mut session) = self.broker.open(queue).await.map_err(AdminError::broker)? else {
+            return Err(busy(queue));
+        };
         let target = serde_json::json!({
             "queue": queue,
             "limit": request.limit,
             "skip_unreplayable": request.skip_unreplayable,
         });
-        let audit = self.begin(caller, "dlq_replay", target).await?;
+        let audit = match self.begin(caller, "dlq_replay", target).await {
+            Ok(audit) => audit,
+            Err(error) => {
+                session.close().await;
+                return Err(error);
+            }
+        };
         outcome.audit_id = Some(audit);
+        let total = usize::try_from(total).unwrap_or(usize::MAX);
         while outcome.report.handled() < total {
             let this = (total - outcome.report.handled()).min(self.chunk_size);
             let before = outcome.report.handled() as u64;
-            let part = match self
-                .broker
-                .replay(queue, this, request.skip_unreplayable, &|n| {
-                    progress(before + n);
-                })
+            let part = match session
+                .replay(this, request, &|n| progress(before + n))
                 .await
             {
                 Ok(part) => part,
                 Err(error) => {
-                    outcome.report.error = Some(format!("the broker failed: {error}"));
+                    outcome
+                        .report
+                        .stop(StopCause::Broker, format!("the broker failed: {error}"));
                     break;
                 }
             };
-            let moved = part.handled();
+            let taken = part.handled();
             match self.store.mark_replayed(&part.messages).await {
-                Ok(n) => outcome.marked += n,
+                Ok(n) => {
+                    outcome.marked += n;
+                    outcome.report.extend(part);
+                }
                 Err(error) => {
                     let n = part.messages.len();
                     outcome.report.extend(part);
-                    outcome.report.error = Some(format!(
-                        "the last {n} replayed message(s) were sent back, but marking their \
-                         records failed ({error}): the dead-letter list still shows them open"
-                    ));
-                    break;
+                    outcome.report.stop(
+                        StopCause::Store,
+                        format!(
+                            "the last {n} replayed message(s) went back, but marking their \
+                             records failed ({error}): the dead-letter list still shows them open"
+                        ),
+                    );
                 }
             }
-            outcome.report.extend(part);
-            if let Err(error) = self
-                .store
-                .record_audit(audit, outcome.report.replayed, None)
-                .await
-            {
+            let count = outcome.report.handled() as u64;
+            if let Err(error) = self.store.record_audit(audit, count, None).await {
                 tracing::warn!(%error, audit, "outbox admin: updating a dlq replay's audit row failed");
             }
-            if outcome.report.error.is_some() || moved < this {
+            if outcome.report.error.is_some() || taken < this {
                 break;
             }
         }
+        session.close().await;
+        let report = &outcome.report;
+        let done = format!(
+            "{} replayed, {} skipped, {} record(s) marked",
+            report.replayed,
+            report.skipped.len(),
+            outcome.marked
+        );
         self.end(
             audit,
-            outcome.report.replayed,
-            outcome.report.error.as_deref(),
+            report.handled() as u64,
+            &done,
+            report.stopped_by.zip(report.error.as_deref()),
         )
         .await;
-        tracing::info!(
-            queue,
-            replayed = outcome.report.replayed,
-            skipped = outcome.report.skipped.len(),
-            marked = outcome.marked,
-            stopped = outcome.report.error.is_some(),
-            audit,
-            "outbox admin: dlq replay ended"
-        );
         Ok(outcome)
     }
 
     /// Deletes every message of a dead-letter queue and marks the open
     /// records of its origin queues recorded before it began purged
-    /// (letters that arrive meanwhile stay open).
+    /// (letters recorded meanwhile stay open).
     ///
     /// # Errors
-    /// [`AdminError::Forbidden`] for a read-only caller;
-    /// [`AdminError::Invalid`] for an invalid queue name, or a queue whose
-    /// name does not end in `.dead` without origins;
-    /// [`AdminError::Broker`]; [`AdminError::Store`] (when marking fails
-    /// after the purge, the message says so).
+    /// Before anything was deleted: [`AdminError::Forbidden`] for a
+    /// read-only caller; [`AdminError::Invalid`] for an invalid queue name,
+    /// origins that name the queue itself, or a queue whose name does not
+    /// end in `.dead` without origins; [`AdminError::NotFound`];
+    /// [`AdminError::Conflict`] when the queue has consumers;
+    /// [`AdminError::Broker`]; [`AdminError::Store`]. When the purge is done
+    /// but marking the records fails, the outcome says so in
+    /// [`warnings`](DlqPurgeOutcome::warnings).
     pub async fn purge(
         &self,
         caller: &Caller,
         request: &DlqPurge,
     ) -> Result<DlqPurgeOutcome, AdminError> {
-        authorize(caller, "dlq purge")?;
+        caller.authorize("dlq purge")?;
         let queue = request.queue.as_str();
         check_name("queue", queue)?;
         let Some(origins) = request.resolved_origins() else {
@@ -502,16 +631,23 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
         };
         for origin in &origins {
             check_name("origin", origin)?;
+            if origin == queue {
+                return Err(AdminError::Invalid(format!(
+                    "`{queue}` is named as its own origin: purge the dead-letter queue, and name \
+                     the consumer queues that dead-letter into it as origins"
+                )));
+            }
         }
-        let depth = self.depth(queue).await?;
+        let depth = self.idle_queue(queue, "purge").await?;
         let mut outcome = DlqPurgeOutcome {
             queue: queue.to_owned(),
             origins,
             dry_run: request.dry_run,
-            depth,
+            depth: depth.ready,
             purged: 0,
             marked: 0,
             audit_id: None,
+            warnings: Vec::new(),
         };
         if request.dry_run {
             return Ok(outcome);
@@ -519,10 +655,72 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
         let target = serde_json::json!({ "queue": queue, "origins": outcome.origins });
         let audit = self.begin(caller, "dlq_purge", target).await?;
         outcome.audit_id = Some(audit);
-        let result = self.purge_and_mark(queue, &mut outcome).await;
-        let failure = result.as_ref().err().map(ToString::to_string);
-        self.end(audit, outcome.purged, failure.as_deref()).await;
-        result.map(|()| outcome)
+        // Records up to this are of letters in the queue before the purge.
+        let watermark = match self.store.watermark().await {
+            Ok(watermark) => watermark,
+            Err(error) => {
+                let error = AdminError::store(error);
+                self.end(audit, 0, "", Some((StopCause::Store, &error.to_string())))
+                    .await;
+                return Err(error);
+            }
+        };
+        outcome.purged = match self.broker.purge(queue).await {
+            Ok(purged) => purged,
+            Err(error) => {
+                let error = AdminError::broker(error);
+                self.end(audit, 0, "", Some((StopCause::Broker, &error.to_string())))
+                    .await;
+                return Err(error);
+            }
+        };
+        let mut done = format!("{} purged", outcome.purged);
+        match self.store.mark_purged(&outcome.origins, watermark).await {
+            Ok(marked) => {
+                outcome.marked = marked;
+                done.push_str(&format!(", {marked} record(s) marked"));
+            }
+            Err(error) => {
+                tracing::error!(%error, queue, audit, "outbox admin: the dlq purge is done but marking its records failed");
+                done.push_str("; marking the records failed (see the log)");
+                outcome.warnings.push(format!(
+                    "{} message(s) were purged from `{queue}` (done: do not purge again for \
+                     them), but marking their records failed ({error}): the dead-letter list \
+                     still shows them open",
+                    outcome.purged
+                ));
+            }
+        }
+        self.end(audit, outcome.purged, &done, None).await;
+        tracing::info!(
+            queue,
+            purged = outcome.purged,
+            marked = outcome.marked,
+            audit,
+            "outbox admin: dlq purge ended"
+        );
+        Ok(outcome)
+    }
+
+    /// The queue's depth, refused when it has no such queue or consumers.
+    async fn idle_queue(&self, queue: &str, verb: &str) -> Result<QueueDepth, AdminError> {
+        let depth = self
+            .broker
+            .inspect(queue)
+            .await
+            .map_err(AdminError::broker)?
+            .ok_or_else(|| {
+                AdminError::NotFound(format!("the broker has no queue named `{queue}`"))
+            })?;
+        if depth.consumers > 0 {
+            return Err(AdminError::Conflict(format!(
+                "`{queue}` has {} consumer(s): a replay of it is running, or it is not a \
+                 dead-letter queue (nothing consumes those); {verb} only a dead-letter queue \
+                 nothing reads",
+                depth.consumers
+            )));
+        }
+        Ok(depth)
     }
 
     /// Writes the audit row of `action` on `target` before it acts.
@@ -542,66 +740,33 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
         Ok(audit)
     }
 
-    /// Ends the audit row with its count and `done`, or `failed: <why>`; a
-    /// failure to write it is logged (what it records is done).
-    async fn end(&self, audit: i64, count: u64, failure: Option<&str>) {
-        let outcome = failure.map_or_else(|| "done".to_owned(), |why| format!("failed: {why}"));
+    /// Ends the audit row with its count and `done: <what>`, or `failed:
+    /// <why>` (broker and store failures by name only: their text, which
+    /// may name hosts and users, goes to the log). A failure to write it is
+    /// logged: what it records is done.
+    async fn end(&self, audit: i64, count: u64, done: &str, failed: Option<(StopCause, &str)>) {
+        let outcome = match failed {
+            None => format!("done: {done}"),
+            Some((cause, error)) => {
+                tracing::warn!(audit, ?cause, error, "outbox admin: a dlq run stopped");
+                match cause {
+                    StopCause::Unreplayable => format!("failed: {error}"),
+                    StopCause::Broker => "failed: the broker failed (see the log)".to_owned(),
+                    StopCause::Store => "failed: the store failed (see the log)".to_owned(),
+                }
+            }
+        };
         if let Err(error) = self.store.record_audit(audit, count, Some(&outcome)).await {
             tracing::warn!(%error, audit, "outbox admin: recording how a dlq run ended failed");
         }
     }
-
-    /// The messages ready in `queue`; [`AdminError::NotFound`] when the
-    /// broker has no such queue.
-    async fn depth(&self, queue: &str) -> Result<u32, AdminError> {
-        self.broker
-            .depth(queue)
-            .await
-            .map_err(AdminError::broker)?
-            .ok_or_else(|| AdminError::NotFound(format!("the broker has no queue named `{queue}`")))
-    }
-
-    async fn purge_and_mark(
-        &self,
-        queue: &str,
-        outcome: &mut DlqPurgeOutcome,
-    ) -> Result<(), AdminError> {
-        // Letters recorded after this are still in the queue after the purge.
-        let before = self.store.now().await.map_err(AdminError::store)?;
-        outcome.purged = self.broker.purge(queue).await.map_err(AdminError::broker)?;
-        outcome.marked = self
-            .store
-            .mark_purged(&outcome.origins, before)
-            .await
-            .map_err(|error| {
-                AdminError::Store(
-                    format!(
-                        "{} message(s) were purged from `{queue}`, but marking their records \
-                         failed ({error}): the dead-letter list still shows them open",
-                        outcome.purged
-                    )
-                    .into(),
-                )
-            })?;
-        tracing::info!(
-            queue,
-            purged = outcome.purged,
-            marked = outcome.marked,
-            "outbox admin: dlq purge ended"
-        );
-        Ok(())
-    }
 }
 
-fn authorize(caller: &Caller, action: &'static str) -> Result<(), AdminError> {
-    if caller.may_act() {
-        Ok(())
-    } else {
-        Err(AdminError::Forbidden {
-            identity: caller.identity.clone(),
-            action,
-        })
-    }
+/// Another reader holds the queue.
+fn busy(queue: &str) -> AdminError {
+    AdminError::Conflict(format!(
+        "`{queue}` is held by another reader (a replay of it is running): try again when it ends"
+    ))
 }
 
 /// A queue name the broker accepts: 1 to 255 bytes, no NUL.

@@ -79,11 +79,11 @@ mod service;
 pub use audit::{AuditEntry, AuditRecord, Caller, Role};
 pub use dead_letter::{
     DeadLetter, DeadLetterGroup, DeadLetterRecord, DlqReplayReport, ReplayedMessage,
-    SkippedMessage, group_dead_letters,
+    SkippedMessage, StopCause, group_dead_letters,
 };
 pub use dlq::{
-    DeadLetterBroker, DeadLetterStore, DeadLetters, DlqPurge, DlqPurgeOutcome, DlqReplay,
-    DlqReplayOutcome,
+    DeadLetterBroker, DeadLetterQuery, DeadLetterSession, DeadLetterStore, DeadLetters, DlqPurge,
+    DlqPurgeOutcome, DlqReplay, DlqReplayOutcome, QueueDepth,
 };
 pub use filter::{EventFilter, Page};
 pub use group::{MAX_NORMALIZED_BYTES, group_id, normalize_error};

@@ -29,9 +29,13 @@ pub enum AdminError {
         /// What they asked for.
         action: &'static str,
     },
-    /// No such event, aggregate or relay.
+    /// No such event, aggregate, relay, dead letter or queue.
     #[error("{0}")]
     NotFound(String),
+    /// The request clashes with what is running (e.g. a replay of the same
+    /// dead-letter queue). The message says what.
+    #[error("{0}")]
+    Conflict(String),
     /// The store failed.
     #[error("the outbox store failed: {0}")]
     Store(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -149,11 +153,7 @@ impl<S: OutboxAdmin> Admin<S> {
         after: Option<i64>,
         limit: usize,
     ) -> Result<Page<EventSummary>, AdminError> {
-        if !(1..=10_000).contains(&limit) {
-            return Err(AdminError::Invalid(format!(
-                "limit must be between 1 and 10000, not {limit}"
-            )));
-        }
+        check_limit(limit)?;
         Self::check_text(filter)?;
         self.store
             .list(filter, after, limit)
@@ -548,14 +548,7 @@ impl<S: OutboxAdmin> Admin<S> {
     }
 
     fn authorize(caller: &Caller, action: &'static str) -> Result<(), AdminError> {
-        if caller.may_act() {
-            Ok(())
-        } else {
-            Err(AdminError::Forbidden {
-                identity: caller.identity.clone(),
-                action,
-            })
-        }
+        caller.authorize(action)
     }
 
     /// The selection restricted to the statuses a verb changes; an empty
@@ -674,6 +667,17 @@ impl<S: OutboxAdmin> Admin<S> {
         if !self.chunk_pause.is_zero() {
             tokio::time::sleep(self.chunk_pause).await;
         }
+    }
+}
+
+/// A page size between 1 and 10,000.
+pub(crate) fn check_limit(limit: usize) -> Result<(), AdminError> {
+    if (1..=10_000).contains(&limit) {
+        Ok(())
+    } else {
+        Err(AdminError::Invalid(format!(
+            "limit must be between 1 and 10000, not {limit}"
+        )))
     }
 }
 

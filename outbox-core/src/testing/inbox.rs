@@ -3,12 +3,12 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use uuid::Uuid;
 
 use crate::admin::{
-    AuditEntry, AuditRecord, DeadLetter, DeadLetterGroup, DeadLetterRecord, DeadLetterStore, Page,
-    ReplayedMessage, group_dead_letters,
+    AuditEntry, AuditRecord, DeadLetter, DeadLetterGroup, DeadLetterQuery, DeadLetterRecord,
+    DeadLetterStore, Page, ReplayedMessage, group_dead_letters,
 };
 use crate::{InboxDatabase, InboxOutcome, InboxStore};
 
@@ -154,25 +154,26 @@ impl InboxDatabase for InMemoryInbox {
 impl DeadLetterStore for InMemoryInbox {
     type Error = std::convert::Infallible;
 
-    async fn list(
-        &self,
-        queue: Option<&str>,
-        after: Option<i64>,
-        limit: usize,
-        include_settled: bool,
-    ) -> Result<Page<DeadLetterRecord>, Self::Error> {
+    async fn list(&self, query: &DeadLetterQuery) -> Result<Page<DeadLetterRecord>, Self::Error> {
+        let limit = query.limit.max(1);
         let state = self.letters();
         let mut items: Vec<DeadLetterRecord> = state
             .records
             .iter()
-            .filter(|r| queue.is_none_or(|q| r.letter.queue == q))
-            .filter(|r| r.id > after.unwrap_or(0))
-            .filter(|r| include_settled || r.is_open())
-            .take(limit.max(1) + 1)
-            .cloned()
+            .filter(|r| query.queue.as_ref().is_none_or(|q| r.letter.queue == *q))
+            .filter(|r| r.id > query.after.unwrap_or(0))
+            .filter(|r| query.include_settled || r.is_open())
+            .take(limit + 1)
+            .map(|r| {
+                if query.payloads {
+                    r.clone()
+                } else {
+                    r.clone().redacted()
+                }
+            })
             .collect();
-        let next = if items.len() > limit.max(1) {
-            items.truncate(limit.max(1));
+        let next = if items.len() > limit {
+            items.truncate(limit);
             items.last().map(|r| r.id)
         } else {
             None
@@ -209,21 +210,25 @@ impl DeadLetterStore for InMemoryInbox {
         let now = Utc::now();
         let mut state = self.letters();
         let mut marked = 0;
-        for record in state.records.iter_mut().filter(|r| r.is_open()) {
-            let own = record
-                .letter
-                .headers
-                .get("x-outbox-dead-letter-id")
-                .and_then(|id| Uuid::parse_str(id).ok());
-            let moved = messages.iter().any(|m| match m.dead_letter_id {
-                Some(id) => own == Some(id),
-                None => {
-                    m.event_id.is_some()
-                        && m.event_id == record.letter.event_id
-                        && m.queue == record.letter.queue
-                }
+        for m in messages {
+            let record = state.records.iter_mut().find(|r| {
+                let own = r
+                    .letter
+                    .headers
+                    .get("x-outbox-dead-letter-id")
+                    .and_then(|id| Uuid::parse_str(id).ok());
+                r.is_open()
+                    && match m.dead_letter_id {
+                        Some(id) => own == Some(id),
+                        None => {
+                            own.is_none()
+                                && m.event_id.is_some()
+                                && m.event_id == r.letter.event_id
+                                && m.queue == r.letter.queue
+                        }
+                    }
             });
-            if moved {
+            if let Some(record) = record {
                 record.replayed_at = Some(now);
                 marked += 1;
             }
@@ -231,28 +236,21 @@ impl DeadLetterStore for InMemoryInbox {
         Ok(marked)
     }
 
-    async fn mark_purged(
-        &self,
-        queues: &[String],
-        before: DateTime<Utc>,
-    ) -> Result<u64, Self::Error> {
+    async fn watermark(&self) -> Result<i64, Self::Error> {
+        Ok(self.letters().records.last().map_or(0, |r| r.id))
+    }
+
+    async fn mark_purged(&self, queues: &[String], watermark: i64) -> Result<u64, Self::Error> {
         let now = Utc::now();
         let mut state = self.letters();
         let mut marked = 0;
         for record in state.records.iter_mut() {
-            if record.is_open()
-                && queues.contains(&record.letter.queue)
-                && record.letter.dead_lettered_at < before
-            {
+            if record.is_open() && queues.contains(&record.letter.queue) && record.id <= watermark {
                 record.purged_at = Some(now);
                 marked += 1;
             }
         }
         Ok(marked)
-    }
-
-    async fn now(&self) -> Result<DateTime<Utc>, Self::Error> {
-        Ok(Utc::now())
     }
 
     async fn begin_audit(&self, entry: &AuditEntry) -> Result<i64, Self::Error> {

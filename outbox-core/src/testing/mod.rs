@@ -11,7 +11,7 @@ mod inbox;
 mod memory;
 mod publisher;
 
-pub use broker::{BrokerError, InMemoryDeadLetterQueues, QueuedMessage};
+pub use broker::{BrokerError, InMemoryDeadLetterQueues, InMemorySession, QueuedMessage};
 pub use inbox::{InMemoryInbox, InboxTx};
 pub use memory::{InMemoryClaim, InMemoryStore, StoreError};
 pub use publisher::{PublishAttempt, RecordingPublisher};

@@ -57,14 +57,17 @@ impl Republisher {
         routing_key: &str,
         body: &[u8],
         properties: BasicProperties,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), RepublishError> {
+        use RepublishError::{Failed, Refused};
         let target = format!("exchange `{exchange}` with routing key `{routing_key}`");
-        let exchange = short_string("exchange name", exchange).map_err(|e| e.to_string())?;
-        let routing_key = short_string("routing key", routing_key).map_err(|e| e.to_string())?;
+        let exchange =
+            short_string("exchange name", exchange).map_err(|e| Refused(e.to_string()))?;
+        let routing_key =
+            short_string("routing key", routing_key).map_err(|e| Refused(e.to_string()))?;
         // Opening the channel and sending are bounded too: on a connection
         // that is going away they could otherwise wait forever.
         let sending = async {
-            let channel = self.channel().await.map_err(|e| e.to_string())?;
+            let channel = self.channel().await.map_err(|e| Failed(e.to_string()))?;
             channel
                 .basic_publish(
                     exchange,
@@ -77,34 +80,53 @@ impl Republisher {
                     properties,
                 )
                 .await
-                .map_err(|e| format!("publishing to {target} failed: {e}"))
+                .map_err(|e| Failed(format!("publishing to {target} failed: {e}")))
         };
         let confirm = tokio::time::timeout(self.confirm_timeout, sending)
             .await
             .map_err(|_| {
-                format!(
+                Failed(format!(
                     "publishing to {target} did not complete within {:?}",
                     self.confirm_timeout
-                )
+                ))
             })??;
         match tokio::time::timeout(self.confirm_timeout, confirm).await {
-            Err(_) => Err(format!(
+            Err(_) => Err(Failed(format!(
                 "no confirm for the publish to {target} within {:?}",
                 self.confirm_timeout
-            )),
-            Ok(Err(e)) => Err(format!("publishing to {target} failed: {e}")),
+            ))),
+            Ok(Err(e)) => Err(Failed(format!("publishing to {target} failed: {e}"))),
             Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-            Ok(Ok(Confirmation::Ack(Some(returned)))) => Err(format!(
+            Ok(Ok(Confirmation::Ack(Some(returned)))) => Err(Refused(format!(
                 "the broker returned the message published to {target}: {} {} (no queue is bound \
                  for it)",
                 returned.reply_code, returned.reply_text
-            )),
-            Ok(Ok(Confirmation::Nack(_))) => {
-                Err(format!("the broker nacked the publish to {target}"))
-            }
-            Ok(Ok(Confirmation::NotRequested)) => Err(format!(
+            ))),
+            Ok(Ok(Confirmation::Nack(_))) => Err(Refused(format!(
+                "the broker nacked the publish to {target}"
+            ))),
+            Ok(Ok(Confirmation::NotRequested)) => Err(Failed(format!(
                 "the publish to {target} was not confirmed (channel not in confirm mode)"
-            )),
+            ))),
+        }
+    }
+}
+
+/// Why a republish failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RepublishError {
+    /// The broker refused this message (returned as unroutable, nacked, an
+    /// invalid name): another message may go through.
+    Refused(String),
+    /// The broker did not take it (connection, channel, no confirm in
+    /// time): nothing may go through now.
+    Failed(String),
+}
+
+impl std::fmt::Display for RepublishError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RepublishError::Refused(why) | RepublishError::Failed(why) => f.write_str(why),
         }
     }
 }

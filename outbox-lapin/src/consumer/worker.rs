@@ -365,7 +365,8 @@ where
             // this queue, whatever the original exchange and bindings.
             let result = republisher
                 .publish("", &settings.queue, &delivery.data, properties)
-                .await;
+                .await
+                .map_err(|e| e.to_string());
             self.settle(delivery, result, metrics::RETRIED_TOTAL, stop)
                 .await;
         }
@@ -405,7 +406,8 @@ where
                 &delivery.data,
                 properties,
             )
-            .await;
+            .await
+            .map_err(|e| e.to_string());
         if result.is_ok() {
             match tokio::time::timeout(RECORD_TIMEOUT, self.db.record_dead_letter(&letter)).await {
                 Ok(Ok(())) => {}
