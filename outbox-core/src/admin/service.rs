@@ -467,8 +467,11 @@ impl<S: OutboxAdmin> Admin<S> {
         })
     }
 
-    /// Pauses (`true`) or resumes a relay: it stops claiming at its next
-    /// heartbeat and finishes the batches it holds.
+    /// Pauses (`true`) or resumes a relay. Paused, it claims nothing from
+    /// its next claim on (a claim that starts once this returned reads the
+    /// pause, see [`OutboxStore::claim_for`](crate::OutboxStore::claim_for))
+    /// and finishes the batches it holds; resumed, it claims again after
+    /// its next heartbeat (within its stats interval, at most 5 s).
     ///
     /// # Errors
     /// [`AdminError::NotFound`] for an unknown relay; [`AdminError::Forbidden`],
