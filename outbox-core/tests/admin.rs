@@ -613,3 +613,103 @@ async fn a_pause_stops_a_running_relay_at_its_next_claim_not_its_next_heartbeat(
     handle.shutdown();
     task.await.unwrap();
 }
+
+/// Claims what is claimable and marks `id` for a retry in an hour (the
+/// rest of the claim is released).
+async fn fail_for_an_hour(store: &InMemoryStore, id: Uuid) {
+    let mut claim = store.claim(1_000).await.unwrap().expect("claimable");
+    claim
+        .mark_failed(&[FailedAttempt {
+            id,
+            attempts: 1,
+            error: "unroutable".into(),
+            next: NextStep::RetryAt(chrono::Utc::now() + chrono::Duration::hours(1)),
+            unroutable_since: None,
+        }])
+        .await
+        .unwrap();
+    claim.finish().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_replay_leaves_alone_an_event_recorded_after_it_began_that_dies_while_it_runs() {
+    use futures_util::FutureExt as _;
+    let store = InMemoryStore::new();
+    let admin = Admin::new(store.clone()).chunk_size(1);
+    let ids: Vec<Uuid> = (0..3)
+        .map(|i| record(&store, &format!("agg-{i}")))
+        .collect();
+    kill(&store, &ids, "nack").await;
+
+    // After the first chunk, an event recorded then dies (as a relay's
+    // claim would kill it). The in-memory store never waits, so its calls
+    // complete at once inside the (synchronous) progress callback.
+    let late = std::sync::Mutex::new(None);
+    let dead = EventFilter::new().with_status(EventStatus::Dead);
+    let report = admin
+        .replay(&operator(), &dead, false, &|_| {
+            let mut late = late.lock().unwrap();
+            if late.is_none() {
+                let id = record(&store, "late");
+                kill(&store, &[id], "nack")
+                    .now_or_never()
+                    .expect("the in-memory store does not wait");
+                *late = Some(id);
+            }
+        })
+        .await
+        .unwrap();
+    let late = late.into_inner().unwrap().expect("killed between chunks");
+    assert_eq!(status(&store, late), EventStatus::Dead, "not replayed");
+    assert_eq!((report.matched, report.changed), (3, 3));
+    assert!(report.changed <= report.matched);
+    assert!(
+        ids.iter()
+            .all(|id| status(&store, *id) == EventStatus::Pending)
+    );
+    let log = admin.audit_log(None, 1).await.unwrap();
+    assert_eq!(log[0].count, 3);
+    assert_eq!(
+        log[0].entry.target["seq_at_most"], 3,
+        "the audit row says where the run stopped"
+    );
+}
+
+#[tokio::test]
+async fn retry_now_leaves_alone_an_event_recorded_after_it_began() {
+    use futures_util::FutureExt as _;
+    let store = InMemoryStore::new();
+    let admin = Admin::new(store.clone()).chunk_size(1);
+    let ids: Vec<Uuid> = (0..2)
+        .map(|i| record(&store, &format!("agg-{i}")))
+        .collect();
+    for id in &ids {
+        fail_for_an_hour(&store, *id).await;
+    }
+    let late = std::sync::Mutex::new(None);
+    let retry = EventFilter::new().with_status(EventStatus::Retry);
+    let report = admin
+        .retry_now(&operator(), &retry, false, &|_| {
+            let mut late = late.lock().unwrap();
+            if late.is_none() {
+                let id = record(&store, "late");
+                fail_for_an_hour(&store, id)
+                    .now_or_never()
+                    .expect("the in-memory store does not wait");
+                *late = Some(id);
+            }
+        })
+        .await
+        .unwrap();
+    let late = late.into_inner().unwrap().expect("failed between chunks");
+    assert_eq!((report.matched, report.changed), (2, 2));
+    let now = chrono::Utc::now();
+    assert!(
+        store.get(late).unwrap().next_attempt_at.unwrap() > now,
+        "still waiting for its retry"
+    );
+    assert!(
+        ids.iter()
+            .all(|id| store.get(*id).unwrap().next_attempt_at.unwrap() <= now)
+    );
+}

@@ -626,3 +626,51 @@ async fn a_pause_stops_a_running_relay_at_its_next_claim_and_a_resume_delivers()
     assert_eq!(publisher.published_ids(), expected, "all of them, in order");
     assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 8);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_leaves_alone_an_event_recorded_after_it_began_that_dies_while_it_runs() {
+    let db = TestDb::new("admin_replay_bound").await;
+    let store = db.store();
+    let admin = Admin::new(store.clone()).chunk_size(1);
+    let ids = record(&db, &[("a".into(), 0), ("b".into(), 0), ("c".into(), 0)]).await;
+    fail(&db, &ids, "nack", NextStep::Dead).await;
+
+    // After the first chunk, an event recorded then dies in a relay's
+    // claim (run to completion inside the synchronous progress callback).
+    let late = std::sync::Mutex::new(None);
+    let dead = EventFilter::new().with_status(EventStatus::Dead);
+    let report = admin
+        .replay(&operator(), &dead, false, &|_| {
+            let mut late = late.lock().unwrap();
+            if late.is_none() {
+                let id = tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current().block_on(async {
+                        let id = record(&db, &[("late".into(), 0)]).await[0];
+                        fail(&db, &[id], "nack", NextStep::Dead).await;
+                        id
+                    })
+                });
+                *late = Some(id);
+            }
+        })
+        .await
+        .unwrap();
+    let late = late.into_inner().unwrap().expect("killed between chunks");
+    assert_eq!(
+        status(&admin, late).await,
+        EventStatus::Dead,
+        "not replayed"
+    );
+    assert_eq!((report.matched, report.changed), (3, 3));
+    assert!(report.changed <= report.matched);
+    for id in &ids {
+        assert_eq!(status(&admin, *id).await, EventStatus::Pending);
+    }
+    let log = admin.audit_log(None, 1).await.unwrap();
+    assert_eq!(log[0].count, 3);
+    assert_eq!(
+        log[0].entry.target["seq_at_most"],
+        store.last_seq().await.unwrap().unwrap() - 1,
+        "the audit row says where the run stopped: before the late event"
+    );
+}
