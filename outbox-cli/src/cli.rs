@@ -399,13 +399,15 @@ pub(crate) struct PurgeArgs {
 pub(crate) enum RelaysCommand {
     /// Registered relays, live or stale.
     List,
-    /// Pause a relay (it stops claiming at its next batch).
+    /// Pause a relay (it claims nothing from its next claim on and finishes
+    /// the batches it holds).
     #[command(after_help = "Example:\n  outbox relays pause relay-1")]
     Pause {
         /// The relay's name.
         name: String,
     },
-    /// Resume a paused relay.
+    /// Resume a paused relay (it claims again after its next heartbeat,
+    /// within 5 s).
     Resume {
         /// The relay's name.
         name: String,

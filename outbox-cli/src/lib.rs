@@ -48,7 +48,7 @@
 //! | `skip (--id ID \| --head TYPE:ID) [--dry-run]` | skips a dead or retrying event, or an aggregate's blocking head |
 //! | `retry-now (--id ID... \| --aggregate TYPE:ID \| --all \| filters) [--dry-run]` | makes waiting retries due now |
 //! | `purge sent\|inbox --older-than 7d [--dry-run]` | deletes old sent/skipped events (never dead ones) or inbox entries |
-//! | `relays list\|pause NAME\|resume NAME` | registered relays; pause through a row the relay reads |
+//! | `relays list\|pause NAME\|resume NAME` | registered relays; pause through a row the relay reads at each claim (resumed: at its next heartbeat, within 5 s) |
 //! | `audit [--limit N] [--before ID]` | the audit trail, newest first |
 //! | `migrate [--contract]` | applies the migrations to `--schema` |
 //! | `ddl` | prints the migrations' SQL (no database needed) |

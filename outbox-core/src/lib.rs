@@ -84,8 +84,8 @@ pub use relay::{Relay, RelayBuilder, RelayHandle, UnroutablePolicy};
 pub use retry::{NextStep, RetryPolicy};
 pub use status::{EventStatus, Transition};
 pub use store::{
-    Claim, DeadSelector, DeliveryOrder, FailedAttempt, InboxDatabase, InboxOutcome, InboxStore,
-    OutboxStats, OutboxStore, RelayControl, RelayRegistration,
+    Claim, Claimed, DeadSelector, DeliveryOrder, FailedAttempt, InboxDatabase, InboxOutcome,
+    InboxStore, OutboxStats, OutboxStore, RelayControl, RelayRegistration,
 };
 
 /// `#[derive(DomainEvent)]` (feature `derive`); see `outbox-macros`.

@@ -91,7 +91,20 @@ pub(crate) fn host_name() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
-/// What a relay learns from its heartbeat.
+/// What [`OutboxStore::claim_for`] found.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Claimed<C> {
+    /// A batch, held until it is finished or dropped.
+    Batch(C),
+    /// Nothing is claimable now.
+    Empty,
+    /// An operator paused the claiming relay: nothing was claimed.
+    Paused,
+}
+
+/// What a relay learns from its heartbeat (a pause also from its claims,
+/// see [`OutboxStore::claim_for`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayControl {
@@ -160,10 +173,39 @@ pub trait OutboxStore: Send + Sync + 'static {
     type Claim: Claim<Error = Self::Error>;
 
     /// Claims up to `limit` events, or `None` when nothing is claimable.
+    /// Claims regardless of any relay's pause: the relay claims through
+    /// [`claim_for`](Self::claim_for).
     fn claim(
         &self,
         limit: usize,
     ) -> impl Future<Output = Result<Option<Self::Claim>, Self::Error>> + Send;
+
+    /// Claims as [`claim`](Self::claim) for the relay named `relay`, unless
+    /// an operator paused it ([`Claimed::Paused`], nothing claimed): what
+    /// the relay calls, so that a pause takes effect at its next claim, not
+    /// at its next [`heartbeat`](Self::heartbeat). A store that keeps a
+    /// registry of relays reads the pause in the claim itself, atomically
+    /// with it: a claim that starts after the pause was stored claims
+    /// nothing (the PostgreSQL store: a primary-key probe of the relay's row
+    /// in the claim's one statement; the in-memory store: under the lock of
+    /// the claim). A relay without a registry entry is not paused.
+    ///
+    /// The default claims whatever the pause (the relay then learns of it
+    /// from its heartbeat).
+    fn claim_for(
+        &self,
+        relay: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Claimed<Self::Claim>, Self::Error>> + Send {
+        let _ = relay;
+        let claim = self.claim(limit);
+        async move {
+            Ok(match claim.await? {
+                Some(batch) => Claimed::Batch(batch),
+                None => Claimed::Empty,
+            })
+        }
+    }
 
     /// Current [`OutboxStats`].
     fn stats(&self) -> impl Future<Output = Result<OutboxStats, Self::Error>> + Send;
@@ -209,8 +251,9 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// Records that relay `name` is alive with `in_flight` batches, every
     /// [`stats_interval`](crate::RelayBuilder::stats_interval) (at most every
-    /// 5 s); returns
-    /// whether an operator paused it. The default never pauses.
+    /// 5 s); returns whether an operator paused it (how a paused relay
+    /// learns that it was resumed; a pause itself is seen by the next
+    /// [`claim_for`](Self::claim_for) already). The default never pauses.
     fn heartbeat(
         &self,
         name: &str,

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use outbox_core::admin::{Admin, AdminError, AttemptOutcome, Caller, EventFilter, PurgeTarget};
 use outbox_core::testing::{InMemoryStore, RecordingPublisher};
-use outbox_core::{Claim, DomainEvent, EventStatus, FailedAttempt, NextStep, OutboxStore, Relay};
+use outbox_core::{
+    Claim, Claimed, DomainEvent, EventStatus, FailedAttempt, NextStep, OutboxStore, Relay,
+    RelayRegistration,
+};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -442,4 +445,271 @@ async fn a_relay_restarted_under_a_paused_name_claims_nothing() {
     publisher.wait_for(1).await;
     handle.shutdown();
     task.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_claim_for_a_paused_relay_takes_nothing_and_says_so() {
+    let store = InMemoryStore::new();
+    let admin = Admin::new(store.clone());
+    let id = record(&store, "a");
+    store
+        .register_relay(&RelayRegistration::new("relay-one", Duration::from_secs(5)))
+        .await
+        .unwrap();
+    admin
+        .set_paused(&operator(), "relay-one", true)
+        .await
+        .unwrap();
+
+    let paused = store.claim_for("relay-one", 10).await.unwrap();
+    assert!(matches!(paused, Claimed::Paused), "{paused:?}");
+    assert_eq!(store.claimed(), 0, "a paused relay's claim holds nothing");
+    // Another relay, registered or not, is not held up by that pause.
+    match store.claim_for("relay-two", 10).await.unwrap() {
+        Claimed::Batch(claim) => assert_eq!(claim.records()[0].id(), id),
+        other => panic!("relay-two claims: {other:?}"),
+    }
+    admin
+        .set_paused(&operator(), "relay-one", false)
+        .await
+        .unwrap();
+    match store.claim_for("relay-one", 10).await.unwrap() {
+        Claimed::Batch(claim) => {
+            assert_eq!(claim.records()[0].id(), id);
+            let empty = store.claim_for("relay-one", 10).await.unwrap();
+            assert!(matches!(empty, Claimed::Empty), "{empty:?}");
+        }
+        other => panic!("resumed, relay-one claims: {other:?}"),
+    }
+}
+
+/// The in-memory store, counting the relay's claims.
+#[derive(Clone)]
+struct CountingClaims {
+    inner: InMemoryStore,
+    claims: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CountingClaims {
+    fn claims(&self) -> usize {
+        self.claims.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl OutboxStore for CountingClaims {
+    type Error = <InMemoryStore as OutboxStore>::Error;
+    type Claim = <InMemoryStore as OutboxStore>::Claim;
+
+    async fn claim(&self, limit: usize) -> Result<Option<Self::Claim>, Self::Error> {
+        self.inner.claim(limit).await
+    }
+
+    async fn claim_for(
+        &self,
+        relay: &str,
+        limit: usize,
+    ) -> Result<Claimed<Self::Claim>, Self::Error> {
+        self.claims
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.claim_for(relay, limit).await
+    }
+
+    async fn stats(&self) -> Result<outbox_core::OutboxStats, Self::Error> {
+        self.inner.stats().await
+    }
+
+    async fn purge_sent(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> Result<u64, Self::Error> {
+        self.inner.purge_sent(before, limit).await
+    }
+
+    async fn replay_dead(&self, selector: outbox_core::DeadSelector) -> Result<u64, Self::Error> {
+        self.inner.replay_dead(selector).await
+    }
+
+    async fn skip_dead(&self, id: Uuid) -> Result<bool, Self::Error> {
+        self.inner.skip_dead(id).await
+    }
+
+    async fn register_relay(&self, relay: &RelayRegistration) -> Result<(), Self::Error> {
+        self.inner.register_relay(relay).await
+    }
+
+    async fn heartbeat(
+        &self,
+        name: &str,
+        in_flight: u32,
+    ) -> Result<outbox_core::RelayControl, Self::Error> {
+        self.inner.heartbeat(name, in_flight).await
+    }
+
+    async fn deregister_relay(&self, name: &str) -> Result<(), Self::Error> {
+        self.inner.deregister_relay(name).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_stops_a_running_relay_at_its_next_claim_not_its_next_heartbeat() {
+    let store = InMemoryStore::new();
+    let counting = CountingClaims {
+        inner: store.clone(),
+        claims: Default::default(),
+    };
+    let publisher = RecordingPublisher::new();
+    let admin = Admin::new(store.clone());
+    // Heartbeats every 5 s (the most a stats interval of an hour gives):
+    // the pause below is read by the claims, long before the next one.
+    let relay = Relay::builder(counting.clone(), publisher.clone())
+        .name("relay-one")
+        .stats_interval(Duration::from_secs(3600))
+        .poll_interval(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let started = tokio::time::Instant::now();
+    let task = tokio::spawn(relay.run());
+    record(&store, "a");
+    handle.notify();
+    publisher.wait_for(1).await;
+
+    admin
+        .set_paused(&operator(), "relay-one", true)
+        .await
+        .unwrap();
+    let later: Vec<Uuid> = (0..3).map(|_| record(&store, "a")).collect();
+    handle.notify();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "no heartbeat since the pause: the claims read it"
+    );
+    assert_eq!(
+        publisher.published().len(),
+        1,
+        "nothing claimed once paused"
+    );
+    assert!(
+        later
+            .iter()
+            .all(|id| status(&store, *id) == EventStatus::Pending)
+    );
+    assert_eq!(store.claimed(), 0);
+    // Told so by its claims, the relay stopped claiming (not a claim per
+    // poll, 40 a loop in these 2 s) until a heartbeat resumes it.
+    assert!(counting.claims() <= 8, "{} claims", counting.claims());
+
+    admin
+        .set_paused(&operator(), "relay-one", false)
+        .await
+        .unwrap();
+    // Resumed by the next heartbeat.
+    tokio::time::timeout(Duration::from_secs(10), publisher.wait_for(4))
+        .await
+        .expect("delivered once resumed");
+    assert_eq!(&publisher.published_ids()[1..], later.as_slice());
+    handle.shutdown();
+    task.await.unwrap();
+}
+
+/// Claims what is claimable and marks `id` for a retry in an hour (the
+/// rest of the claim is released).
+async fn fail_for_an_hour(store: &InMemoryStore, id: Uuid) {
+    let mut claim = store.claim(1_000).await.unwrap().expect("claimable");
+    claim
+        .mark_failed(&[FailedAttempt {
+            id,
+            attempts: 1,
+            error: "unroutable".into(),
+            next: NextStep::RetryAt(chrono::Utc::now() + chrono::Duration::hours(1)),
+            unroutable_since: None,
+        }])
+        .await
+        .unwrap();
+    claim.finish().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_replay_leaves_alone_an_event_recorded_after_it_began_that_dies_while_it_runs() {
+    use futures_util::FutureExt as _;
+    let store = InMemoryStore::new();
+    let admin = Admin::new(store.clone()).chunk_size(1);
+    let ids: Vec<Uuid> = (0..3)
+        .map(|i| record(&store, &format!("agg-{i}")))
+        .collect();
+    kill(&store, &ids, "nack").await;
+
+    // After the first chunk, an event recorded then dies (as a relay's
+    // claim would kill it). The in-memory store never waits, so its calls
+    // complete at once inside the (synchronous) progress callback.
+    let late = std::sync::Mutex::new(None);
+    let dead = EventFilter::new().with_status(EventStatus::Dead);
+    let report = admin
+        .replay(&operator(), &dead, false, &|_| {
+            let mut late = late.lock().unwrap();
+            if late.is_none() {
+                let id = record(&store, "late");
+                kill(&store, &[id], "nack")
+                    .now_or_never()
+                    .expect("the in-memory store does not wait");
+                *late = Some(id);
+            }
+        })
+        .await
+        .unwrap();
+    let late = late.into_inner().unwrap().expect("killed between chunks");
+    assert_eq!(status(&store, late), EventStatus::Dead, "not replayed");
+    assert_eq!((report.matched, report.changed), (3, 3));
+    assert!(report.changed <= report.matched);
+    assert!(
+        ids.iter()
+            .all(|id| status(&store, *id) == EventStatus::Pending)
+    );
+    let log = admin.audit_log(None, 1).await.unwrap();
+    assert_eq!(log[0].count, 3);
+    assert_eq!(
+        log[0].entry.target["seq_at_most"], 3,
+        "the audit row says where the run stopped"
+    );
+}
+
+#[tokio::test]
+async fn retry_now_leaves_alone_an_event_recorded_after_it_began() {
+    use futures_util::FutureExt as _;
+    let store = InMemoryStore::new();
+    let admin = Admin::new(store.clone()).chunk_size(1);
+    let ids: Vec<Uuid> = (0..2)
+        .map(|i| record(&store, &format!("agg-{i}")))
+        .collect();
+    for id in &ids {
+        fail_for_an_hour(&store, *id).await;
+    }
+    let late = std::sync::Mutex::new(None);
+    let retry = EventFilter::new().with_status(EventStatus::Retry);
+    let report = admin
+        .retry_now(&operator(), &retry, false, &|_| {
+            let mut late = late.lock().unwrap();
+            if late.is_none() {
+                let id = record(&store, "late");
+                fail_for_an_hour(&store, id)
+                    .now_or_never()
+                    .expect("the in-memory store does not wait");
+                *late = Some(id);
+            }
+        })
+        .await
+        .unwrap();
+    let late = late.into_inner().unwrap().expect("failed between chunks");
+    assert_eq!((report.matched, report.changed), (2, 2));
+    let now = chrono::Utc::now();
+    assert!(
+        store.get(late).unwrap().next_attempt_at.unwrap() > now,
+        "still waiting for its retry"
+    );
+    assert!(
+        ids.iter()
+            .all(|id| store.get(*id).unwrap().next_attempt_at.unwrap() <= now)
+    );
 }

@@ -11,7 +11,11 @@ use common::{TestDb, record};
 use outbox_core::admin::{
     Admin, AdminError, AttemptOutcome, Caller, EventFilter, OutboxAdmin, PurgeTarget,
 };
-use outbox_core::{Claim, EventStatus, FailedAttempt, NextStep, OutboxStore, RelayRegistration};
+use outbox_core::testing::RecordingPublisher;
+use outbox_core::{
+    Claim, Claimed, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxStore, Relay,
+    RelayRegistration,
+};
 use outbox_diesel::PgOutboxStore;
 use uuid::Uuid;
 
@@ -493,4 +497,180 @@ async fn sent_events_take_their_history_along_and_skipped_ones_are_kept_from_the
         .await
         .unwrap();
     assert_eq!(db.count("outbox_events", "WHERE status = 'skipped'"), 1);
+}
+
+#[tokio::test]
+async fn a_claim_for_a_paused_relay_reads_and_locks_nothing_in_either_order() {
+    let db = TestDb::new("admin_claim_paused").await;
+    let store = db.store();
+    let admin = Admin::new(store.clone());
+    let ids = record(&db, &[("a".into(), 0), ("b".into(), 0)]).await;
+    store
+        .register_relay(&RelayRegistration::new("r1", Duration::from_secs(5)))
+        .await
+        .unwrap();
+    for order in [DeliveryOrder::PerAggregate, DeliveryOrder::Unordered] {
+        store.set_delivery_order(order).await.unwrap();
+        admin.set_paused(&operator(), "r1", true).await.unwrap();
+        let paused = store.claim_for("r1", 10).await.unwrap();
+        assert!(matches!(paused, Claimed::Paused), "{order:?}: {paused:?}");
+        // Nothing stays locked: another relay, registered or not, gets it
+        // all while r1 is paused.
+        match store.claim_for("r2", 10).await.unwrap() {
+            Claimed::Batch(claim) => {
+                let got: Vec<Uuid> = claim.records().iter().map(|r| r.id()).collect();
+                assert_eq!(got, ids, "{order:?}");
+            }
+            other => panic!("{order:?}: r2 claims: {other:?}"),
+        }
+        admin.set_paused(&operator(), "r1", false).await.unwrap();
+        match store.claim_for("r1", 10).await.unwrap() {
+            Claimed::Batch(claim) => {
+                assert_eq!(claim.records().len(), 2, "{order:?}");
+                // What that claim holds, nobody else gets.
+                let empty = store.claim_for("r2", 10).await.unwrap();
+                assert!(matches!(empty, Claimed::Empty), "{order:?}: {empty:?}");
+            }
+            other => panic!("{order:?}: resumed, r1 claims: {other:?}"),
+        }
+    }
+    assert_eq!(
+        db.count("outbox_events", "WHERE status = 'pending'"),
+        2,
+        "claims that end unfinished change nothing"
+    );
+}
+
+/// Publishes like `inner`, each call taking `delay` (asynchronously).
+struct Slow {
+    inner: RecordingPublisher,
+    delay: Duration,
+}
+
+impl outbox_core::Publisher for Slow {
+    async fn publish(
+        &self,
+        events: &[&outbox_core::EventEnvelope],
+        deadline: Option<std::time::Instant>,
+    ) -> Vec<outbox_core::PublishOutcome> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.publish(events, deadline).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_stops_a_running_relay_at_its_next_claim_and_a_resume_delivers() {
+    let db = TestDb::new("admin_pause_claim").await;
+    let admin = Admin::new(db.store());
+    let first = record(&db, &(0..5).map(|n| ("a".into(), n)).collect::<Vec<_>>()).await;
+    let publisher = RecordingPublisher::new();
+    // One event at a time, 100 ms each: events are pending while the relay
+    // runs. Heartbeats every 5 s (the most a stats interval of an hour
+    // gives): the pause below is read by the claims, before the next one.
+    let relay = Relay::builder(
+        db.store(),
+        Slow {
+            inner: publisher.clone(),
+            delay: Duration::from_millis(100),
+        },
+    )
+    .name("r1")
+    .batch_size(1)
+    .concurrency(1)
+    .poll_interval(Duration::from_millis(20))
+    .stats_interval(Duration::from_secs(3600))
+    .build()
+    .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    tokio::time::timeout(Duration::from_secs(10), publisher.wait_for(1))
+        .await
+        .expect("the relay runs");
+
+    admin.set_paused(&operator(), "r1", true).await.unwrap();
+    // At most the one batch in flight (or being claimed) when the pause
+    // committed is published after it.
+    let in_flight = publisher.published().len() + 1;
+    let later = record(&db, &(5..8).map(|n| ("a".into(), n)).collect::<Vec<_>>()).await;
+    handle.notify();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let published = publisher.published_ids();
+    assert!(
+        published.len() <= in_flight && published.len() < first.len(),
+        "nothing claimed once paused: {} published",
+        published.len()
+    );
+    assert!(later.iter().all(|id| !published.contains(id)));
+    assert_eq!(
+        db.count("outbox_events", "WHERE status = 'pending'") as usize,
+        first.len() + later.len() - published.len(),
+    );
+    // No heartbeat since the pause (its audit row is older than the pause's
+    // commit): the claims read it themselves.
+    let paused_at = admin.audit_log(None, 1).await.unwrap()[0].at;
+    let relays = admin.relays().await.unwrap();
+    assert!(relays[0].paused);
+    assert!(
+        relays[0].heartbeat_at < paused_at,
+        "the last heartbeat was before the pause"
+    );
+
+    admin.set_paused(&operator(), "r1", false).await.unwrap();
+    // Resumed by the next heartbeat (within 5 s).
+    tokio::time::timeout(Duration::from_secs(15), publisher.wait_for(8))
+        .await
+        .expect("delivered once resumed");
+    handle.shutdown();
+    task.await.unwrap();
+    let expected: Vec<Uuid> = first.iter().chain(&later).copied().collect();
+    assert_eq!(publisher.published_ids(), expected, "all of them, in order");
+    assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_leaves_alone_an_event_recorded_after_it_began_that_dies_while_it_runs() {
+    let db = TestDb::new("admin_replay_bound").await;
+    let store = db.store();
+    let admin = Admin::new(store.clone()).chunk_size(1);
+    let ids = record(&db, &[("a".into(), 0), ("b".into(), 0), ("c".into(), 0)]).await;
+    fail(&db, &ids, "nack", NextStep::Dead).await;
+
+    // After the first chunk, an event recorded then dies in a relay's
+    // claim (run to completion inside the synchronous progress callback).
+    let late = std::sync::Mutex::new(None);
+    let dead = EventFilter::new().with_status(EventStatus::Dead);
+    let report = admin
+        .replay(&operator(), &dead, false, &|_| {
+            let mut late = late.lock().unwrap();
+            if late.is_none() {
+                let id = tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current().block_on(async {
+                        let id = record(&db, &[("late".into(), 0)]).await[0];
+                        fail(&db, &[id], "nack", NextStep::Dead).await;
+                        id
+                    })
+                });
+                *late = Some(id);
+            }
+        })
+        .await
+        .unwrap();
+    let late = late.into_inner().unwrap().expect("killed between chunks");
+    assert_eq!(
+        status(&admin, late).await,
+        EventStatus::Dead,
+        "not replayed"
+    );
+    assert_eq!((report.matched, report.changed), (3, 3));
+    assert!(report.changed <= report.matched);
+    for id in &ids {
+        assert_eq!(status(&admin, *id).await, EventStatus::Pending);
+    }
+    let log = admin.audit_log(None, 1).await.unwrap();
+    assert_eq!(log[0].count, 3);
+    assert_eq!(
+        log[0].entry.target["seq_at_most"],
+        store.last_seq().await.unwrap().unwrap() - 1,
+        "the audit row says where the run stopped: before the late event"
+    );
 }

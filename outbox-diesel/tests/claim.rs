@@ -120,7 +120,7 @@ async fn claiming_backend(db: &TestDb) -> i32 {
     // shows; its start names the schema.
     let sql = format!(
         "SELECT pid FROM pg_stat_activity WHERE state = 'idle in transaction' \
-         AND query LIKE 'WITH w0 AS%' AND query LIKE '%\"{}\"%'",
+         AND query LIKE 'WITH pause AS%' AND query LIKE '%\"{}\"%'",
         db.schema
     );
     let pids: Vec<Pid> = diesel::sql_query(sql).load(&mut db.sync_conn()).unwrap();

@@ -40,6 +40,12 @@ pub struct EventFilter {
     /// Occurred before.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub occurred_before: Option<DateTime<Utc>>,
+    /// Recorded no later than the event of this `seq` (`seq` at most this).
+    /// [`Admin`](super::Admin)'s chunked runs set it to the highest `seq`
+    /// when they start, so that they never change an event recorded after
+    /// that.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq_at_most: Option<i64>,
 }
 
 impl EventFilter {
@@ -122,6 +128,14 @@ impl EventFilter {
         self
     }
 
+    /// Only events with a `seq` of at most `seq` (recorded no later than
+    /// that event); a bound already set stays if it is lower.
+    #[must_use]
+    pub fn with_seq_at_most(mut self, seq: i64) -> Self {
+        self.seq_at_most = Some(self.seq_at_most.map_or(seq, |s| s.min(seq)));
+        self
+    }
+
     /// `true` when no criterion is set (the filter selects every event).
     pub fn is_empty(&self) -> bool {
         self == &Self::default()
@@ -167,6 +181,7 @@ impl EventFilter {
             })
             && self.occurred_after.is_none_or(|t| e.occurred_at >= t)
             && self.occurred_before.is_none_or(|t| e.occurred_at < t)
+            && self.seq_at_most.is_none_or(|seq| record.seq <= seq)
             && self.matches_group(record)
     }
 

@@ -33,6 +33,22 @@
 //! [`AuditEntry`] before its first change (each chunk adds its count in its
 //! own transaction) and a `tracing` event.
 //!
+//! # Runs are bounded when they start
+//! A chunked run ([`Admin::replay`], [`Admin::skip`], [`Admin::retry_now`])
+//! reads the highest `seq` of the outbox when it starts
+//! ([`OutboxAdmin::last_seq`]) and adds it to its selection as
+//! [`EventFilter::seq_at_most`] (recorded in its audit row), for its count
+//! (`matched`, also in a dry run) and inside every chunk's statement. An
+//! event recorded after the run began is never changed, even when it comes
+//! to match while the run goes (it dies during a long replay of every dead
+//! event): the run changes at most what it counted, and ends. An event
+//! recorded before the run began that comes to match while it goes (a
+//! pending event that dies during the replay), with a `seq` the run has
+//! not passed yet, is changed too: then `changed` can exceed `matched`. An
+//! event a transaction recorded before the run began but committed after
+//! it has a `seq` below the bound, and counts as recorded before.
+//! [`Admin::purge`] is bounded by its cutoff time instead.
+//!
 //! # Replays and consumers' deduplication
 //! A replayed event keeps its id and its `seq`: per-aggregate order stays
 //! the claim's job (a replayed event behind an earlier dead one of its
@@ -113,7 +129,10 @@ pub struct Chunk {
 /// Chunked methods take a cursor `after` (a `seq`, exclusive) and a `limit`,
 /// work in `seq` order, change at most `limit` rows in one transaction that
 /// also adds the count to the audit row `audit`, and skip rows another
-/// transaction holds (a relay's claim) rather than waiting for them.
+/// transaction holds (a relay's claim) rather than waiting for them. Every
+/// criterion of their `filter` holds inside the chunk's transaction, its
+/// [`seq_at_most`](EventFilter::seq_at_most) included: that is how a run
+/// started by [`Admin`] leaves alone the events recorded after it began.
 pub trait OutboxAdmin: Send + Sync + 'static {
     /// The store's error.
     type Error: std::error::Error + Send + Sync + 'static;
@@ -144,6 +163,11 @@ pub trait OutboxAdmin: Send + Sync + 'static {
 
     /// How many events match `filter`.
     fn count(&self, filter: &EventFilter) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// The highest `seq` in the outbox now (`None` when it holds no event):
+    /// [`Admin`]'s chunked runs read it when they start and bound their
+    /// count and every chunk by it ([`EventFilter::seq_at_most`]).
+    fn last_seq(&self) -> impl Future<Output = Result<Option<i64>, Self::Error>> + Send;
 
     /// What holds an aggregate back: its first `retry` or `dead` event, when
     /// that is its first event still to publish or dead; `None` when nothing

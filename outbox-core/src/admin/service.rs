@@ -76,7 +76,9 @@ pub struct ActionReport {
     pub dry_run: bool,
     /// Events (or entries) selected when it started.
     pub matched: u64,
-    /// Events (or entries) changed.
+    /// Events (or entries) changed: those of `matched` that still matched
+    /// when their chunk ran (see the [module docs](super), "Runs are
+    /// bounded when they start", for the one case where it can be more).
     pub changed: u64,
     /// The audit row (`None` in a dry run).
     pub audit_id: Option<i64>,
@@ -217,6 +219,10 @@ impl<S: OutboxAdmin> Admin<S> {
     /// [`EventFilter::with_status`]`(Dead)`. `progress` is called with the
     /// count done after each chunk.
     ///
+    /// The run is bounded when it starts (see the [module docs](super),
+    /// "Runs are bounded when they start"): it counts and replays only
+    /// events recorded before it began.
+    ///
     /// # Errors
     /// [`AdminError::Forbidden`], [`AdminError::Invalid`], [`AdminError::Store`].
     pub async fn replay(
@@ -228,6 +234,7 @@ impl<S: OutboxAdmin> Admin<S> {
     ) -> Result<ActionReport, AdminError> {
         Self::authorize(caller, "replay")?;
         let filter = Self::selection(selection, &[EventStatus::Dead], "replay")?;
+        let filter = self.up_to_now(filter).await?;
         let mut warnings = Vec::new();
         // A dedup window reaching before the calendar's start warns of nothing.
         if let Some(cutoff) = ago(self.dedup_window) {
@@ -322,6 +329,7 @@ impl<S: OutboxAdmin> Admin<S> {
         missing: String,
     ) -> Result<ActionReport, AdminError> {
         Self::authorize(caller, "skip")?;
+        let filter = self.up_to_now(filter).await?;
         let report = self
             .run(
                 caller,
@@ -343,7 +351,8 @@ impl<S: OutboxAdmin> Admin<S> {
     }
 
     /// Makes the `retry` events matching `selection` due now (e.g. held
-    /// unroutable events once their binding exists).
+    /// unroutable events once their binding exists), among those recorded
+    /// before the run began (see [`replay`](Self::replay)).
     ///
     /// # Errors
     /// [`AdminError::Forbidden`], [`AdminError::Invalid`], [`AdminError::Store`].
@@ -356,6 +365,7 @@ impl<S: OutboxAdmin> Admin<S> {
     ) -> Result<ActionReport, AdminError> {
         Self::authorize(caller, "retry_now")?;
         let filter = Self::selection(selection, &[EventStatus::Retry], "retry-now")?;
+        let filter = self.up_to_now(filter).await?;
         self.run(
             caller,
             "retry_now",
@@ -373,6 +383,9 @@ impl<S: OutboxAdmin> Admin<S> {
 
     /// Deletes sent events (with their attempt history) or inbox entries
     /// older than `older_than`, in chunks. Dead events are never purged.
+    /// The run is bounded when it starts by its cutoff, `older_than` before
+    /// then, which every chunk's statement applies (it reports no count
+    /// before it changes anything: `matched` is `changed`).
     ///
     /// # Errors
     /// [`AdminError::Forbidden`], [`AdminError::Store`].
@@ -474,8 +487,11 @@ impl<S: OutboxAdmin> Admin<S> {
         })
     }
 
-    /// Pauses (`true`) or resumes a relay: it stops claiming at its next
-    /// heartbeat and finishes the batches it holds.
+    /// Pauses (`true`) or resumes a relay. Paused, it claims nothing from
+    /// its next claim on (a claim that starts once this returned reads the
+    /// pause, see [`OutboxStore::claim_for`](crate::OutboxStore::claim_for))
+    /// and finishes the batches it holds; resumed, it claims again after
+    /// its next heartbeat (within its stats interval, at most 5 s).
     ///
     /// # Errors
     /// [`AdminError::NotFound`] for an unknown relay; [`AdminError::Forbidden`],
@@ -525,6 +541,16 @@ impl<S: OutboxAdmin> Admin<S> {
             audit_id: Some(audit),
             warnings: Vec::new(),
         })
+    }
+
+    /// `filter` bounded by the highest `seq` now
+    /// ([`EventFilter::seq_at_most`]): a run that starts here counts, and
+    /// changes in each chunk (the bound holds inside the chunk's
+    /// statement), only events recorded before it began.
+    async fn up_to_now(&self, filter: EventFilter) -> Result<EventFilter, AdminError> {
+        let last = self.store.last_seq().await.map_err(AdminError::store)?;
+        // An empty outbox: a bound below every `seq` (they start at 1).
+        Ok(filter.with_seq_at_most(last.unwrap_or(0)))
     }
 
     /// Text criteria a database cannot compare (NUL) are the caller's

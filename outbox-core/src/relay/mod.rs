@@ -23,7 +23,7 @@ pub use unroutable::UnroutablePolicy;
 
 use crate::failpoints;
 use crate::{
-    Claim, EventEnvelope, FailedAttempt, NextStep, OutboxStore, PublishOutcome, Publisher,
+    Claim, Claimed, EventEnvelope, FailedAttempt, NextStep, OutboxStore, PublishOutcome, Publisher,
     RetryPolicy,
 };
 use waves::Waves;
@@ -118,7 +118,8 @@ use waves::Waves;
 #[derive(Debug)]
 pub struct Relay<S, P> {
     registration: crate::RelayRegistration,
-    /// Set by the heartbeat while an operator has paused this relay.
+    /// Set while an operator has paused this relay (by a claim or a
+    /// heartbeat that found it paused; cleared by a heartbeat).
     paused: std::sync::atomic::AtomicBool,
     /// Notified when a heartbeat finds the relay resumed.
     resumed: tokio::sync::Notify,
@@ -301,8 +302,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             }
             follow = None;
             follow_empty = None;
-            // Paused by an operator: claim nothing until a heartbeat finds
-            // the relay resumed (batches in flight finish).
+            // Paused by an operator (as a claim or a heartbeat found):
+            // claim nothing until a heartbeat finds the relay resumed
+            // (batches in flight finish).
             if self.paused.load(Ordering::SeqCst) {
                 let resumed = self.resumed.notified();
                 if self.paused.load(Ordering::SeqCst) {
@@ -329,14 +331,25 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             let batch_ended = Box::pin(self.batch_done.notified());
             let empty_before = self.empty_claims.load(Ordering::SeqCst);
             let others_before = self.busy.fetch_add(1, Ordering::SeqCst) > 0;
-            let claimed = self.store.claim(self.batch_size).await;
+            let claimed = self
+                .store
+                .claim_for(&self.registration.name, self.batch_size)
+                .await;
             let others_busy = others_before || self.busy.load(Ordering::SeqCst) > 1;
             if others_busy {
                 follow = Some(batch_ended);
             }
             let claim = match claimed {
-                Ok(Some(claim)) => claim,
-                Ok(None) => {
+                Ok(Claimed::Batch(claim)) => claim,
+                Ok(Claimed::Paused) => {
+                    // The claim read the pause (without waiting for a
+                    // heartbeat) and took nothing; a heartbeat resumes.
+                    self.busy.fetch_sub(1, Ordering::SeqCst);
+                    self.operator_paused(true);
+                    wait = false;
+                    continue;
+                }
+                Ok(Claimed::Empty) => {
                     self.busy.fetch_sub(1, Ordering::SeqCst);
                     // An empty claim may have locked rows for a moment
                     // (and released them): a loop whose claim skipped them
@@ -847,8 +860,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
 
     /// Heartbeats every [`heartbeat_interval`](crate::RelayRegistration)
     /// (the stats interval, at most 5 s), each bounded, apart from the stats
-    /// (which may be slow on a big table): a pause takes effect within one
-    /// interval, and a busy relay never looks dead.
+    /// (which may be slow on a big table): a resume takes effect within one
+    /// interval (a pause at the next claim, see
+    /// [`OutboxStore::claim_for`]), and a busy relay never looks dead.
     async fn heartbeat_loop(&self, mut registered: bool) {
         let interval = self.registration.heartbeat_interval;
         loop {
@@ -915,21 +929,28 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
         let in_flight = u32::try_from(self.busy.load(Ordering::SeqCst)).unwrap_or(u32::MAX);
         match self.store.heartbeat(name, in_flight).await {
-            Ok(control) => {
-                let was = self.paused.swap(control.paused, Ordering::SeqCst);
-                ::metrics::gauge!(metrics::OPERATOR_PAUSED).set(u8::from(control.paused));
-                if was != control.paused {
-                    if control.paused {
-                        warn!(relay = %name, "outbox relay: paused by an operator; claiming nothing until resumed");
-                    } else {
-                        info!(relay = %name, "outbox relay: resumed by an operator");
-                        self.resumed.notify_waiters();
-                    }
-                }
-            }
+            Ok(control) => self.operator_paused(control.paused),
             Err(err) => {
                 ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
                 warn!(error = %err, relay = %name, "outbox relay: heartbeat failed");
+            }
+        }
+    }
+
+    /// Records what the store said of an operator's pause: a claim that
+    /// found the relay paused, or a heartbeat (the only way back to
+    /// running: a resumed relay's loops wait for it, so a resume takes
+    /// effect within one heartbeat interval).
+    fn operator_paused(&self, paused: bool) {
+        let name = &self.registration.name;
+        let was = self.paused.swap(paused, Ordering::SeqCst);
+        ::metrics::gauge!(metrics::OPERATOR_PAUSED).set(u8::from(paused));
+        if was != paused {
+            if paused {
+                warn!(relay = %name, "outbox relay: paused by an operator; claiming nothing until resumed");
+            } else {
+                info!(relay = %name, "outbox relay: resumed by an operator");
+                self.resumed.notify_waiters();
             }
         }
     }

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::admin::{Attempt, AttemptOutcome, AuditRecord, RelayInfo};
 use crate::{
-    Claim, DeadSelector, DeliveryOrder, DomainEvent, Error, EventEnvelope, EventStatus,
+    Claim, Claimed, DeadSelector, DeliveryOrder, DomainEvent, Error, EventEnvelope, EventStatus,
     FailedAttempt, NextStep, OutboxRecord, OutboxStats, OutboxStore, RelayControl,
     RelayRegistration, Transition,
 };
@@ -195,15 +195,9 @@ impl InMemoryStore {
             _ => false,
         }
     }
-}
 
-impl OutboxStore for InMemoryStore {
-    type Error = StoreError;
-    type Claim = InMemoryClaim;
-
-    async fn claim(&self, limit: usize) -> Result<Option<InMemoryClaim>, StoreError> {
-        let mut state = self.lock();
-        Self::injected(&mut state)?;
+    /// Claims up to `limit` events in `state` (locked by the caller).
+    fn claim_locked(&self, state: &mut State, limit: usize) -> Option<InMemoryClaim> {
         state.next_claim += 1;
         let claim_id = state.next_claim;
         let now = Utc::now();
@@ -237,9 +231,9 @@ impl OutboxStore for InMemoryStore {
             taken.push(row.record.clone());
         }
         if taken.is_empty() {
-            return Ok(None);
+            return None;
         }
-        Ok(Some(InMemoryClaim {
+        Some(InMemoryClaim {
             state: Arc::clone(&self.state),
             id: claim_id,
             records: taken,
@@ -247,7 +241,36 @@ impl OutboxStore for InMemoryStore {
             valid_until: self
                 .claim_timeout
                 .and_then(|t| std::time::Instant::now().checked_add(t)),
-        }))
+        })
+    }
+}
+
+impl OutboxStore for InMemoryStore {
+    type Error = StoreError;
+    type Claim = InMemoryClaim;
+
+    async fn claim(&self, limit: usize) -> Result<Option<InMemoryClaim>, StoreError> {
+        let mut state = self.lock();
+        Self::injected(&mut state)?;
+        Ok(self.claim_locked(&mut state, limit))
+    }
+
+    /// Reads the relay's pause under the same lock as the claim, as the
+    /// PostgreSQL store reads it in the claim's statement.
+    async fn claim_for(
+        &self,
+        relay: &str,
+        limit: usize,
+    ) -> Result<Claimed<InMemoryClaim>, StoreError> {
+        let mut state = self.lock();
+        Self::injected(&mut state)?;
+        if state.relays.get(relay).is_some_and(|(info, _)| info.paused) {
+            return Ok(Claimed::Paused);
+        }
+        Ok(match self.claim_locked(&mut state, limit) {
+            Some(claim) => Claimed::Batch(claim),
+            None => Claimed::Empty,
+        })
     }
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {

@@ -115,6 +115,12 @@ struct CountRow {
 }
 
 #[derive(diesel::QueryableByName)]
+struct LastRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    last: Option<i64>,
+}
+
+#[derive(diesel::QueryableByName)]
 struct ChunkRow {
     #[diesel(sql_type = Nullable<BigInt>)]
     last: Option<i64>,
@@ -272,6 +278,10 @@ impl PgOutboxStore {
         if let Some(at) = filter.occurred_before {
             let p = q.bind(Bind::Time(at));
             q.push(&format!(" AND occurred_at < {p}"));
+        }
+        if let Some(seq) = filter.seq_at_most {
+            let p = q.bind(Bind::Big(seq));
+            q.push(&format!(" AND seq <= {p}"));
         }
         if let Some(group) = &filter.group {
             let (types, errors) = self.group_members(filter, group).await?;
@@ -555,6 +565,15 @@ impl OutboxAdmin for PgOutboxStore {
         self.push_filter(&mut q, filter).await?;
         let row: CountRow = q.build().get_result(&mut *self.conn().await?).await?;
         Ok(count(row.n))
+    }
+
+    async fn last_seq(&self) -> Result<Option<i64>> {
+        // The primary key's last entry: a few pages whatever the table's size.
+        let t = self.table("outbox_events");
+        let row: LastRow = diesel::sql_query(format!("SELECT max(seq) AS last FROM {t}"))
+            .get_result(&mut *self.conn().await?)
+            .await?;
+        Ok(row.last)
     }
 
     async fn head(&self, aggregate_type: &str, aggregate_id: &str) -> Result<Option<EventSummary>> {

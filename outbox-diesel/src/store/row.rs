@@ -102,10 +102,21 @@ impl EventRow {
     }
 }
 
+/// A row of an ordered claim's result: whether the claiming relay is
+/// paused, and a row of its window (none when the window is empty, as it is
+/// for a paused relay: the claim then yields this one row).
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct WindowRow {
+    #[diesel(sql_type = Bool)]
+    pub(crate) paused: bool,
+    #[diesel(embed)]
+    pub(crate) slot: Option<WindowSlotRow>,
+}
+
 /// A row of an ordered claim's window, with the row itself when the claim
 /// locked it.
 #[derive(Debug, diesel::QueryableByName)]
-pub(crate) struct WindowRow {
+pub(crate) struct WindowSlotRow {
     #[diesel(sql_type = BigInt)]
     pub(crate) window_seq: i64,
     #[diesel(sql_type = Text)]
@@ -118,6 +129,17 @@ pub(crate) struct WindowRow {
     pub(crate) blocked: bool,
     /// `None` when the claim did not lock it (blocked, held by another
     /// relay, changed since the window was read, or beyond the limit).
+    #[diesel(embed)]
+    pub(crate) locked: Option<EventRow>,
+}
+
+/// A row of an unordered claim's result: whether the claiming relay is
+/// paused, and a locked row (none when nothing was locked: the claim then
+/// yields this one row).
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct UnorderedRow {
+    #[diesel(sql_type = Bool)]
+    pub(crate) paused: bool,
     #[diesel(embed)]
     pub(crate) locked: Option<EventRow>,
 }

@@ -91,14 +91,33 @@ impl Sql {
             "(w0.aggregate_type, w0.aggregate_id) IN ( \
                SELECT aggregate_type, aggregate_id FROM {t} WHERE status IN ({heads}))"
         );
+        // The claiming relay's pause (`$3` unordered, `$4` ordered: its
+        // name; NULL for a claim of no relay), in the claim's statement so
+        // that an operator's pause takes effect at the relay's next claim
+        // without a round trip of its own: one primary-key probe of
+        // `outbox_relays`, returned in a row the claim yields even when it
+        // claims nothing (`pause LEFT JOIN ...`). It gates the scans that
+        // pick rows through their `LIMIT`, 0 when paused: a `Limit` of 0
+        // runs nothing below it (a paused relay's claim touches 2 buffers),
+        // where a gating filter would cost a node per row of the window.
+        // Measured cost: see `PgOutboxStore::claim_for`.
+        let paused_probe = |param: &str| {
+            format!(
+                "pause AS (SELECT EXISTS ( \
+                   SELECT 1 FROM {relays} WHERE name = {param} AND paused) AS paused)",
+                relays = schema.table("outbox_relays"),
+            )
+        };
+        let unless_paused = "LIMIT CASE WHEN (SELECT paused FROM pause) THEN 0 ELSE $1 END";
         // `r` locks the window's due retries by primary key. Its conditions
         // are wrapped in `IS TRUE` so that no partial index can serve them:
         // with statistics taken while `outbox_events_blocking` was nearly
         // empty, the planner would walk every dead event in it (measured:
         // 213 of a claim's buffers with 1,000 dead heads).
         let ordered = |gate: &str| {
+            let paused = paused_probe("$4");
             format!(
-                "WITH w0 AS ( \
+                "WITH {paused}, w0 AS ( \
                    SELECT c.seq, c.aggregate_type, c.aggregate_id, c.retry FROM ( \
                      (SELECT seq, aggregate_type, aggregate_id, false AS retry FROM {t} \
                       WHERE status IN ({pending}) ORDER BY seq LIMIT $1) \
@@ -106,7 +125,7 @@ impl Sql {
                      (SELECT seq, aggregate_type, aggregate_id, true AS retry FROM {t} \
                       WHERE status IN ({retry}) AND next_attempt_at <= now() \
                       ORDER BY next_attempt_at LIMIT $1) \
-                   ) c ORDER BY c.seq LIMIT $1 \
+                   ) c ORDER BY c.seq {unless_paused} \
                  ), w AS ( \
                    SELECT w0.seq, w0.aggregate_type, w0.aggregate_id, w0.retry, \
                      {gate} AND {probe} AS blocked \
@@ -135,10 +154,13 @@ impl Sql {
                        FOR SHARE SKIP LOCKED) \
                    RETURNING t.seq \
                  ) \
-                 SELECT w.seq AS window_seq, w.aggregate_type AS window_aggregate_type, \
+                 SELECT pause.paused, w.seq AS window_seq, \
+                   w.aggregate_type AS window_aggregate_type, \
                    w.aggregate_id AS window_aggregate_id, w.blocked, k.*, \
                    set_config('idle_in_transaction_session_timeout', $3, true) AS claim_timeout \
-                 FROM w LEFT JOIN (SELECT * FROM l UNION ALL SELECT * FROM r) k ON k.seq = w.seq \
+                 FROM pause LEFT JOIN ( \
+                   w LEFT JOIN (SELECT * FROM l UNION ALL SELECT * FROM r) k ON k.seq = w.seq \
+                 ) ON true \
                  ORDER BY w.seq"
             )
         };
@@ -155,18 +177,19 @@ impl Sql {
             // partial index; locked rows past the limit are dropped by the
             // store (and stay locked, unused, until the claim ends).
             claim_unordered: format!(
-                "WITH l AS ( \
+                "WITH {paused}, l AS ( \
                    SELECT {COLUMNS} FROM {t} WHERE status IN ({pending}) \
-                   ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED \
+                   ORDER BY seq {unless_paused} FOR UPDATE SKIP LOCKED \
                  ), r AS ( \
                    SELECT {COLUMNS} FROM {t} \
                    WHERE status IN ({retry}) AND next_attempt_at <= now() \
-                   ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED \
+                   ORDER BY next_attempt_at {unless_paused} FOR UPDATE SKIP LOCKED \
                  ) \
-                 SELECT k.*, \
+                 SELECT pause.paused, k.*, \
                    set_config('idle_in_transaction_session_timeout', $2, true) AS claim_timeout \
-                 FROM (SELECT * FROM l UNION ALL SELECT * FROM r) k \
-                 ORDER BY k.seq LIMIT $1"
+                 FROM pause LEFT JOIN (SELECT * FROM l UNION ALL SELECT * FROM r) k ON true \
+                 ORDER BY k.seq LIMIT $1",
+                paused = paused_probe("$3"),
             ),
             mark_sent: if keep_sent {
                 format!(

@@ -165,6 +165,10 @@ impl OutboxAdmin for InMemoryStore {
             .count() as u64)
     }
 
+    async fn last_seq(&self) -> Result<Option<i64>, StoreError> {
+        Ok(self.lock().rows.keys().next_back().copied())
+    }
+
     async fn head(
         &self,
         aggregate_type: &str,
