@@ -128,8 +128,11 @@ pub struct Chunk {
 ///
 /// Chunked methods take a cursor `after` (a `seq`, exclusive) and a `limit`,
 /// work in `seq` order, change at most `limit` rows in one transaction that
-/// also adds the count to the audit row `audit`, and skip rows another
-/// transaction holds (a relay's claim) rather than waiting for them. Every
+/// also adds the count to the audit row `audit`. The status-changing ones
+/// (replay, skip, retry-now) wait a bounded time for rows another
+/// transaction holds (a relay's claim lasts one publish round trip) rather
+/// than leave them unchanged without a word; the purges skip such rows (a
+/// later run takes them). Every
 /// criterion of their `filter` holds inside the chunk's transaction, its
 /// [`seq_at_most`](EventFilter::seq_at_most) included: that is how a run
 /// started by [`Admin`] leaves alone the events recorded after it began.

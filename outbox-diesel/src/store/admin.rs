@@ -1,10 +1,13 @@
 //! The admin API ([`OutboxAdmin`]) on PostgreSQL.
 //!
 //! Every chunked mutation is one statement: it selects its chunk in `seq`
-//! order after the cursor with `FOR UPDATE SKIP LOCKED` (rows a relay's
-//! claim holds are left for a later run, never waited for), changes them,
-//! and adds the count to its audit row, so a run stopped half way has
-//! changed whole chunks and says how many.
+//! order after the cursor, changes it, and adds the count to its audit row,
+//! so a run stopped half way has changed whole chunks and says how many.
+//! Replay, skip and retry-now lock their chunk with `FOR UPDATE` under a
+//! 5 s `lock_timeout` (a row a relay's claim holds is waited for, not left
+//! unchanged without a word; a claim that holds it longer is an error the
+//! operator sees); the purges use `FOR UPDATE SKIP LOCKED` (several
+//! janitors share the work, and a row held now is taken by a later run).
 
 use chrono::{DateTime, Utc};
 use diesel::pg::Pg;
