@@ -74,6 +74,11 @@
 //! `ids`, `error_contains`, ...); unknown fields are refused. `"dry_run"`
 //! defaults to `false`.
 //!
+//! The CLI's schema commands (`outbox migrate`, `outbox ddl`, `outbox
+//! explain-claim`) have no endpoint on purpose: migrations need DDL rights a
+//! service's runtime role should not hold, and the other two are a DBA's
+//! tools (`explain-claim` runs the claim's statement, taking its row locks).
+//!
 //! # Errors
 //! Every error is JSON, `{"error": "<what to change>"}`:
 //!
