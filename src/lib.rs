@@ -38,7 +38,8 @@
 //! | feature | default | enables |
 //! |---|---|---|
 //! | `derive` | yes | `#[derive(DomainEvent)]` |
-//! | `postgres` | no | `outbox::postgres` (`outbox-diesel`): PostgreSQL store, recording (also on a sync `diesel::PgConnection`: links libpq), inbox |
+//! | `postgres` | no | `outbox::postgres` (`outbox-diesel`): PostgreSQL store, recording, inbox, on diesel-async (no libpq) |
+//! | `postgres-sync` | no | `postgres`, and recording on a sync `diesel::PgConnection` (`Outbox::record_sync`; links libpq) |
 //! | `postgres-tls` | no | TLS to PostgreSQL (rustls) honouring `sslmode` and `sslrootcert` in the URL; implies `postgres`. Without it, connections are plaintext and a URL asking for `require` or `verify-*` is refused |
 //! | `axum` | no | `outbox::axum` (`outbox-axum`): the Tower layer; implies `postgres` |
 //! | `rabbitmq` | no | `outbox::rabbitmq` (`outbox-lapin`): publisher with confirms, inbox consumer |
