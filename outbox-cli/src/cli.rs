@@ -14,7 +14,8 @@ Exit codes:
   1  the store, the broker or the output failed
   2  usage: unknown flag, missing argument (clap's)
   3  not found: no such event, aggregate head, relay or dead letter
-  4  invalid request: empty selection, unconfirmed mutation (add --yes), bad value
+  4  invalid request: empty selection, unconfirmed mutation (add --yes), bad value,
+     a dead-letter queue with consumers (a replay of it runs: try again later)
   5  cannot connect to PostgreSQL (start it with scripts/dev-services, check DATABASE_URL)
   6  cannot connect to RabbitMQ (start it with scripts/dev-services, check AMQP_URL)
   7  a dead-letter replay stopped part way: nothing lost, the rest is still in the

@@ -65,19 +65,25 @@
 //! `dlq list|show|groups` read those records and need only `DATABASE_URL`.
 //! `dlq replay` and `dlq purge` act on the dead-letter queue in RabbitMQ
 //! (`--amqp-url`, env `AMQP_URL`) and then mark the records, so they need
-//! both URLs (a dry run only the broker's). A replay moves one message at a
+//! both URLs (a dry run too). They go through
+//! `outbox_core::admin::DeadLetters`, as the admin router does. A replay
+//! holds the dead-letter queue as its only reader while it runs (a queue
+//! with consumers, i.e. another replay or a live queue, is refused with exit
+//! 4; a dry run shows the consumers), moves one message at a
 //! time and acks it in the dead-letter queue only after the broker confirmed
 //! its copy in the origin queue: **killed half way, it loses nothing** (a
 //! message is in one queue or, at worst, in both, and the consumer's inbox
 //! drops the duplicate); run it again to finish. It marks the records in
 //! chunks of `--chunk-size` as it goes, so a killed replay leaves at most
 //! one chunk of records open whose messages did go back. A replay that stops on a
-//! message (origin queue gone, no origin header) leaves it and the rest in
-//! the dead-letter queue and exits with 7. Both write an audit row
-//! (`dlq_replay`, `dlq_purge`) with their counts in its target, after the
-//! broker action. `dlq replay` moves at most what the queue held when it
-//! started, and asks for `--yes` (or a `y` on a terminal) for more than one
-//! message.
+//! message (origin queue gone, no origin header, never dead-lettered) leaves
+//! it and the rest in the dead-letter queue and exits with 7
+//! (`--skip-unreplayable` moves those that cannot go back to the queue's
+//! tail and goes on). Both write an audit row (`dlq_replay`, `dlq_purge`)
+//! before the first message moves, ended with their counts and outcome.
+//! `dlq replay` moves exactly the count it asked to confirm (`--yes`, or a
+//! `y` on a terminal, for more than one message), at most what the queue
+//! held when it started.
 //!
 //! Filters: `--status S` (repeatable), `--aggregate TYPE:ID` or
 //! `--aggregate-type T`, `--event-type E`, `--error TEXT`, `--group G`,
@@ -105,10 +111,10 @@
 //! | 1 | the store, the broker or the output failed |
 //! | 2 | usage: unknown flag, missing argument |
 //! | 3 | not found: no such event, aggregate head, relay or dead letter |
-//! | 4 | invalid request: empty selection, unconfirmed mutation, no database or RabbitMQ URL |
+//! | 4 | invalid request: empty selection, unconfirmed mutation, no database or RabbitMQ URL, a dead-letter queue with consumers (a replay of it runs: try again when it ends) |
 //! | 5 | PostgreSQL not reachable (start it with `scripts/dev-services`, check `DATABASE_URL`) |
 //! | 6 | RabbitMQ not reachable (start it with `scripts/dev-services`, check `AMQP_URL`) |
-//! | 7 | a `dlq replay` stopped part way: what it replayed is printed and marked, nothing was lost, the rest is still in the dead-letter queue |
+//! | 7 | a `dlq replay` stopped part way: nothing was lost, what it replayed is printed, the rest is still in the dead-letter queue; the message says why (a message that cannot go back; the broker failed; marking the records failed: those messages went back but stay listed open) |
 //!
 //! # Feature flags
 //! | feature | default | enables |

@@ -15,8 +15,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueDeclareOptions,
-    QueuePurgeOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions, QueuePurgeOptions,
 };
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -89,20 +88,23 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// order.
 ///
 /// A message that cannot go back stops the replay there, returned to the
-/// dead-letter queue (`basic.nack` with requeue), with the reason in
+/// dead-letter queue at its place (the replay lets the queue go), with the
+/// reason in
 /// [`DlqReplayReport::error`] and [`StopCause::Unreplayable`]: one without
-/// an origin, or whose copy the broker refuses (origin queue gone: returned
-/// as unroutable; nacked). With
+/// an origin, or whose copy the broker returns as unroutable (origin queue
+/// gone). With
 /// [`skip_unreplayable`](Self::skip_unreplayable) such a message moves to
 /// the queue's tail instead (confirmed, then acked) and the replay goes on.
 /// A message that carries no sign of having been dead-lettered (none of
 /// [`QUEUE_HEADER`], `x-death`, [`DEAD_REASON_HEADER`]) always stops it:
-/// the queue may be a live one. A broker failure (connection, channel, no
-/// confirm in time) stops it with [`StopCause::Broker`].
+/// the queue may be a live one. A broker failure (connection, channel, a
+/// nack, no confirm in time, no delivery in time while messages are ready)
+/// stops it with [`StopCause::Broker`].
 ///
 /// On a quorum queue with a delivery limit, each stop returns the message
-/// it stopped at, which counts as a delivery: fix the cause rather than
-/// replaying into the same stop many times.
+/// it stopped at, which may count as a delivery: fix the cause rather than
+/// replaying into the same stop many times. (Quorum queues also take no
+/// exclusive consumers: see [`claim`](Self::claim).)
 pub struct DeadLetterQueue {
     connection: Arc<Connection>,
     republisher: Republisher,
@@ -215,29 +217,51 @@ impl DeadLetterQueue {
     /// Becomes the queue's only reader (an exclusive consumer, prefetch 1)
     /// until [`close`](Self::close); `false` when another consumer holds it
     /// (another replay, or a consumer of a queue that is not a dead-letter
-    /// queue). A [replay](Self::replay) claims the queue itself.
+    /// queue). RabbitMQ enforces exclusive consumers on classic queues
+    /// only; on other queue types the claim checks that it is the queue's
+    /// one consumer after it started, which two claims at the same instant
+    /// can both pass. A [replay](Self::replay) claims the queue itself.
     ///
     /// # Errors
     /// [`Error::Amqp`](crate::Error::Amqp) (`404` when the queue does not
     /// exist), [`Error::Timeout`](crate::Error::Timeout).
     pub async fn claim(&mut self) -> Result<bool> {
         match self.reader().await {
-            Ok(_) => Ok(true),
-            Err(crate::Error::Amqp { source, .. }) if in_use(&source) => Ok(false),
-            Err(error) => Err(error),
+            Ok(_) => {}
+            // `403` also answers a user without the `read` permission: in
+            // use only when the queue has a consumer.
+            Err(crate::Error::Amqp { source, operation }) if in_use(&source) => {
+                return if self.inspect().await?.consumers > 0 {
+                    Ok(false)
+                } else {
+                    Err(crate::Error::Amqp { source, operation })
+                };
+            }
+            Err(error) => return Err(error),
         }
+        // Quorum and stream queues take no exclusive consumers: alone only
+        // if no other consumer came with it.
+        if self.inspect().await?.consumers > 1 {
+            self.release().await;
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// The exclusive consumer, started on first use.
     async fn reader(&mut self) -> Result<&mut Reader> {
         if self.reader.is_none() {
             let channel = self.channel().await?;
-            bounded(
+            if let Err(error) = bounded(
                 "set the prefetch of the dead-letter replay (basic.qos)",
                 self.timeout,
                 channel.basic_qos(1, BasicQosOptions::default()),
             )
-            .await?;
+            .await
+            {
+                close(channel, self.timeout).await;
+                return Err(error);
+            }
             let consumer = bounded(
                 &format!("consume `{}` exclusively", self.queue),
                 self.timeout,
@@ -327,9 +351,10 @@ impl DeadLetterQueue {
             progress(report.handled() as u64);
         }
         if report.error.is_some() {
-            // Nothing more this run: the message it stopped at (returned,
-            // and redelivered to the exclusive consumer at once) goes back
-            // to the queue, ready.
+            // Nothing more this run: the message it stopped at, still
+            // unacked, goes back to the queue at its place when the channel
+            // closes (once: not nacked first, which a quorum queue would
+            // count as a failed delivery).
             self.release().await;
         }
         tracing::info!(
@@ -360,7 +385,18 @@ impl DeadLetterQueue {
             .await
             .map_err(|e| (StopCause::Broker, e.to_string()))?;
         match tokio::time::timeout(timeout, reader.consumer.next()).await {
-            Err(_) => Ok(None),
+            Err(_) => match self.inspect().await {
+                Ok(depth) if depth.ready == 0 => Ok(None),
+                Ok(depth) => Err((
+                    StopCause::Broker,
+                    format!(
+                        "no message of `{queue}` delivered within {timeout:?} though {} are \
+                         ready: the broker is slow or blocked",
+                        depth.ready
+                    ),
+                )),
+                Err(error) => Err((StopCause::Broker, error.to_string())),
+            },
             Ok(Some(Ok(delivery))) => Ok(Some(delivery)),
             Ok(Some(Err(error))) => Err((
                 StopCause::Broker,
@@ -395,7 +431,6 @@ impl DeadLetterQueue {
         let empty = FieldTable::default();
         let headers = delivery.properties.headers().as_ref().unwrap_or(&empty);
         if !dead_lettered(headers) {
-            self.requeue(&delivery).await;
             return Err((
                 StopCause::Unreplayable,
                 format!(
@@ -440,7 +475,6 @@ impl DeadLetterQueue {
                     .publish("", &dlq, &delivery.data, delivery.properties.clone())
                     .await
                 {
-                    self.requeue(&delivery).await;
                     return Err((
                         StopCause::Broker,
                         format!(
@@ -452,7 +486,6 @@ impl DeadLetterQueue {
                 Taken::Skipped(SkippedMessage::new(message_id, dead_letter_id, reason))
             }
             Err(RepublishError::Refused(reason)) => {
-                self.requeue(&delivery).await;
                 return Err((
                     StopCause::Unreplayable,
                     format!(
@@ -462,7 +495,6 @@ impl DeadLetterQueue {
                 ));
             }
             Err(RepublishError::Failed(reason)) => {
-                self.requeue(&delivery).await;
                 return Err((
                     StopCause::Broker,
                     format!("{reason}; it was left in `{dlq}`"),
@@ -486,27 +518,6 @@ impl DeadLetterQueue {
             )
         })?;
         Ok(Some(taken))
-    }
-
-    /// Returns `delivery` to the dead-letter queue, at its place.
-    async fn requeue(&self, delivery: &Delivery) {
-        let requeue = BasicNackOptions {
-            requeue: true,
-            multiple: false,
-        };
-        if let Err(error) = bounded(
-            "return a dead letter to its queue (basic.nack)",
-            self.timeout,
-            delivery.acker.nack(requeue),
-        )
-        .await
-        {
-            tracing::warn!(
-                %error,
-                "nack failed: the broker returns the message to the dead-letter queue when the \
-                 channel closes"
-            );
-        }
     }
 
     /// Deletes every message ready in the queue; returns how many.

@@ -280,6 +280,9 @@ pub struct DlqReplayOutcome {
     pub dry_run: bool,
     /// Messages ready in the queue when it started.
     pub depth: u64,
+    /// Consumers of the queue when it started (a dry run reports them; a
+    /// replay refuses a queue that has any).
+    pub consumers: u32,
     /// What moved, and why it stopped early if it did.
     #[serde(flatten)]
     pub report: DlqReplayReport,
@@ -362,6 +365,9 @@ pub struct DlqPurgeOutcome {
     pub dry_run: bool,
     /// Messages ready in the queue when it started.
     pub depth: u64,
+    /// Consumers of the queue when it started (a dry run reports them; a
+    /// purge refuses a queue that has any).
+    pub consumers: u32,
     /// Messages deleted.
     pub purged: u64,
     /// Records marked purged in the store.
@@ -493,7 +499,8 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
     /// caller; [`AdminError::Invalid`] for an empty or invalid queue name
     /// or a limit of 0; [`AdminError::NotFound`] when the broker has no
     /// such queue; [`AdminError::Conflict`] when the queue has consumers
-    /// (another replay, or a live queue); [`AdminError::Broker`];
+    /// (another replay, or a live queue; a dry run reports them instead);
+    /// [`AdminError::Broker`];
     /// [`AdminError::Store`] when the audit row cannot be written.
     pub async fn replay(
         &self,
@@ -509,11 +516,15 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
                 "limit must be at least 1 (leave it out for every message)".into(),
             ));
         }
-        let depth = self.idle_queue(queue, "replay").await?;
+        let depth = self.depth(queue).await?;
+        if !request.dry_run {
+            idle(queue, depth, "replay")?;
+        }
         let mut outcome = DlqReplayOutcome {
             queue: queue.to_owned(),
             dry_run: request.dry_run,
             depth: depth.ready,
+            consumers: depth.consumers,
             report: DlqReplayReport::default(),
             marked: 0,
             audit_id: None,
@@ -567,13 +578,17 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
                 Err(error) => {
                     let n = part.messages.len();
                     outcome.report.extend(part);
-                    outcome.report.stop(
-                        StopCause::Store,
-                        format!(
-                            "the last {n} replayed message(s) went back, but marking their \
-                             records failed ({error}): the dead-letter list still shows them open"
-                        ),
+                    let marking = format!(
+                        "the last {n} replayed message(s) went back, but marking their records \
+                         failed ({error}): the dead-letter list still shows them open"
                     );
+                    // A stop on a message in this chunk stays the cause.
+                    match outcome.report.error.take() {
+                        Some(first) => {
+                            outcome.report.error = Some(format!("{first}; and {marking}"))
+                        }
+                        None => outcome.report.stop(StopCause::Store, marking),
+                    }
                 }
             }
             let count = outcome.report.handled() as u64;
@@ -611,7 +626,8 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
     /// read-only caller; [`AdminError::Invalid`] for an invalid queue name,
     /// origins that name the queue itself, or a queue whose name does not
     /// end in `.dead` without origins; [`AdminError::NotFound`];
-    /// [`AdminError::Conflict`] when the queue has consumers;
+    /// [`AdminError::Conflict`] when the queue has consumers (a dry run
+    /// reports them instead);
     /// [`AdminError::Broker`]; [`AdminError::Store`]. When the purge is done
     /// but marking the records fails, the outcome says so in
     /// [`warnings`](DlqPurgeOutcome::warnings).
@@ -638,12 +654,16 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
                 )));
             }
         }
-        let depth = self.idle_queue(queue, "purge").await?;
+        let depth = self.depth(queue).await?;
+        if !request.dry_run {
+            idle(queue, depth, "purge")?;
+        }
         let mut outcome = DlqPurgeOutcome {
             queue: queue.to_owned(),
             origins,
             dry_run: request.dry_run,
             depth: depth.ready,
+            consumers: depth.consumers,
             purged: 0,
             marked: 0,
             audit_id: None,
@@ -685,8 +705,8 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
                 done.push_str("; marking the records failed (see the log)");
                 outcome.warnings.push(format!(
                     "{} message(s) were purged from `{queue}` (done: do not purge again for \
-                     them), but marking their records failed ({error}): the dead-letter list \
-                     still shows them open",
+                     them), but marking their records failed (see the log): the dead-letter \
+                     list still shows them open",
                     outcome.purged
                 ));
             }
@@ -702,25 +722,14 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
         Ok(outcome)
     }
 
-    /// The queue's depth, refused when it has no such queue or consumers.
-    async fn idle_queue(&self, queue: &str, verb: &str) -> Result<QueueDepth, AdminError> {
-        let depth = self
-            .broker
+    /// The queue's depth; [`AdminError::NotFound`] when there is no such
+    /// queue.
+    async fn depth(&self, queue: &str) -> Result<QueueDepth, AdminError> {
+        self.broker
             .inspect(queue)
             .await
             .map_err(AdminError::broker)?
-            .ok_or_else(|| {
-                AdminError::NotFound(format!("the broker has no queue named `{queue}`"))
-            })?;
-        if depth.consumers > 0 {
-            return Err(AdminError::Conflict(format!(
-                "`{queue}` has {} consumer(s): a replay of it is running, or it is not a \
-                 dead-letter queue (nothing consumes those); {verb} only a dead-letter queue \
-                 nothing reads",
-                depth.consumers
-            )));
-        }
-        Ok(depth)
+            .ok_or_else(|| AdminError::NotFound(format!("the broker has no queue named `{queue}`")))
     }
 
     /// Writes the audit row of `action` on `target` before it acts.
@@ -760,6 +769,18 @@ impl<S: DeadLetterStore, B: DeadLetterBroker> DeadLetters<S, B> {
             tracing::warn!(%error, audit, "outbox admin: recording how a dlq run ended failed");
         }
     }
+}
+
+/// [`AdminError::Conflict`] for a queue with consumers.
+fn idle(queue: &str, depth: QueueDepth, verb: &str) -> Result<(), AdminError> {
+    if depth.consumers > 0 {
+        return Err(AdminError::Conflict(format!(
+            "`{queue}` has {} consumer(s): a replay of it is running, or it is not a dead-letter \
+             queue (nothing consumes those); {verb} only a dead-letter queue nothing reads",
+            depth.consumers
+        )));
+    }
+    Ok(())
 }
 
 /// Another reader holds the queue.

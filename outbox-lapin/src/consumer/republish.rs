@@ -102,9 +102,11 @@ impl Republisher {
                  for it)",
                 returned.reply_code, returned.reply_text
             ))),
-            Ok(Ok(Confirmation::Nack(_))) => Err(Refused(format!(
-                "the broker nacked the publish to {target}"
-            ))),
+            // A nack is the broker's state (a full queue that rejects
+            // publishes, a quorum queue without its quorum), not the message's.
+            Ok(Ok(Confirmation::Nack(_))) => {
+                Err(Failed(format!("the broker nacked the publish to {target}")))
+            }
             Ok(Ok(Confirmation::NotRequested)) => Err(Failed(format!(
                 "the publish to {target} was not confirmed (channel not in confirm mode)"
             ))),
@@ -115,11 +117,11 @@ impl Republisher {
 /// Why a republish failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RepublishError {
-    /// The broker refused this message (returned as unroutable, nacked, an
-    /// invalid name): another message may go through.
+    /// The broker refused this message (returned as unroutable, an invalid
+    /// name): another message may go through.
     Refused(String),
-    /// The broker did not take it (connection, channel, no confirm in
-    /// time): nothing may go through now.
+    /// The broker did not take it (connection, channel, a nack, no confirm
+    /// in time): nothing may go through now.
     Failed(String),
 }
 
