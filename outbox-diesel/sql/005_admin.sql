@@ -89,6 +89,11 @@ CREATE INDEX IF NOT EXISTS inbox_dead_letters_queue ON {schema}.inbox_dead_lette
 -- a replay marks exactly the records of the messages it moved.
 CREATE INDEX IF NOT EXISTS inbox_dead_letters_letter_id
     ON {schema}.inbox_dead_letters ((headers ->> 'x-outbox-dead-letter-id'));
+-- Messages without that id (dead-lettered by the broker itself: expired,
+-- over a delivery limit) are marked by event, among the open records.
+CREATE INDEX IF NOT EXISTS inbox_dead_letters_open_event
+    ON {schema}.inbox_dead_letters (queue, event_id)
+    WHERE replayed_at IS NULL AND purged_at IS NULL;
 
 -- Autovacuum: every outbox row is inserted, updated once or twice and
 -- deleted (when sent, or by the purge), so the table's dead tuples are
