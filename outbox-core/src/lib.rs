@@ -61,6 +61,7 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod admin;
+mod backoff;
 pub mod context;
 mod envelope;
 mod error;
@@ -81,6 +82,7 @@ pub use event::DomainEvent;
 pub use publisher::{PublishOutcome, Publisher};
 pub use redact::redact_url;
 pub use relay::{Relay, RelayBuilder, RelayHandle, UnroutablePolicy};
+pub use backoff::Backoff;
 pub use retry::{NextStep, RetryPolicy};
 pub use status::{EventStatus, Transition};
 pub use store::{

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use futures_util::StreamExt;
-use outbox_core::RelayHandle;
+use outbox_core::{Backoff, RelayHandle};
 
 use crate::schema::Schema;
 use crate::{Error, Result};
@@ -14,28 +14,30 @@ use crate::{Error, Result};
 /// (re)connect the relay is woken once, so it rescans the backlog for events
 /// whose notifications were sent while nobody listened.
 pub(crate) async fn run(url: &str, schema: &Schema, relay: &RelayHandle) {
-    const FIRST: Duration = Duration::from_millis(100);
-    let mut backoff = FIRST;
+    // Jittered: after a database restart, relays reconnect spread out.
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         let mut listened = false;
-        match listen_once(url, schema, relay, &mut listened).await {
+        let result = listen_once(url, schema, relay, &mut listened).await;
+        if listened {
+            // The connection worked: a later drop starts the backoff afresh.
+            backoff.reset();
+        }
+        let retry_in = backoff.next_delay();
+        match result {
             Ok(()) => tracing::warn!(
                 schema = schema.name(),
+                ?retry_in,
                 "outbox LISTEN connection closed; reconnecting"
             ),
             Err(err) => tracing::warn!(
                 schema = schema.name(),
                 error = %err,
-                retry_in = ?backoff,
+                ?retry_in,
                 "outbox LISTEN connection failed; relying on polling until it is back"
             ),
         }
-        if listened {
-            // The connection worked: a later drop starts the backoff afresh.
-            backoff = FIRST;
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        tokio::time::sleep(retry_in).await;
     }
 }
 

@@ -1,0 +1,113 @@
+//! [`Backoff`]: capped exponential delays with jitter, for loops that
+//! reconnect or retry (the relay's pauses, the PostgreSQL `LISTEN` loop, the
+//! inbox consumer's reconnects).
+
+use std::hash::{BuildHasher as _, RandomState};
+use std::time::Duration;
+
+/// Capped exponential delays with "equal jitter": each delay is half the
+/// current step plus a random part of the other half, so processes that
+/// lost the same server at the same moment (every relay after a broker
+/// restart) do not all come back in the same instant, yet none waits less
+/// than half a step. The step doubles after each delay up to `max`;
+/// [`reset`](Self::reset) after a success.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_core::Backoff;
+///
+/// let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+/// let first = backoff.next_delay();
+/// assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+/// let second = backoff.next_delay();
+/// assert!(second >= Duration::from_millis(100) && second <= Duration::from_millis(200));
+/// backoff.reset();
+/// assert!(backoff.next_delay() <= Duration::from_millis(100));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    step: Duration,
+    jitter: bool,
+    draws: u64,
+}
+
+impl Backoff {
+    /// Steps from `min` doubling up to `max` (`max` below `min` is taken as
+    /// `min`).
+    pub fn new(min: Duration, max: Duration) -> Self {
+        Backoff {
+            min,
+            max: max.max(min),
+            step: min,
+            jitter: true,
+            draws: 0,
+        }
+    }
+
+    /// Without jitter: each delay is exactly the step (for tests).
+    #[must_use]
+    pub fn deterministic(mut self) -> Self {
+        self.jitter = false;
+        self
+    }
+
+    /// The next delay (in `[step / 2, step]`), then doubles the step.
+    pub fn next_delay(&mut self) -> Duration {
+        let step = self.step;
+        self.step = step.saturating_mul(2).min(self.max);
+        if !self.jitter || step.is_zero() {
+            return step;
+        }
+        let half = step / 2;
+        let spread = u64::try_from((step - half).as_nanos()).unwrap_or(u64::MAX);
+        // std's RandomState is seeded randomly per instance: enough entropy
+        // for jitter without a dependency on an RNG crate.
+        self.draws = self.draws.wrapping_add(1);
+        let random = RandomState::new().hash_one(self.draws);
+        half + Duration::from_nanos(random % spread.saturating_add(1))
+    }
+
+    /// Back to the first step (after a success).
+    pub fn reset(&mut self) {
+        self.step = self.min;
+    }
+
+    /// The step the next delay is drawn from.
+    pub fn step(&self) -> Duration {
+        self.step
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn steps_double_up_to_the_cap_and_reset() {
+        let mut b = Backoff::new(100 * MS, 350 * MS).deterministic();
+        let delays: Vec<Duration> = (0..4).map(|_| b.next_delay()).collect();
+        assert_eq!(delays, [100 * MS, 200 * MS, 350 * MS, 350 * MS]);
+        b.reset();
+        assert_eq!(b.next_delay(), 100 * MS);
+    }
+
+    #[test]
+    fn jittered_delays_stay_within_half_a_step_and_spread() {
+        let delays: Vec<Duration> = (0..64)
+            .map(|_| Backoff::new(1000 * MS, 1000 * MS).next_delay())
+            .collect();
+        assert!(delays.iter().all(|d| *d >= 500 * MS && *d <= 1000 * MS));
+        let distinct: std::collections::HashSet<_> = delays.iter().collect();
+        assert!(distinct.len() > 32, "relays must not come back in lockstep");
+    }
+
+    #[test]
+    fn a_max_below_min_is_min() {
+        let mut b = Backoff::new(100 * MS, 10 * MS).deterministic();
+        assert_eq!((b.next_delay(), b.next_delay()), (100 * MS, 100 * MS));
+    }
+}
