@@ -234,7 +234,8 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
         Ok(Relay {
             registration: crate::RelayRegistration::new(
                 name,
-                self.stats_interval.min(super::MAX_HEARTBEAT_INTERVAL),
+                self.stats_interval
+                    .min(super::heartbeat::MAX_HEARTBEAT_INTERVAL),
             ),
             paused: std::sync::atomic::AtomicBool::new(false),
             resumed: tokio::sync::Notify::new(),
