@@ -1,0 +1,190 @@
+//! [`LapinPublisherBuilder`]: a [`LapinPublisher`]'s settings, their
+//! defaults and their validation.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::ExchangeKind;
+use outbox_core::EventEnvelope;
+use tokio::sync::Mutex;
+
+use super::{ExchangeFn, Inner, LapinPublisher, RoutingKeyFn};
+use crate::error::redact_url;
+use crate::{Error, Result};
+
+/// Settings of a [`LapinPublisher`].
+///
+/// | setting | default |
+/// |---|---|
+/// | [`exchange`](Self::exchange) | `outbox.events` |
+/// | [`exchange_kind`](Self::exchange_kind) | topic |
+/// | [`declare_exchange`](Self::declare_exchange) | yes (durable) |
+/// | [`source`](Self::source) | `/outbox` (`cloudEvents:source`) |
+/// | [`routing_key`](Self::routing_key) | the event type |
+/// | [`confirm_timeout`](Self::confirm_timeout) | 10 s |
+/// | [`operation_timeout`](Self::operation_timeout) | 10 s |
+/// | [`connection_name`](Self::connection_name) | `outbox-relay` |
+#[must_use]
+pub struct LapinPublisherBuilder {
+    url: String,
+    exchange: String,
+    kind: ExchangeKind,
+    declare: bool,
+    source: String,
+    routing_key: Option<Arc<RoutingKeyFn>>,
+    exchange_for: Option<Arc<ExchangeFn>>,
+    confirm_timeout: Duration,
+    operation_timeout: Duration,
+    connection_name: String,
+}
+
+impl fmt::Debug for LapinPublisherBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LapinPublisherBuilder")
+            .field("url", &redact_url(&self.url))
+            .field("exchange", &self.exchange)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LapinPublisherBuilder {
+    /// The exchange to publish to. Default `outbox.events`.
+    pub fn exchange(mut self, name: impl Into<String>) -> Self {
+        self.exchange = name.into();
+        self
+    }
+
+    /// The exchange's kind, when the publisher declares it. Default topic.
+    pub fn exchange_kind(mut self, kind: ExchangeKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Whether to declare the exchange (durable) on connect. Default yes;
+    /// turn it off when the exchange is managed elsewhere.
+    pub fn declare_exchange(mut self, declare: bool) -> Self {
+        self.declare = declare;
+        self
+    }
+
+    /// The `cloudEvents:source` of every message, a URI naming the producing
+    /// service (e.g. `/ecommerce`). Default `/outbox`.
+    pub fn source(mut self, source: impl Into<String>) -> Self {
+        self.source = source.into();
+        self
+    }
+
+    /// Overrides the routing key (default: the event type, so dotted types
+    /// such as `order.placed` route naturally on a topic exchange).
+    pub fn routing_key(
+        mut self,
+        f: impl Fn(&EventEnvelope) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.routing_key = Some(Arc::new(f));
+        self
+    }
+
+    /// Sends some events to another exchange: when `f` returns `Some(name)`,
+    /// that exchange is used instead of the configured one (it is not
+    /// declared by the publisher). A missing exchange closes the channel
+    /// (404); only the events routed there fail.
+    pub fn exchange_for(
+        mut self,
+        f: impl Fn(&EventEnvelope) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.exchange_for = Some(Arc::new(f));
+        self
+    }
+
+    /// How long to wait for a batch's confirms (sending included); a message
+    /// unconfirmed by then is [`PublishOutcome::Unconfirmed`]: no attempt
+    /// is spent, and it is published again after the relay's pause or its
+    /// destination's circuit breaker. The relay also passes its claim's
+    /// deadline ([`Claim::valid_until`](outbox_core::Claim::valid_until)) to
+    /// each publish, and the wait ends at whichever comes first, so a wave
+    /// started late in a claim never outlives it, whatever this setting.
+    /// Default 10 s.
+    ///
+    /// [`PublishOutcome::Unconfirmed`]: outbox_core::PublishOutcome::Unconfirmed
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    /// How long the broker may take to answer any other operation (opening
+    /// a channel, `confirm.select`, declaring the exchange, closing a
+    /// channel); connecting is bounded by [`CONNECT_TIMEOUT`](crate::CONNECT_TIMEOUT).
+    /// A call not answered in time counts as "broker unavailable" (the
+    /// relay pauses, no attempt is spent) and its connection is not used
+    /// again. Default 10 s.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// The client-provided connection name (visible in the management UI and
+    /// `rabbitmqctl list_connections`). Default `outbox-relay`.
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = name.into();
+        self
+    }
+
+    /// Validates the settings. Does not connect: the first publish (or
+    /// [`LapinPublisher::connect`]) does.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an empty or over-long exchange name, or a zero
+    /// confirm or operation timeout.
+    pub fn build(self) -> Result<LapinPublisher> {
+        if self.exchange.len() > 255 {
+            return Err(Error::Config("exchange name longer than 255 bytes".into()));
+        }
+        if self.exchange.is_empty() && self.declare {
+            return Err(Error::Config(
+                "the default exchange (\"\") cannot be declared; set declare_exchange(false)"
+                    .into(),
+            ));
+        }
+        if self.confirm_timeout.is_zero() {
+            return Err(Error::Config("confirm_timeout must be positive".into()));
+        }
+        if self.operation_timeout.is_zero() {
+            return Err(Error::Config("operation_timeout must be positive".into()));
+        }
+        Ok(LapinPublisher {
+            inner: Arc::new(Inner {
+                url: self.url,
+                exchange: self.exchange,
+                kind: self.kind,
+                declare: self.declare,
+                source: self.source,
+                routing_key: self.routing_key,
+                exchange_for: self.exchange_for,
+                confirm_timeout: self.confirm_timeout,
+                operation_timeout: self.operation_timeout,
+                connection_name: self.connection_name,
+                state: std::sync::Mutex::default(),
+                connecting: Mutex::new(()),
+            }),
+        })
+    }
+}
+
+impl LapinPublisher {
+    /// Starts configuring a publisher for the broker at `url`.
+    pub fn builder(url: impl Into<String>) -> LapinPublisherBuilder {
+        LapinPublisherBuilder {
+            url: url.into(),
+            exchange: "outbox.events".into(),
+            kind: ExchangeKind::Topic,
+            declare: true,
+            source: "/outbox".into(),
+            routing_key: None,
+            exchange_for: None,
+            confirm_timeout: Duration::from_secs(10),
+            operation_timeout: Duration::from_secs(10),
+            connection_name: "outbox-relay".into(),
+        }
+    }
+}
