@@ -1,44 +1,44 @@
 //! [`InboxConsumer`]: consumes a queue and runs a handler per event inside a
 //! database transaction that also records the event in the inbox, so each
 //! event takes effect once even though RabbitMQ delivers at least once.
+//!
+//! This file holds the type, what it promises (its docs), its settings and
+//! the header names it writes; the parts:
+//! - `run.rs`: [`InboxConsumer::run`]: the workers, sessions opened again
+//!   with a backoff after a loss, and the graceful shutdown;
+//! - `session.rs`: one connection's worth of consuming, opened (topology
+//!   declared, dead-letter exchange checked, subscription made);
+//! - `dispatch.rs`: deliveries decoded and handed to the worker of their
+//!   aggregate;
+//! - `worker.rs`: one delivery handled (inbox, handler, commit, ack);
+//! - `handler.rs`, `builder.rs`: [`EventHandler`] and
+//!   [`InboxConsumerBuilder`];
+//! - `republish.rs`, `dead_letter.rs`: retries and dead letters republished
+//!   with confirms, and dead letters recorded;
+//! - `depth.rs`, [`metrics`]: the dead-letter queue's depth and the metric
+//!   names.
 
 mod builder;
 mod dead_letter;
 mod depth;
+mod dispatch;
 mod handler;
 pub mod metrics;
 pub(crate) mod republish;
+mod run;
+mod session;
 mod worker;
 
-use std::collections::hash_map::DefaultHasher;
 use std::fmt;
-use std::future::Future;
-use std::hash::{Hash, Hasher};
-use std::pin::pin;
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
-};
-use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ErrorKind, ExchangeKind};
 use outbox_core::InboxDatabase;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
-use uuid::Uuid;
 
 pub use builder::InboxConsumerBuilder;
 pub use handler::{EventHandler, HandlerError, HandlerFn, HandlerFuture, handler_fn};
 
-use crate::error::{connect, redact_url};
-use crate::topology::short_string;
-use crate::{Error, QueueTopology, Result, wire};
-use depth::DepthPoller;
-use republish::Republisher;
-use worker::{Job, Shared};
+use crate::QueueTopology;
+use crate::error::redact_url;
 
 /// Header: which attempt this delivery is (signed 64-bit; absent = 1). Set
 /// by the consumer when it republishes a failed message.
@@ -244,6 +244,8 @@ pub const DEAD_LETTER_ID_HEADER: &str = "x-outbox-dead-letter-id";
 /// is the gauge [`DEAD_LETTERS`](metrics::DEAD_LETTERS): the depth of the
 /// dead-letter queue, read every 15 s when the consumer
 /// [declares](InboxConsumerBuilder::declare) a topology with one.
+///
+/// [`wire::decode`]: crate::wire::decode
 pub struct InboxConsumer<D, H> {
     settings: Settings,
     db: D,
@@ -287,25 +289,6 @@ impl<D, H> fmt::Debug for InboxConsumer<D, H> {
     }
 }
 
-/// One connection's worth of consuming.
-struct Session {
-    connection: Arc<Connection>,
-    channel: Channel,
-    consumer: lapin::Consumer,
-    republisher: Arc<Republisher>,
-    /// Reads the dead-letter queue's depth while the session lasts.
-    depth: Option<DepthPoller>,
-}
-
-/// Why a session ended.
-enum Ended {
-    /// The shutdown future completed; the session is kept open until the
-    /// workers have acked.
-    Shutdown(Box<Session>),
-    /// The connection or channel was lost.
-    Lost(String),
-}
-
 impl<D, H> InboxConsumer<D, H>
 where
     D: InboxDatabase,
@@ -333,325 +316,5 @@ where
     /// The queue it consumes.
     pub fn queue(&self) -> &str {
         &self.settings.queue
-    }
-
-    /// Consumes until `shutdown` completes, then shuts down gracefully (see
-    /// the type's docs) and returns `Ok(())`.
-    ///
-    /// Lost connections are re-established; the broker being unreachable at
-    /// start is retried the same way (and logged).
-    ///
-    /// # Errors
-    /// [`Error::Amqp`] when the queue or dead-letter exchange does not exist
-    /// or a declaration is refused, [`Error::Config`] for a
-    /// [declared](InboxConsumerBuilder::declare) topology with invalid names.
-    /// Deliveries in hand are still finished first.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
-        let InboxConsumer {
-            settings,
-            db,
-            handler,
-        } = self;
-        let shared = Arc::new(Shared {
-            settings: settings.clone(),
-            db,
-            handler,
-        });
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let mut workers = JoinSet::new();
-        let mut queues = Vec::with_capacity(settings.concurrency);
-        for _ in 0..settings.concurrency {
-            let (tx, rx) = mpsc::channel(usize::from(settings.prefetch));
-            queues.push(tx);
-            workers.spawn(worker::run(shared.clone(), rx, stop_rx.clone()));
-        }
-        tracing::info!(
-            consumer = %settings.name,
-            queue = %settings.queue,
-            concurrency = settings.concurrency,
-            "inbox consumer starting"
-        );
-
-        let mut shutdown = pin!(shutdown);
-        let mut backoff = settings.reconnect_min;
-        let mut kept_open = None;
-        // Fatal errors stop `run` only before the first session: once the
-        // consumer has run, a 404 or 403 while reconnecting is most likely
-        // the broker restarting (queues recovering), so it keeps trying.
-        let mut has_run = false;
-        let result = loop {
-            let opened = tokio::select! {
-                biased;
-                () = &mut shutdown => break Ok(()),
-                // Bounded as a whole: a broker that is starting may accept
-                // the connection and leave a declaration unanswered.
-                opened = tokio::time::timeout(SESSION_TIMEOUT, open_session(&settings)) => {
-                    opened.unwrap_or_else(|_| Err(Error::ConnectTimeout {
-                        url: redact_url(&settings.url),
-                        after: SESSION_TIMEOUT,
-                    }))
-                }
-            };
-            let reason = match opened {
-                Ok(session) => {
-                    has_run = true;
-                    backoff = settings.reconnect_min;
-                    tracing::info!(consumer = %settings.name, queue = %settings.queue, "consuming");
-                    match consume(&settings, session, &queues, &mut shutdown).await {
-                        Ended::Shutdown(session) => {
-                            kept_open = Some(session);
-                            break Ok(());
-                        }
-                        Ended::Lost(reason) => {
-                            ::metrics::counter!(
-                                metrics::CONNECTION_LOST_TOTAL,
-                                "consumer" => settings.name.clone()
-                            )
-                            .increment(1);
-                            reason
-                        }
-                    }
-                }
-                Err(error) if is_fatal(&error) && !has_run => {
-                    tracing::error!(consumer = %settings.name, %error, "inbox consumer stops");
-                    break Err(error);
-                }
-                Err(error) if is_fatal(&error) => {
-                    tracing::error!(
-                        consumer = %settings.name,
-                        %error,
-                        "inbox consumer cannot resume (the broker may be restarting); retrying"
-                    );
-                    error.to_string()
-                }
-                Err(error) => error.to_string(),
-            };
-            tracing::warn!(
-                consumer = %settings.name,
-                error = %reason,
-                retry_in = ?backoff,
-                "not connected to RabbitMQ; reconnecting"
-            );
-            tokio::select! {
-                biased;
-                () = &mut shutdown => break Ok(()),
-                () = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(settings.reconnect_max);
-        };
-
-        // Graceful: workers finish the delivery in hand, requeue the rest.
-        let _ = stop_tx.send(true);
-        drop(queues);
-        while let Some(joined) = workers.join_next().await {
-            if let Err(error) = joined {
-                tracing::error!(consumer = %settings.name, %error, "a consumer worker failed");
-            }
-        }
-        drop(stop_tx);
-        if let Some(session) = kept_open {
-            drop(session.depth);
-            drop(session.consumer);
-            if let Err(error) = session.connection.close(200, "OK".into()).await {
-                tracing::debug!(%error, "closing the connection at shutdown");
-            }
-            drop(session.channel);
-        }
-        tracing::info!(consumer = %settings.name, "inbox consumer stopped");
-        result
-    }
-}
-
-/// How long connecting, declaring and subscribing may take together before
-/// the consumer gives up on that try and reconnects.
-const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Connects, declares, checks the dead-letter exchange and subscribes.
-async fn open_session(settings: &Settings) -> Result<Session> {
-    let connection = Arc::new(connect(&settings.url, &settings.name).await?);
-    if let Some(topology) = &settings.topology {
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(Error::amqp("open a channel to declare the topology"))?;
-        topology.declare(&channel).await?;
-        let _ = channel.close(200, "OK".into()).await;
-    }
-    let republisher =
-        Arc::new(Republisher::open(connection.clone(), settings.confirm_timeout).await?);
-    let channel = connection
-        .create_channel()
-        .await
-        .map_err(Error::amqp("open the consume channel"))?;
-    let dead_letter_exchange = &settings.dead_letter_exchange;
-    channel
-        .exchange_declare(
-            short_string("dead-letter exchange name", dead_letter_exchange)?,
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                passive: true,
-                ..ExchangeDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map_err(Error::amqp(format!(
-            "check that the dead-letter exchange `{dead_letter_exchange}` exists (declare it, \
-             e.g. with QueueTopology)"
-        )))?;
-    channel
-        .basic_qos(settings.prefetch, BasicQosOptions::default())
-        .await
-        .map_err(Error::amqp("set the prefetch (basic.qos)"))?;
-    let queue = &settings.queue;
-    let consumer = channel
-        .basic_consume(
-            short_string("queue name", queue)?,
-            consumer_tag(&settings.name),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(Error::amqp(format!("consume queue `{queue}`")))?;
-    let depth = settings
-        .dead_letter_queue
-        .as_ref()
-        .map(|dead_letter_queue| {
-            DepthPoller::spawn(
-                connection.clone(),
-                dead_letter_queue.clone(),
-                settings.name.clone(),
-            )
-        });
-    Ok(Session {
-        connection,
-        channel,
-        consumer,
-        republisher,
-        depth,
-    })
-}
-
-/// `<name>.<uuid>`, cut to fit a short string.
-fn consumer_tag(name: &str) -> lapin::types::ShortString {
-    let mut prefix = name;
-    let mut end = prefix.len().min(200);
-    while !prefix.is_char_boundary(end) {
-        end -= 1;
-    }
-    prefix = &prefix[..end];
-    // At most 200 + 1 + 36 bytes: within the 255-byte limit.
-    format!("{prefix}.{}", Uuid::now_v7()).into()
-}
-
-/// Hands deliveries to the workers until shutdown or a lost connection.
-async fn consume<F: Future<Output = ()>>(
-    settings: &Settings,
-    mut session: Session,
-    queues: &[mpsc::Sender<Job>],
-    shutdown: &mut std::pin::Pin<&mut F>,
-) -> Ended {
-    loop {
-        let next = tokio::select! {
-            biased;
-            () = shutdown.as_mut() => {
-                // Stop taking deliveries; what is prefetched but not yet
-                // handed out is requeued when the connection closes.
-                let tag = session.consumer.tag();
-                if let Err(error) = session.channel.basic_cancel(tag, BasicCancelOptions::default()).await {
-                    tracing::warn!(consumer = %settings.name, %error, "cancelling the subscription");
-                }
-                return Ended::Shutdown(Box::new(session));
-            }
-            next = session.consumer.next() => next,
-        };
-        let delivery = match next {
-            Some(Ok(delivery)) => delivery,
-            Some(Err(error)) => return Ended::Lost(error.to_string()),
-            None => {
-                return Ended::Lost(
-                    "the broker cancelled the subscription (queue deleted?)".to_owned(),
-                );
-            }
-        };
-        let decoded = wire::decode(
-            &delivery.properties,
-            delivery.routing_key.as_str(),
-            &delivery.data,
-        );
-        let worker = match &decoded {
-            Ok(event) => worker_for(&event.aggregate_type, &event.aggregate_id, queues.len()),
-            Err(_) => usize::try_from(delivery.delivery_tag).unwrap_or(0) % queues.len(),
-        };
-        let job = Job {
-            delivery,
-            decoded,
-            republisher: session.republisher.clone(),
-        };
-        let Some(queue) = queues.get(worker) else {
-            continue;
-        };
-        if queue.send(job).await.is_err() {
-            // Only when a worker died (a bug): its delivery is requeued when
-            // the connection closes.
-            return Ended::Lost("a consumer worker stopped".to_owned());
-        }
-    }
-}
-
-/// The worker for an aggregate: stable for the life of the process.
-fn worker_for(aggregate_type: &str, aggregate_id: &str, workers: usize) -> usize {
-    if workers <= 1 {
-        return 0;
-    }
-    let mut hasher = DefaultHasher::new();
-    aggregate_type.hash(&mut hasher);
-    aggregate_id.hash(&mut hasher);
-    let workers_u64 = u64::try_from(workers).unwrap_or(u64::MAX);
-    usize::try_from(hasher.finish() % workers_u64).unwrap_or(0)
-}
-
-/// Errors that waiting does not heal: missing or conflicting topology,
-/// refused access, invalid configuration.
-fn is_fatal(error: &Error) -> bool {
-    match error {
-        Error::Config(_) => true,
-        Error::Amqp { source, .. } => match source.kind() {
-            ErrorKind::ProtocolError(amqp) => matches!(
-                amqp.kind(),
-                AMQPErrorKind::Soft(
-                    AMQPSoftError::NOTFOUND
-                        | AMQPSoftError::ACCESSREFUSED
-                        | AMQPSoftError::PRECONDITIONFAILED
-                )
-            ),
-            _ => false,
-        },
-        _ => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_aggregate_always_maps_to_the_same_worker() {
-        for n in 1..8 {
-            let first = worker_for("order", "o-1", n);
-            assert!(first < n);
-            assert_eq!(first, worker_for("order", "o-1", n));
-        }
-        let spread: std::collections::HashSet<usize> = (0..64)
-            .map(|i| worker_for("order", &i.to_string(), 4))
-            .collect();
-        assert_eq!(spread.len(), 4, "aggregates spread over all workers");
-    }
-
-    #[test]
-    fn consumer_tags_fit_a_short_string() {
-        let tag = consumer_tag(&"é".repeat(200));
-        assert!(tag.as_str().len() <= 255);
-        assert!(consumer_tag("loyalty").as_str().starts_with("loyalty."));
     }
 }
