@@ -92,7 +92,7 @@
 //! - `plan.rs`, `row.rs`, `sql.rs`: the runs kept per aggregate, the rows
 //!   read, and the statements;
 //! - `listen.rs`: `LISTEN`/`NOTIFY` wakeups;
-//! - `admin.rs`: the admin store (`outbox_core::admin`).
+//! - `admin/`: the admin store (`outbox_core::admin`).
 //!
 //! [`EventStatus::Held`]: outbox_core::EventStatus::Held
 

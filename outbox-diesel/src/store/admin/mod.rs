@@ -8,11 +8,20 @@
 //! unchanged without a word; a claim that holds it longer is an error the
 //! operator sees); the purges use `FOR UPDATE SKIP LOCKED` (several
 //! janitors share the work, and a row held now is taken by a later run).
+//!
+//! This file holds the [`OutboxAdmin`] impl; the parts:
+//! - `query.rs`: an [`EventFilter`] as SQL (a query with numbered binds),
+//!   and the failure groups it may name;
+//! - `chunk.rs`: one chunk of a replay, skip or retry-now, with its audit
+//!   count, in one statement;
+//! - `row.rs`: the rows the admin reads, and their columns.
+
+mod chunk;
+mod query;
+mod row;
 
 use chrono::{DateTime, Utc};
-use diesel::pg::Pg;
-use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{Array, BigInt, Bool, Integer, Nullable, Text, Timestamptz};
+use diesel::sql_types::{BigInt, Bool, Text, Timestamptz};
 use diesel_async::RunQueryDsl;
 use outbox_core::admin::{
     Attempt, AttemptOutcome, AuditEntry, AuditRecord, Chunk, EventDetail, EventFilter,
@@ -24,372 +33,25 @@ use uuid::Uuid;
 
 use super::PgOutboxStore;
 use super::row::EventRow;
-use super::sql::{COLUMNS, literals, replay_set, skip_set};
+use super::sql::{literals, replay_set, skip_set};
 use crate::{Error, Result};
-
-/// What failure groups are made of: the normalized error written with it
-/// (migration 5), or the raw error of rows written before (the core
-/// normalizes it again when it merges the groups).
-const ERROR_KEY: &str = "coalesce(error_group, last_error)";
-
-/// Rows the failure-group query reads at most (distinct event type, error
-/// and status triples): the groups of a table with more are cut.
-const GROUP_ROWS: i64 = 100_000;
-
-/// How long an admin chunk waits for rows a relay holds.
-const ADMIN_LOCK_TIMEOUT: &str = "5s";
-
-/// How an admin chunk's transaction starts (the same timeout).
-const ADMIN_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '5s'";
+use query::{Bind, Query};
+use row::{
+    AttemptRow, AuditRow, CountRow, DoneRow, LastRow, PurgeRow, RelayRow, TypeRow, admin_columns,
+    count, status_name,
+};
 
 /// `sent` and `skipped` rows counted exactly at most; beyond, the status
 /// report estimates from the table's statistics.
 const EXACT_COUNT_LIMIT: i64 = 100_000;
 
-/// A value bound to a `$n` placeholder.
-enum Bind {
-    Text(String),
-    Texts(Vec<String>),
-    Uuids(Vec<Uuid>),
-    Time(DateTime<Utc>),
-    Big(i64),
-}
-
-/// SQL with its binds, numbered as they are pushed.
-#[derive(Default)]
-struct Query {
-    sql: String,
-    binds: Vec<Bind>,
-}
-
-impl Query {
-    fn new(sql: impl Into<String>) -> Self {
-        Query {
-            sql: sql.into(),
-            binds: Vec::new(),
-        }
-    }
-
-    /// Binds `value`; returns its placeholder.
-    fn bind(&mut self, value: Bind) -> String {
-        self.binds.push(value);
-        format!("${}", self.binds.len())
-    }
-
-    fn push(&mut self, sql: &str) {
-        self.sql.push_str(sql);
-    }
-
-    fn build(self) -> BoxedSqlQuery<'static, Pg, SqlQuery> {
-        let mut query = diesel::sql_query(self.sql).into_boxed::<Pg>();
-        for bind in self.binds {
-            query = match bind {
-                Bind::Text(v) => query.bind::<Text, _>(v),
-                Bind::Texts(v) => query.bind::<Array<Text>, _>(v),
-                Bind::Uuids(v) => query.bind::<Array<diesel::sql_types::Uuid>, _>(v),
-                Bind::Time(v) => query.bind::<Timestamptz, _>(v),
-                Bind::Big(v) => query.bind::<BigInt, _>(v),
-            };
-        }
-        query
-    }
-}
-
-#[derive(diesel::QueryableByName)]
-struct GroupRow {
-    #[diesel(sql_type = Text)]
-    event_type: String,
-    #[diesel(sql_type = Text)]
-    last_error: String,
-    #[diesel(sql_type = Text)]
-    status: String,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-    #[diesel(sql_type = Timestamptz)]
-    first: DateTime<Utc>,
-    #[diesel(sql_type = Timestamptz)]
-    last: DateTime<Utc>,
-}
-
-#[derive(diesel::QueryableByName)]
-struct CountRow {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-#[derive(diesel::QueryableByName)]
-struct LastRow {
-    #[diesel(sql_type = Nullable<BigInt>)]
-    last: Option<i64>,
-}
-
-#[derive(diesel::QueryableByName)]
-struct ChunkRow {
-    #[diesel(sql_type = Nullable<BigInt>)]
-    last: Option<i64>,
-    #[diesel(sql_type = BigInt)]
-    changed: i64,
-}
-
-#[derive(diesel::QueryableByName)]
-struct TypeRow {
-    #[diesel(sql_type = Text)]
-    event_type: String,
-    #[diesel(sql_type = Text)]
-    status: String,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-#[derive(diesel::QueryableByName)]
-struct DoneRow {
-    #[diesel(sql_type = BigInt)]
-    sent: i64,
-    #[diesel(sql_type = BigInt)]
-    skipped: i64,
-    #[diesel(sql_type = BigInt)]
-    estimate: i64,
-}
-
-#[derive(diesel::QueryableByName)]
-struct AttemptRow {
-    #[diesel(sql_type = Timestamptz)]
-    at: DateTime<Utc>,
-    #[diesel(sql_type = Nullable<Text>)]
-    relay: Option<String>,
-    #[diesel(sql_type = Text)]
-    outcome: String,
-    #[diesel(sql_type = Text)]
-    error: String,
-}
-
-#[derive(diesel::QueryableByName)]
-struct AuditRow {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-    #[diesel(sql_type = Timestamptz)]
-    at: DateTime<Utc>,
-    #[diesel(sql_type = Text)]
-    identity: String,
-    #[diesel(sql_type = Text)]
-    action: String,
-    #[diesel(sql_type = Text)]
-    target: String,
-    #[diesel(sql_type = BigInt)]
-    count: i64,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    finished_at: Option<DateTime<Utc>>,
-    #[diesel(sql_type = Nullable<Text>)]
-    outcome: Option<String>,
-}
-
-#[derive(diesel::QueryableByName)]
-pub(super) struct RelayRow {
-    #[diesel(sql_type = Text)]
-    name: String,
-    #[diesel(sql_type = Text)]
-    host: String,
-    #[diesel(sql_type = Integer)]
-    pid: i32,
-    #[diesel(sql_type = Text)]
-    version: String,
-    #[diesel(sql_type = Timestamptz)]
-    started_at: DateTime<Utc>,
-    #[diesel(sql_type = Timestamptz)]
-    heartbeat_at: DateTime<Utc>,
-    #[diesel(sql_type = Integer)]
-    in_flight: i32,
-    #[diesel(sql_type = Bool)]
-    paused: bool,
-    #[diesel(sql_type = Bool)]
-    live: bool,
-}
-
-impl From<RelayRow> for RelayInfo {
-    fn from(r: RelayRow) -> Self {
-        let mut info = RelayInfo::new(
-            r.name,
-            r.host,
-            u32::try_from(r.pid).unwrap_or(0),
-            r.version,
-            r.started_at,
-        );
-        info.heartbeat_at = r.heartbeat_at;
-        info.in_flight = u32::try_from(r.in_flight).unwrap_or(0);
-        info.paused = r.paused;
-        info.live = r.live;
-        info
-    }
-}
-
-/// The columns of an admin read: a row whose headers are not JSON (a
-/// malformed row) reads as `null` rather than failing the listing.
-fn admin_columns() -> String {
-    COLUMNS.replace(
-        "headers::text AS headers",
-        "coalesce(headers::text, 'null') AS headers",
-    )
-}
-
 /// `live` of a relays row.
 pub(super) const RELAY_LIVE: &str =
     "heartbeat_at > now() - 3 * heartbeat_interval_ms * interval '1 millisecond'";
 
-fn status_name(s: &str) -> EventStatus {
-    s.parse().unwrap_or(EventStatus::Pending)
-}
-
-fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
-}
-
 impl PgOutboxStore {
     fn table(&self, name: &str) -> String {
         self.schema.table(name)
-    }
-
-    /// Appends `filter`'s conditions (each ` AND ...`) to `q`. A group is
-    /// resolved first into the raw (event type, error) pairs it stands for.
-    async fn push_filter(&self, q: &mut Query, filter: &EventFilter) -> Result<()> {
-        if !filter.ids.is_empty() {
-            let p = q.bind(Bind::Uuids(filter.ids.clone()));
-            q.push(&format!(" AND id = ANY({p})"));
-        }
-        if !filter.statuses.is_empty() {
-            q.push(&format!(" AND status IN ({})", literals(&filter.statuses)));
-        }
-        if let Some(t) = &filter.aggregate_type {
-            let p = q.bind(Bind::Text(t.clone()));
-            q.push(&format!(" AND aggregate_type = {p}"));
-        }
-        if let Some(i) = &filter.aggregate_id {
-            let p = q.bind(Bind::Text(i.clone()));
-            q.push(&format!(" AND aggregate_id = {p}"));
-        }
-        if let Some(t) = &filter.event_type {
-            let p = q.bind(Bind::Text(t.clone()));
-            q.push(&format!(" AND event_type = {p}"));
-        }
-        if let Some(text) = &filter.error_contains {
-            let p = q.bind(Bind::Text(text.to_lowercase()));
-            q.push(&format!(" AND strpos(lower(last_error), {p}) > 0"));
-        }
-        if let Some(at) = filter.occurred_after {
-            let p = q.bind(Bind::Time(at));
-            q.push(&format!(" AND occurred_at >= {p}"));
-        }
-        if let Some(at) = filter.occurred_before {
-            let p = q.bind(Bind::Time(at));
-            q.push(&format!(" AND occurred_at < {p}"));
-        }
-        if let Some(seq) = filter.seq_at_most {
-            let p = q.bind(Bind::Big(seq));
-            q.push(&format!(" AND seq <= {p}"));
-        }
-        if let Some(group) = &filter.group {
-            let (types, errors) = self.group_members(filter, group).await?;
-            let t = q.bind(Bind::Texts(types));
-            let e = q.bind(Bind::Texts(errors));
-            q.push(&format!(
-                " AND status IN ({}) AND (event_type, {ERROR_KEY}) IN \
-                 (SELECT * FROM unnest({t}::text[], {e}::text[]))",
-                literals(&[EventStatus::Retry, EventStatus::Dead])
-            ));
-        }
-        Ok(())
-    }
-
-    /// The (event type, raw error) pairs of the failures in `group` among
-    /// the events `filter` selects otherwise.
-    async fn group_members(
-        &self,
-        filter: &EventFilter,
-        group: &str,
-    ) -> Result<(Vec<String>, Vec<String>)> {
-        let mut others = filter.clone();
-        others.group = None;
-        let rows = self.group_rows(&others).await?;
-        Ok(rows
-            .into_iter()
-            .filter(|r| {
-                outbox_core::admin::group_id(
-                    &r.event_type,
-                    &outbox_core::admin::normalize_error(&r.last_error),
-                ) == group
-            })
-            .map(|r| (r.event_type, r.last_error))
-            .unzip())
-    }
-
-    async fn group_rows(&self, filter: &EventFilter) -> Result<Vec<GroupRow>> {
-        let Some(filter) = filter.restricted_to(&[EventStatus::Dead, EventStatus::Retry]) else {
-            return Ok(Vec::new());
-        };
-        let t = self.table("outbox_events");
-        let mut q = Query::new(format!(
-            "SELECT event_type, {ERROR_KEY} AS last_error, status, count(*) AS n, \
-               min(occurred_at) AS first, max(occurred_at) AS last \
-             FROM {t} WHERE last_error IS NOT NULL"
-        ));
-        Box::pin(self.push_filter(&mut q, &filter)).await?;
-        let limit = q.bind(Bind::Big(GROUP_ROWS));
-        q.push(&format!(" GROUP BY 1, 2, 3 LIMIT {limit}"));
-        let mut conn = self.conn().await?;
-        Ok(q.build().load(&mut *conn).await?)
-    }
-
-    /// One chunk of an `UPDATE` of the rows `filter` selects (restricted to
-    /// `from`): `set` is the `SET` list, `extra` more conditions.
-    #[allow(clippy::too_many_arguments)]
-    async fn change_chunk(
-        &self,
-        filter: &EventFilter,
-        from: &[EventStatus],
-        set: &str,
-        extra: &str,
-        after: Option<i64>,
-        limit: usize,
-        audit: i64,
-    ) -> Result<Chunk> {
-        let Some(filter) = filter.restricted_to(from) else {
-            return Ok(Chunk::default());
-        };
-        let t = self.table("outbox_events");
-        let a = self.table("outbox_audit");
-        // `FOR UPDATE` waits for a row a relay's claim holds (a claim is
-        // short and bounded by the claim timeout) instead of skipping it,
-        // which would leave it unchanged without a word; `lock_timeout`
-        // bounds the wait. After the wait the row's status is checked again.
-        let mut q = Query::new(format!("WITH c AS (SELECT seq FROM {t} WHERE true"));
-        self.push_filter(&mut q, &filter).await?;
-        let after = q.bind(Bind::Big(after.unwrap_or(0)));
-        let limit = q.bind(Bind::Big(i64::try_from(limit).unwrap_or(i64::MAX)));
-        let audit = q.bind(Bind::Big(audit));
-        q.push(&format!(
-            " AND seq > {after} ORDER BY seq LIMIT {limit} FOR UPDATE), \
-             u AS (UPDATE {t} SET {set} WHERE seq IN (SELECT seq FROM c) \
-               AND status IN ({from}){extra} RETURNING seq), \
-             x AS (UPDATE {a} SET count = count + (SELECT count(*) FROM u) WHERE id = {audit}) \
-             SELECT (SELECT max(seq) FROM c) AS last, (SELECT count(*) FROM u) AS changed",
-            from = literals(from),
-        ));
-        let mut tx = crate::PgTransaction::begin_with(&self.pool, ADMIN_BEGIN).await?;
-        let row: ChunkRow = q.build().get_result(&mut *tx).await.map_err(|e| match e {
-            diesel::result::Error::DatabaseError(_, ref info)
-                if info.message().contains("lock timeout") =>
-            {
-                Error::Config(format!(
-                    "a relay held the selected events for over {ADMIN_LOCK_TIMEOUT} \
-                         (publishing them); nothing of this chunk changed: run it again"
-                ))
-            }
-            e => Error::Database(e),
-        })?;
-        tx.commit().await?;
-        Ok(Chunk {
-            changed: count(row.changed),
-            last: row.last,
-        })
     }
 
     /// Deletes up to `limit` attempt rows whose event is gone (deleted when
@@ -819,14 +481,4 @@ impl OutboxAdmin for PgOutboxStore {
         .await?;
         Ok(row.n > 0)
     }
-}
-
-#[derive(diesel::QueryableByName)]
-struct PurgeRow {
-    #[diesel(sql_type = Nullable<BigInt>)]
-    last: Option<i64>,
-    #[diesel(sql_type = BigInt)]
-    changed: i64,
-    #[diesel(sql_type = Bool)]
-    past: bool,
 }

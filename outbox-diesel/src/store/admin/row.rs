@@ -1,0 +1,162 @@
+//! The rows the admin reads, and the columns of an admin read.
+
+use chrono::{DateTime, Utc};
+use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text, Timestamptz};
+use outbox_core::EventStatus;
+use outbox_core::admin::RelayInfo;
+
+use crate::store::sql::COLUMNS;
+
+#[derive(diesel::QueryableByName)]
+pub(super) struct GroupRow {
+    #[diesel(sql_type = Text)]
+    pub(super) event_type: String,
+    #[diesel(sql_type = Text)]
+    pub(super) last_error: String,
+    #[diesel(sql_type = Text)]
+    pub(super) status: String,
+    #[diesel(sql_type = BigInt)]
+    pub(super) n: i64,
+    #[diesel(sql_type = Timestamptz)]
+    pub(super) first: DateTime<Utc>,
+    #[diesel(sql_type = Timestamptz)]
+    pub(super) last: DateTime<Utc>,
+}
+
+#[derive(diesel::QueryableByName)]
+pub(super) struct CountRow {
+    #[diesel(sql_type = BigInt)]
+    pub(super) n: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+pub(super) struct LastRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(super) last: Option<i64>,
+}
+
+#[derive(diesel::QueryableByName)]
+pub(super) struct ChunkRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(super) last: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    pub(super) changed: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+pub(super) struct TypeRow {
+    #[diesel(sql_type = Text)]
+    pub(super) event_type: String,
+    #[diesel(sql_type = Text)]
+    pub(super) status: String,
+    #[diesel(sql_type = BigInt)]
+    pub(super) n: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+pub(super) struct DoneRow {
+    #[diesel(sql_type = BigInt)]
+    pub(super) sent: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(super) skipped: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(super) estimate: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+pub(super) struct AttemptRow {
+    #[diesel(sql_type = Timestamptz)]
+    pub(super) at: DateTime<Utc>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(super) relay: Option<String>,
+    #[diesel(sql_type = Text)]
+    pub(super) outcome: String,
+    #[diesel(sql_type = Text)]
+    pub(super) error: String,
+}
+
+#[derive(diesel::QueryableByName)]
+pub(super) struct AuditRow {
+    #[diesel(sql_type = BigInt)]
+    pub(super) id: i64,
+    #[diesel(sql_type = Timestamptz)]
+    pub(super) at: DateTime<Utc>,
+    #[diesel(sql_type = Text)]
+    pub(super) identity: String,
+    #[diesel(sql_type = Text)]
+    pub(super) action: String,
+    #[diesel(sql_type = Text)]
+    pub(super) target: String,
+    #[diesel(sql_type = BigInt)]
+    pub(super) count: i64,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub(super) finished_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(super) outcome: Option<String>,
+}
+
+#[derive(diesel::QueryableByName)]
+pub(super) struct RelayRow {
+    #[diesel(sql_type = Text)]
+    name: String,
+    #[diesel(sql_type = Text)]
+    host: String,
+    #[diesel(sql_type = Integer)]
+    pid: i32,
+    #[diesel(sql_type = Text)]
+    version: String,
+    #[diesel(sql_type = Timestamptz)]
+    started_at: DateTime<Utc>,
+    #[diesel(sql_type = Timestamptz)]
+    heartbeat_at: DateTime<Utc>,
+    #[diesel(sql_type = Integer)]
+    in_flight: i32,
+    #[diesel(sql_type = Bool)]
+    paused: bool,
+    #[diesel(sql_type = Bool)]
+    live: bool,
+}
+
+impl From<RelayRow> for RelayInfo {
+    fn from(r: RelayRow) -> Self {
+        let mut info = RelayInfo::new(
+            r.name,
+            r.host,
+            u32::try_from(r.pid).unwrap_or(0),
+            r.version,
+            r.started_at,
+        );
+        info.heartbeat_at = r.heartbeat_at;
+        info.in_flight = u32::try_from(r.in_flight).unwrap_or(0);
+        info.paused = r.paused;
+        info.live = r.live;
+        info
+    }
+}
+
+/// The columns of an admin read: a row whose headers are not JSON (a
+/// malformed row) reads as `null` rather than failing the listing.
+pub(super) fn admin_columns() -> String {
+    COLUMNS.replace(
+        "headers::text AS headers",
+        "coalesce(headers::text, 'null') AS headers",
+    )
+}
+
+pub(super) fn status_name(s: &str) -> EventStatus {
+    s.parse().unwrap_or(EventStatus::Pending)
+}
+
+pub(super) fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+#[derive(diesel::QueryableByName)]
+pub(super) struct PurgeRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(super) last: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    pub(super) changed: i64,
+    #[diesel(sql_type = Bool)]
+    pub(super) past: bool,
+}
