@@ -1,58 +1,14 @@
-//! [`Admin`]: chunked, audited, permission-checked admin verbs over any
-//! [`OutboxAdmin`].
+//! The admin mutations (replay, skip, retry now, purge, pause and resume),
+//! each a chunked, audited run, and what they report.
 
 use std::time::Duration;
 
-use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{
-    AuditEntry, AuditRecord, Caller, Chunk, EventDetail, EventFilter, EventSummary, FailureGroup,
-    OutboxAdmin, Page, RelayInfo, StatusReport,
-};
+use super::{Admin, AdminError, ago, humanize};
 use crate::EventStatus;
-
-/// Why an admin call failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum AdminError {
-    /// The request makes no sense (an empty selection for a mutation, a
-    /// status a verb cannot change, ...). The message says what to change.
-    #[error("{0}")]
-    Invalid(String),
-    /// The caller may only read.
-    #[error("{identity} may only read; {action} needs the operator role")]
-    Forbidden {
-        /// Who asked.
-        identity: String,
-        /// What they asked for.
-        action: &'static str,
-    },
-    /// No such event, aggregate, relay, dead letter or queue.
-    #[error("{0}")]
-    NotFound(String),
-    /// The request clashes with what is running (e.g. a replay of the same
-    /// dead-letter queue). The message says what.
-    #[error("{0}")]
-    Conflict(String),
-    /// The store failed.
-    #[error("the outbox store failed: {0}")]
-    Store(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// The broker failed (dead-letter queues).
-    #[error("the broker failed: {0}")]
-    Broker(#[source] Box<dyn std::error::Error + Send + Sync>),
-}
-
-impl AdminError {
-    pub(crate) fn store<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
-        AdminError::Store(Box::new(error))
-    }
-
-    pub(crate) fn broker<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
-        AdminError::Broker(Box::new(error))
-    }
-}
+use crate::admin::{AuditEntry, Caller, EventFilter, OutboxAdmin};
 
 /// What to purge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,7 +33,7 @@ pub struct ActionReport {
     /// Events (or entries) selected when it started.
     pub matched: u64,
     /// Events (or entries) changed: those of `matched` that still matched
-    /// when their chunk ran (see the [module docs](super), "Runs are
+    /// when their chunk ran (see the [module docs](crate::admin), "Runs are
     /// bounded when they start", for the one case where it can be more).
     pub changed: u64,
     /// The audit row (`None` in a dry run).
@@ -87,139 +43,14 @@ pub struct ActionReport {
     pub warnings: Vec<String>,
 }
 
-/// The admin verbs over a store: see the [module docs](super).
-#[derive(Debug, Clone)]
-pub struct Admin<S> {
-    store: S,
-    chunk_size: usize,
-    chunk_pause: Duration,
-    dedup_window: Duration,
-}
-
 impl<S: OutboxAdmin> Admin<S> {
-    /// Admin verbs over `store`: chunks of 500, no pause between chunks,
-    /// a dedup window of 14 days.
-    pub fn new(store: S) -> Self {
-        Admin {
-            store,
-            chunk_size: 500,
-            chunk_pause: Duration::ZERO,
-            dedup_window: Duration::from_secs(14 * 24 * 3600),
-        }
-    }
-
-    /// Rows changed per transaction (default 500, at least 1).
-    #[must_use]
-    pub fn chunk_size(mut self, n: usize) -> Self {
-        self.chunk_size = n.max(1);
-        self
-    }
-
-    /// Pause between chunks (default none).
-    #[must_use]
-    pub fn chunk_pause(mut self, pause: Duration) -> Self {
-        self.chunk_pause = pause;
-        self
-    }
-
-    /// How long consumers keep inbox entries (default 14 days, the
-    /// janitor's default inbox retention): a replay of events older than
-    /// this warns that consumers may process them again.
-    #[must_use]
-    pub fn dedup_window(mut self, window: Duration) -> Self {
-        self.dedup_window = window;
-        self
-    }
-
-    /// The store.
-    pub fn store(&self) -> &S {
-        &self.store
-    }
-
-    /// The outbox at a glance.
-    ///
-    /// # Errors
-    /// [`AdminError::Store`].
-    pub async fn status(&self) -> Result<StatusReport, AdminError> {
-        self.store.status().await.map_err(AdminError::store)
-    }
-
-    /// A page of events matching `filter` after the cursor `after`.
-    ///
-    /// # Errors
-    /// [`AdminError::Invalid`] for a `limit` of 0 or over 10,000;
-    /// [`AdminError::Store`].
-    pub async fn list(
-        &self,
-        filter: &EventFilter,
-        after: Option<i64>,
-        limit: usize,
-    ) -> Result<Page<EventSummary>, AdminError> {
-        check_limit(limit)?;
-        Self::check_text(filter)?;
-        self.store
-            .list(filter, after, limit)
-            .await
-            .map_err(AdminError::store)
-    }
-
-    /// One event, whole.
-    ///
-    /// # Errors
-    /// [`AdminError::NotFound`]; [`AdminError::Store`].
-    pub async fn show(&self, id: Uuid) -> Result<EventDetail, AdminError> {
-        self.store
-            .show(id)
-            .await
-            .map_err(AdminError::store)?
-            .ok_or_else(|| AdminError::NotFound(format!("no outbox event has the id {id}")))
-    }
-
-    /// Dead and retrying events grouped by event type and normalized error.
-    ///
-    /// # Errors
-    /// [`AdminError::Store`].
-    pub async fn failure_groups(
-        &self,
-        filter: &EventFilter,
-    ) -> Result<Vec<FailureGroup>, AdminError> {
-        Self::check_text(filter)?;
-        self.store
-            .failure_groups(filter)
-            .await
-            .map_err(AdminError::store)
-    }
-
-    /// Registered relays.
-    ///
-    /// # Errors
-    /// [`AdminError::Store`].
-    pub async fn relays(&self) -> Result<Vec<RelayInfo>, AdminError> {
-        self.store.relays().await.map_err(AdminError::store)
-    }
-
-    /// The audit trail, newest first, rows with `id < before`.
-    ///
-    /// # Errors
-    /// [`AdminError::Store`].
-    pub async fn audit_log(
-        &self,
-        before: Option<i64>,
-        limit: usize,
-    ) -> Result<Vec<AuditRecord>, AdminError> {
-        self.store
-            .audit_log(before, limit.clamp(1, 10_000))
-            .await
-            .map_err(AdminError::store)
-    }
-
     /// Replays the `dead` events matching `selection` (statuses other than
     /// `dead` in it are an error; none means `dead`), in chunks in `seq`
     /// order. An empty selection is refused: select everything dead with
     /// [`EventFilter::with_status`]`(Dead)`. `progress` is called with the
     /// count done after each chunk.
     ///
-    /// The run is bounded when it starts (see the [module docs](super),
+    /// The run is bounded when it starts (see the [module docs](crate::admin),
     /// "Runs are bounded when they start"): it counts and replays only
     /// events recorded before it began.
     ///
@@ -541,187 +372,5 @@ impl<S: OutboxAdmin> Admin<S> {
             audit_id: Some(audit),
             warnings: Vec::new(),
         })
-    }
-
-    /// `filter` bounded by the highest `seq` now
-    /// ([`EventFilter::seq_at_most`]): a run that starts here counts, and
-    /// changes in each chunk (the bound holds inside the chunk's
-    /// statement), only events recorded before it began.
-    async fn up_to_now(&self, filter: EventFilter) -> Result<EventFilter, AdminError> {
-        let last = self.store.last_seq().await.map_err(AdminError::store)?;
-        // An empty outbox: a bound below every `seq` (they start at 1).
-        Ok(filter.with_seq_at_most(last.unwrap_or(0)))
-    }
-
-    /// Text criteria a database cannot compare (NUL) are the caller's
-    /// mistake, not the store's failure.
-    fn check_text(filter: &EventFilter) -> Result<(), AdminError> {
-        let texts = [
-            ("aggregate_type", &filter.aggregate_type),
-            ("aggregate_id", &filter.aggregate_id),
-            ("event_type", &filter.event_type),
-            ("error_contains", &filter.error_contains),
-            ("group", &filter.group),
-        ];
-        for (name, text) in texts {
-            if text.as_ref().is_some_and(|t| t.contains('\0')) {
-                return Err(AdminError::Invalid(format!(
-                    "{name} contains a NUL character; no event has one"
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    fn authorize(caller: &Caller, action: &'static str) -> Result<(), AdminError> {
-        caller.authorize(action)
-    }
-
-    /// The selection restricted to the statuses a verb changes; an empty
-    /// selection (everything) is refused unless it names a status.
-    fn selection(
-        selection: &EventFilter,
-        statuses: &[EventStatus],
-        verb: &str,
-    ) -> Result<EventFilter, AdminError> {
-        Self::check_text(selection)?;
-        if selection.is_empty() {
-            return Err(AdminError::Invalid(format!(
-                "{verb}: select the events (an id, an aggregate, a filter, a group), or select \
-                 every {} event explicitly by its status",
-                statuses[0]
-            )));
-        }
-        if let Some(other) = selection.statuses.iter().find(|s| !statuses.contains(s)) {
-            return Err(AdminError::Invalid(format!(
-                "{verb} changes only {} events, not {other} ones",
-                statuses
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" or ")
-            )));
-        }
-        selection.restricted_to(statuses).ok_or_else(|| {
-            AdminError::Invalid(format!(
-                "{verb}: the selection names no status it can change"
-            ))
-        })
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn run<F, Fut>(
-        &self,
-        caller: &Caller,
-        action: &'static str,
-        filter: &EventFilter,
-        dry_run: bool,
-        warnings: Vec<String>,
-        progress: &(dyn Fn(u64) + Sync),
-        chunk: F,
-    ) -> Result<ActionReport, AdminError>
-    where
-        F: Fn(Option<i64>, i64) -> Fut,
-        Fut: std::future::Future<Output = Result<Chunk, S::Error>>,
-    {
-        Self::authorize(caller, action)?;
-        let matched = self.store.count(filter).await.map_err(AdminError::store)?;
-        for warning in &warnings {
-            tracing::warn!(identity = %caller.identity, action, "outbox admin: {warning}");
-        }
-        if dry_run || matched == 0 {
-            return Ok(ActionReport {
-                action: action.to_owned(),
-                dry_run,
-                matched,
-                changed: 0,
-                audit_id: None,
-                warnings,
-            });
-        }
-        let target = serde_json::to_value(filter).unwrap_or(serde_json::Value::Null);
-        let entry = AuditEntry::new(&caller.identity, action, target);
-        let audit = self
-            .store
-            .begin_audit(&entry)
-            .await
-            .map_err(AdminError::store)?;
-        let run = async {
-            let mut changed = 0;
-            let mut after = None;
-            loop {
-                let done = chunk(after, audit).await.map_err(AdminError::store)?;
-                changed += done.changed;
-                progress(changed);
-                match done.last {
-                    Some(last) => after = Some(last),
-                    None => break,
-                }
-                self.pause().await;
-            }
-            Ok(changed)
-        };
-        let changed = self.ended(audit, run.await).await?;
-        tracing::info!(
-            identity = %caller.identity, action, matched, changed, audit,
-            filter = %entry.target, "outbox admin: {action} done"
-        );
-        Ok(ActionReport {
-            action: action.to_owned(),
-            dry_run: false,
-            matched,
-            changed,
-            audit_id: Some(audit),
-            warnings,
-        })
-    }
-
-    /// Records how the run of audit row `audit` ended (best effort: a
-    /// failure to record it is logged), and passes `result` on.
-    async fn ended<T>(&self, audit: i64, result: Result<T, AdminError>) -> Result<T, AdminError> {
-        let outcome = match &result {
-            Ok(_) => "done".to_owned(),
-            Err(error) => format!("failed: {error}"),
-        };
-        if let Err(error) = self.store.finish_audit(audit, &outcome).await {
-            tracing::warn!(%error, audit, "outbox admin: recording how a run ended failed");
-        }
-        result
-    }
-
-    async fn pause(&self) {
-        if !self.chunk_pause.is_zero() {
-            tokio::time::sleep(self.chunk_pause).await;
-        }
-    }
-}
-
-/// A page size between 1 and 10,000.
-pub(crate) fn check_limit(limit: usize) -> Result<(), AdminError> {
-    if (1..=10_000).contains(&limit) {
-        Ok(())
-    } else {
-        Err(AdminError::Invalid(format!(
-            "limit must be between 1 and 10000, not {limit}"
-        )))
-    }
-}
-
-/// The time `age` ago, `None` when that is out of the calendar's range.
-pub(crate) fn ago(age: Duration) -> Option<chrono::DateTime<Utc>> {
-    chrono::Duration::from_std(age)
-        .ok()
-        .and_then(|age| Utc::now().checked_sub_signed(age))
-}
-
-/// `14 days`, `3 h`, `90 s`.
-fn humanize(d: Duration) -> String {
-    let secs = d.as_secs();
-    if secs >= 86_400 && secs.is_multiple_of(86_400) {
-        format!("{} days", secs / 86_400)
-    } else if secs >= 3_600 && secs.is_multiple_of(3_600) {
-        format!("{} h", secs / 3_600)
-    } else {
-        format!("{secs} s")
     }
 }
