@@ -1,100 +1,22 @@
 //! What is stored and published for one event: [`EventEnvelope`] (the message)
 //! and [`OutboxRecord`] (the message plus its delivery state).
+//!
+//! This file holds the two types; the parts:
+//! - `headers.rs`: [`Headers`], the string headers carried with an event;
+//! - `validate.rs`: the limits and invariants every store and publisher
+//!   relies on ([`EventEnvelope::validate`]).
 
-use std::collections::BTreeMap;
+mod headers;
+mod validate;
+
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub use headers::Headers;
+
 use crate::{DomainEvent, Error, EventStatus};
-
-/// String headers carried with an event (trace context, correlation ids).
-///
-/// Well-known keys are associated constants; any other key is allowed.
-///
-/// ```
-/// use outbox_core::Headers;
-///
-/// let headers = Headers::new()
-///     .with(Headers::CORRELATION_ID, "req-42")
-///     .with("tenant", "acme");
-/// assert_eq!(headers.get(Headers::CORRELATION_ID), Some("req-42"));
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Headers(BTreeMap<String, String>);
-
-impl Headers {
-    /// W3C trace context `traceparent`.
-    pub const TRACEPARENT: &'static str = "traceparent";
-    /// W3C trace context `tracestate`.
-    pub const TRACESTATE: &'static str = "tracestate";
-    /// Groups every event caused, directly or not, by one request.
-    pub const CORRELATION_ID: &'static str = "correlation_id";
-    /// The id of the event (or command) that directly caused this one.
-    pub const CAUSATION_ID: &'static str = "causation_id";
-
-    /// Empty headers.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds or replaces a header, builder style.
-    #[must_use]
-    pub fn with(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.insert(key, value);
-        self
-    }
-
-    /// Adds or replaces a header, returning the previous value.
-    pub fn insert(&mut self, key: impl Into<String>, value: impl Into<String>) -> Option<String> {
-        self.0.insert(key.into(), value.into())
-    }
-
-    /// The value of `key`, if present.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(String::as_str)
-    }
-
-    /// Removes `key`, returning its value.
-    pub fn remove(&mut self, key: &str) -> Option<String> {
-        self.0.remove(key)
-    }
-
-    /// Iterates over the headers in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
-    }
-
-    /// Number of headers.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// `true` when there are no headers.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Adds every header of `other` that is not already set here.
-    pub fn merge_missing(&mut self, other: &Headers) {
-        for (k, v) in other.iter() {
-            self.0.entry(k.to_owned()).or_insert_with(|| v.to_owned());
-        }
-    }
-}
-
-impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Headers {
-    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        Headers(
-            iter.into_iter()
-                .map(|(k, v)| (k.into(), v.into()))
-                .collect(),
-        )
-    }
-}
 
 /// One event as it is stored in the outbox and put on the wire.
 ///
@@ -184,143 +106,6 @@ impl EventEnvelope {
         crate::context::apply(&mut envelope.headers);
         envelope.validate()?;
         Ok(envelope)
-    }
-
-    /// The longest aggregate id, in bytes (UTF-8). Stores index it (the
-    /// PostgreSQL outbox's index entries are limited to 2,704 bytes), and
-    /// it travels in two message headers.
-    pub const MAX_AGGREGATE_ID_BYTES: usize = 2048;
-    /// The longest aggregate type, event type, header name and correlation
-    /// id, in bytes: they become AMQP short strings (`type` property, header
-    /// names, `correlation_id` property, routing key), which hold 255.
-    pub const MAX_SHORT_BYTES: usize = 255;
-    /// The largest encoded size of the headers, as an AMQP field table:
-    /// each header costs its name and value plus
-    /// [`HEADER_ENTRY_OVERHEAD`](Self::HEADER_ENTRY_OVERHEAD) bytes of
-    /// framing. AMQP carries all message properties in one frame (at most
-    /// the negotiated `frame_max`, 128 KiB by default in RabbitMQ); a larger
-    /// one makes the broker close the whole connection. Half of the default
-    /// frame is left for the other properties and the headers a publisher
-    /// adds (the aggregate id twice, the CloudEvents attributes).
-    pub const MAX_HEADERS_BYTES: usize = 64 * 1024;
-    /// Framing bytes of one header entry in an AMQP field table: the name's
-    /// length (1), the value's type tag (1) and the long string's length (4).
-    pub const HEADER_ENTRY_OVERHEAD: usize = 6;
-
-    /// The encoded size of the headers as an AMQP field table (names,
-    /// values and [`HEADER_ENTRY_OVERHEAD`](Self::HEADER_ENTRY_OVERHEAD)
-    /// per entry), the figure [`MAX_HEADERS_BYTES`](Self::MAX_HEADERS_BYTES)
-    /// limits.
-    pub fn encoded_headers_bytes(&self) -> usize {
-        self.headers
-            .iter()
-            .map(|(k, v)| k.len() + v.len() + Self::HEADER_ENTRY_OVERHEAD)
-            .sum()
-    }
-
-    /// Checks the invariants every store and publisher relies on:
-    /// aggregate type, aggregate id and event type are not empty and hold no
-    /// NUL character (PostgreSQL text cannot hold one); the aggregate id is
-    /// at most [`MAX_AGGREGATE_ID_BYTES`](Self::MAX_AGGREGATE_ID_BYTES);
-    /// header names are not empty and no header holds a NUL character; and
-    /// everything [`validate_wire`](Self::validate_wire) checks.
-    ///
-    /// # Errors
-    /// [`Error::InvalidEvent`] naming the offending field.
-    pub fn validate(&self) -> Result<(), Error> {
-        let fields = [
-            ("aggregate_type", self.aggregate_type.as_str()),
-            ("aggregate_id", self.aggregate_id.as_str()),
-            ("event_type", self.event_type.as_str()),
-        ];
-        for (field, value) in fields {
-            if value.is_empty() {
-                return Err(self.invalid(format!("{field} is empty")));
-            }
-            if value.contains('\0') {
-                return Err(self.invalid(format!("{field} contains a NUL character")));
-            }
-        }
-        if self.aggregate_id.len() > Self::MAX_AGGREGATE_ID_BYTES {
-            return Err(self.invalid(format!(
-                "aggregate_id is {} bytes long; at most {} are allowed",
-                self.aggregate_id.len(),
-                Self::MAX_AGGREGATE_ID_BYTES
-            )));
-        }
-        if let Some((key, _)) = self
-            .headers
-            .iter()
-            .find(|(k, v)| k.is_empty() || k.contains('\0') || v.contains('\0'))
-        {
-            return Err(self.invalid(format!(
-                "header {key:?} is empty or contains a NUL character"
-            )));
-        }
-        self.validate_wire()
-    }
-
-    /// The part of [`validate`](Self::validate) that AMQP imposes: the
-    /// aggregate type, event type, header names and correlation id fit an
-    /// AMQP short string ([`MAX_SHORT_BYTES`](Self::MAX_SHORT_BYTES)) and
-    /// the headers, encoded, fit [`MAX_HEADERS_BYTES`](Self::MAX_HEADERS_BYTES).
-    /// Publishers check it before sending an event, whoever stored it.
-    ///
-    /// # Errors
-    /// [`Error::InvalidEvent`] naming the offending field.
-    pub fn validate_wire(&self) -> Result<(), Error> {
-        for (field, value) in [
-            ("aggregate_type", self.aggregate_type.as_str()),
-            ("event_type", self.event_type.as_str()),
-        ] {
-            if value.len() > Self::MAX_SHORT_BYTES {
-                return Err(self.invalid(format!(
-                    "{field} is {} bytes long; at most {} are allowed",
-                    value.len(),
-                    Self::MAX_SHORT_BYTES
-                )));
-            }
-        }
-        let header_bytes = self.encoded_headers_bytes();
-        if header_bytes > Self::MAX_HEADERS_BYTES {
-            return Err(self.invalid(format!(
-                "the headers are {header_bytes} bytes long encoded ({} headers, {} bytes of \
-                 framing each); at most {} are allowed",
-                self.headers.len(),
-                Self::HEADER_ENTRY_OVERHEAD,
-                Self::MAX_HEADERS_BYTES
-            )));
-        }
-        if let Some((key, _)) = self
-            .headers
-            .iter()
-            .find(|(k, _)| k.len() > Self::MAX_SHORT_BYTES)
-        {
-            return Err(self.invalid(format!(
-                "header name {}… is {} bytes long; at most {} are allowed",
-                key.chars().take(20).collect::<String>(),
-                key.len(),
-                Self::MAX_SHORT_BYTES
-            )));
-        }
-        if let Some(correlation) = self.headers.get(Headers::CORRELATION_ID)
-            && correlation.len() > Self::MAX_SHORT_BYTES
-        {
-            return Err(self.invalid(format!(
-                "header {} is {} bytes long; at most {} are allowed",
-                Headers::CORRELATION_ID,
-                correlation.len(),
-                Self::MAX_SHORT_BYTES
-            )));
-        }
-        Ok(())
-    }
-
-    fn invalid(&self, reason: String) -> Error {
-        Error::InvalidEvent {
-            event_type: self.event_type.clone(),
-            reason,
-        }
     }
 
     /// Adds or replaces a header.
