@@ -10,7 +10,7 @@
 //!   declared, dead-letter exchange checked, subscription made);
 //! - `dispatch.rs`: deliveries decoded and handed to the worker of their
 //!   aggregate;
-//! - `worker.rs`: one delivery handled (inbox, handler, commit, ack);
+//! - `worker/`: one delivery handled (inbox, handler, commit, ack);
 //! - `handler.rs`, `builder.rs`: [`EventHandler`] and
 //!   [`InboxConsumerBuilder`];
 //! - `republish.rs`, `dead_letter.rs`: retries and dead letters republished

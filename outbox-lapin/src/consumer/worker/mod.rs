@@ -1,27 +1,37 @@
 //! One worker: takes deliveries in order and settles each — handled and
 //! acked, acked as a duplicate, republished for a retry, or dead-lettered.
+//!
+//! This file holds the worker's loop and one delivery's way through the
+//! inbox and the handler; the parts:
+//! - `retry.rs`: a failed delivery retried or dead-lettered (republished,
+//!   confirmed, recorded), then settled;
+//! - `ack.rs`: acks and nacks, bounded;
+//! - `headers.rs`: the origin headers of republished copies, and the
+//!   headers events recorded by the handler inherit.
+
+mod ack;
+mod headers;
+mod retry;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
-use lapin::BasicProperties;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicNackOptions};
-use lapin::types::AMQPValue;
+use lapin::options::BasicNackOptions;
 use outbox_core::{EventEnvelope, Headers, InboxDatabase, InboxOutcome, context};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
-use super::dead_letter::dead_letter;
 use super::republish::{Republisher, text, with_headers};
 use super::{
     ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError,
-    LAST_ERROR_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER,
-    Settings, metrics,
+    ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, Settings, metrics,
 };
-use crate::wire::{header_i64, header_str};
+use crate::wire::header_i64;
 use crate::{DecodeError, IncomingEvent};
+use ack::{ack, requeue};
+use headers::{inherited_headers, origin_headers, original_routing_key};
 use uuid::Uuid;
 
 /// A delivery on its way to a worker.
@@ -308,150 +318,6 @@ where
         Ok(InboxOutcome::FirstTime)
     }
 
-    /// Retry (after the delay) or dead-letter a failed delivery.
-    async fn failed(
-        &self,
-        delivery: &Delivery,
-        failure: &Attempt<'_>,
-        error: &HandlerError,
-        republisher: &Republisher,
-        stop: &mut watch::Receiver<bool>,
-    ) {
-        let Attempt {
-            event,
-            routing_key,
-            attempt,
-        } = *failure;
-        let settings = &self.settings;
-        let reason = error.to_string();
-        let max_attempts = i64::from(settings.max_attempts);
-        let mut headers = vec![(ATTEMPT_HEADER, AMQPValue::LongLongInt(attempt))];
-        headers.extend(origin_headers(delivery, routing_key));
-        if error.is_permanent() || attempt >= max_attempts {
-            tracing::warn!(
-                error = %reason,
-                max_attempts,
-                permanent = error.is_permanent(),
-                dead_letter_exchange = %settings.dead_letter_exchange,
-                "handler failed for the last time: dead-lettering the message"
-            );
-            headers.push((DEAD_REASON_HEADER, text(&reason)));
-            headers.push((QUEUE_HEADER, text(&settings.queue)));
-            headers.push((DEAD_LETTER_ID_HEADER, text(&Uuid::now_v7().to_string())));
-            let properties = with_headers(&delivery.properties, headers);
-            self.dead_letter(
-                delivery,
-                routing_key,
-                properties,
-                &reason,
-                Some(event),
-                attempt,
-                republisher,
-                stop,
-            )
-            .await;
-        } else {
-            tracing::warn!(
-                error = %reason,
-                max_attempts,
-                retry_in = ?settings.retry_delay,
-                "handler failed: rolled back, retrying"
-            );
-            self.pause(stop).await;
-            headers[0].1 = AMQPValue::LongLongInt(attempt + 1);
-            headers.push((LAST_ERROR_HEADER, text(&reason)));
-            let properties = with_headers(&delivery.properties, headers);
-            // The default exchange routes by queue name: straight back to
-            // this queue, whatever the original exchange and bindings.
-            let result = republisher
-                .publish("", &settings.queue, &delivery.data, properties)
-                .await
-                .map_err(|e| e.to_string());
-            self.settle(delivery, result, metrics::RETRIED_TOTAL, stop)
-                .await;
-        }
-    }
-
-    /// Republishes `delivery` with `properties` to the dead-letter exchange;
-    /// once the broker confirmed the copy, records the dead letter in the
-    /// database, then acks (a failed record is logged and acked anyway: the
-    /// broker's copy is the message, the record its index). Not confirmed:
-    /// requeued after the delay, nothing recorded.
-    #[allow(clippy::too_many_arguments)]
-    async fn dead_letter(
-        &self,
-        delivery: &Delivery,
-        routing_key: &str,
-        properties: BasicProperties,
-        reason: &str,
-        event: Option<&IncomingEvent>,
-        attempts: i64,
-        republisher: &Republisher,
-        stop: &mut watch::Receiver<bool>,
-    ) {
-        let settings = &self.settings;
-        let letter = dead_letter(
-            settings,
-            &properties,
-            &delivery.data,
-            routing_key,
-            reason,
-            event,
-            attempts,
-        );
-        let result = republisher
-            .publish(
-                &settings.dead_letter_exchange,
-                routing_key,
-                &delivery.data,
-                properties,
-            )
-            .await
-            .map_err(|e| e.to_string());
-        if result.is_ok() {
-            match tokio::time::timeout(RECORD_TIMEOUT, self.db.record_dead_letter(&letter)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => tracing::warn!(
-                    %error,
-                    "dead letter not recorded in the database (it is in the dead-letter queue; \
-                     `outbox dlq list` will not show it)"
-                ),
-                Err(_) => tracing::warn!(
-                    "recording the dead letter in the database took over {RECORD_TIMEOUT:?}: \
-                     given up (it is in the dead-letter queue; `outbox dlq list` may not show it)"
-                ),
-            }
-        }
-        self.settle(delivery, result, metrics::DEAD_LETTERED_TOTAL, stop)
-            .await;
-    }
-
-    /// Acks `delivery` when its copy was confirmed; otherwise waits the
-    /// retry delay and returns it to the queue, so it is never lost.
-    async fn settle(
-        &self,
-        delivery: &Delivery,
-        republished: Result<(), String>,
-        counter: &'static str,
-        stop: &mut watch::Receiver<bool>,
-    ) {
-        match republished {
-            Ok(()) => {
-                self.count(counter);
-                ack(delivery).await;
-            }
-            Err(error) => {
-                tracing::error!(
-                    %error,
-                    retry_in = ?self.settings.retry_delay,
-                    "republish not confirmed: the message goes back to the queue"
-                );
-                self.pause(stop).await;
-                requeue(delivery).await;
-            }
-        }
-    }
-
     /// Waits the retry delay, cut short by shutdown.
     async fn pause(&self, stop: &mut watch::Receiver<bool>) {
         if stopping(stop) {
@@ -476,116 +342,4 @@ struct Attempt<'a> {
     routing_key: &'a str,
     /// Which attempt failed (1-based).
     attempt: i64,
-}
-
-/// How long recording a dead letter may take before the worker acks
-/// without it.
-const RECORD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The routing key the message first arrived with, from its
-/// [`ORIGINAL_ROUTING_KEY_HEADER`], if that holds one: text of at most 255
-/// bytes (an AMQP short string). A longer one (the consumer only writes
-/// routing keys it received, so another publisher wrote it) could never be
-/// used to dead-letter the message: the message would go back to the queue
-/// forever.
-fn original_routing_key(headers: &lapin::types::FieldTable) -> Option<&str> {
-    header_str(headers, ORIGINAL_ROUTING_KEY_HEADER)
-        .filter(|key| key.len() <= EventEnvelope::MAX_SHORT_BYTES)
-}
-
-/// The origin headers to put on a republished copy of `delivery`: none if it
-/// carries a usable [`ORIGINAL_ROUTING_KEY_HEADER`] already (a retry), else
-/// `routing_key` and the delivery's exchange, replacing an unusable header.
-fn origin_headers(delivery: &Delivery, routing_key: &str) -> Vec<(&'static str, AMQPValue)> {
-    let usable = delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(original_routing_key)
-        .is_some();
-    if usable {
-        return Vec::new();
-    }
-    vec![
-        (ORIGINAL_ROUTING_KEY_HEADER, text(routing_key)),
-        (ORIGINAL_EXCHANGE_HEADER, text(delivery.exchange.as_str())),
-    ]
-}
-
-/// Headers the handler's recorded events inherit: causation = this event,
-/// plus its correlation id and trace context.
-fn inherited_headers(event: &IncomingEvent) -> Headers {
-    let mut headers = Headers::new().with(Headers::CAUSATION_ID, event.id.to_string());
-    for key in [
-        Headers::CORRELATION_ID,
-        Headers::TRACEPARENT,
-        Headers::TRACESTATE,
-    ] {
-        if let Some(value) = event.headers.get(key) {
-            if key == Headers::CORRELATION_ID && value.len() > EventEnvelope::MAX_SHORT_BYTES {
-                // Events recorded with it would be refused: carry none.
-                tracing::warn!(
-                    bytes = value.len(),
-                    "incoming correlation id longer than {} bytes: not carried over",
-                    EventEnvelope::MAX_SHORT_BYTES
-                );
-                continue;
-            }
-            headers.insert(key, value);
-        }
-    }
-    headers
-}
-
-/// Returns `delivery` to the queue (nack with requeue).
-async fn requeue(delivery: &Delivery) {
-    let requeue = BasicNackOptions {
-        requeue: true,
-        multiple: false,
-    };
-    let Ok(nacked) = tokio::time::timeout(SETTLE_TIMEOUT, delivery.acker.nack(requeue)).await
-    else {
-        tracing::warn!("nack did not complete: the broker requeues the message with its channel");
-        return;
-    };
-    match nacked {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(
-            "nack not sent: the channel is closed and the broker requeues the message"
-        ),
-        Err(error) => tracing::warn!(
-            %error,
-            "nack failed: the channel is closed and the broker requeues the message"
-        ),
-    }
-}
-
-/// How long an ack or nack may take. On a connection that is going away it
-/// may never complete; the broker then redelivers the message (to be
-/// recognised by the inbox), so the worker moves on instead of waiting.
-const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
-async fn ack(delivery: &Delivery) {
-    let Ok(acked) = tokio::time::timeout(
-        SETTLE_TIMEOUT,
-        delivery.acker.ack(BasicAckOptions::default()),
-    )
-    .await
-    else {
-        tracing::warn!(
-            "ack did not complete: the broker redelivers the message and the inbox recognises it"
-        );
-        return;
-    };
-    match acked {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(
-            "ack not sent (the channel is closed): the broker redelivers the message and the \
-             inbox recognises it"
-        ),
-        Err(error) => tracing::warn!(
-            %error,
-            "ack failed: the broker redelivers the message and the inbox recognises it"
-        ),
-    }
 }

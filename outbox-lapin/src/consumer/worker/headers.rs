@@ -1,0 +1,70 @@
+//! The headers a worker reads and writes: the routing key and exchange a
+//! message first arrived with (kept on every republished copy), and the
+//! headers events recorded by the handler inherit.
+
+use lapin::message::Delivery;
+use lapin::types::AMQPValue;
+use outbox_core::{EventEnvelope, Headers};
+
+use crate::IncomingEvent;
+use crate::consumer::republish::text;
+use crate::consumer::{ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER};
+use crate::wire::header_str;
+
+/// The routing key the message first arrived with, from its
+/// [`ORIGINAL_ROUTING_KEY_HEADER`], if that holds one: text of at most 255
+/// bytes (an AMQP short string). A longer one (the consumer only writes
+/// routing keys it received, so another publisher wrote it) could never be
+/// used to dead-letter the message: the message would go back to the queue
+/// forever.
+pub(super) fn original_routing_key(headers: &lapin::types::FieldTable) -> Option<&str> {
+    header_str(headers, ORIGINAL_ROUTING_KEY_HEADER)
+        .filter(|key| key.len() <= EventEnvelope::MAX_SHORT_BYTES)
+}
+
+/// The origin headers to put on a republished copy of `delivery`: none if it
+/// carries a usable [`ORIGINAL_ROUTING_KEY_HEADER`] already (a retry), else
+/// `routing_key` and the delivery's exchange, replacing an unusable header.
+pub(super) fn origin_headers(
+    delivery: &Delivery,
+    routing_key: &str,
+) -> Vec<(&'static str, AMQPValue)> {
+    let usable = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(original_routing_key)
+        .is_some();
+    if usable {
+        return Vec::new();
+    }
+    vec![
+        (ORIGINAL_ROUTING_KEY_HEADER, text(routing_key)),
+        (ORIGINAL_EXCHANGE_HEADER, text(delivery.exchange.as_str())),
+    ]
+}
+
+/// Headers the handler's recorded events inherit: causation = this event,
+/// plus its correlation id and trace context.
+pub(super) fn inherited_headers(event: &IncomingEvent) -> Headers {
+    let mut headers = Headers::new().with(Headers::CAUSATION_ID, event.id.to_string());
+    for key in [
+        Headers::CORRELATION_ID,
+        Headers::TRACEPARENT,
+        Headers::TRACESTATE,
+    ] {
+        if let Some(value) = event.headers.get(key) {
+            if key == Headers::CORRELATION_ID && value.len() > EventEnvelope::MAX_SHORT_BYTES {
+                // Events recorded with it would be refused: carry none.
+                tracing::warn!(
+                    bytes = value.len(),
+                    "incoming correlation id longer than {} bytes: not carried over",
+                    EventEnvelope::MAX_SHORT_BYTES
+                );
+                continue;
+            }
+            headers.insert(key, value);
+        }
+    }
+    headers
+}
