@@ -1,4 +1,7 @@
 //! [`InMemoryStore`]: an [`OutboxStore`] in a mutex.
+//!
+//! The claim ([`InMemoryClaim`], and how the store makes one) is in
+//! `memory/claim.rs`; the admin store in `memory/admin.rs`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -9,10 +12,11 @@ use uuid::Uuid;
 
 use crate::admin::{Attempt, AttemptOutcome, AuditRecord, RelayInfo};
 use crate::{
-    Claim, Claimed, DeadSelector, DeliveryOrder, DomainEvent, Error, EventEnvelope, EventStatus,
-    FailedAttempt, NextStep, OutboxRecord, OutboxStats, OutboxStore, RelayControl,
-    RelayRegistration, Transition,
+    Claimed, DeadSelector, DeliveryOrder, DomainEvent, Error, EventEnvelope, EventStatus,
+    OutboxRecord, OutboxStats, OutboxStore, RelayControl, RelayRegistration, Transition,
 };
+
+pub use claim::InMemoryClaim;
 
 /// Errors of the in-memory store.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +63,7 @@ impl State {
 }
 
 mod admin;
+mod claim;
 
 #[derive(Debug)]
 struct Row {
@@ -94,6 +99,8 @@ impl InMemoryStore {
     /// Gives every claim a [`Claim::valid_until`] `timeout` after it was
     /// taken (as a store whose claims lapse does; the in-memory claim
     /// itself never lapses). Default: no deadline.
+    ///
+    /// [`Claim::valid_until`]: crate::Claim::valid_until
     #[must_use]
     pub fn with_claim_timeout(mut self, timeout: Duration) -> Self {
         self.claim_timeout = Some(timeout);
@@ -186,62 +193,6 @@ impl InMemoryStore {
             return Err(StoreError::Injected);
         }
         Ok(())
-    }
-
-    fn is_due(record: &OutboxRecord, now: DateTime<Utc>) -> bool {
-        match record.status {
-            EventStatus::Pending => true,
-            EventStatus::Retry => record.next_attempt_at.is_none_or(|at| at <= now),
-            _ => false,
-        }
-    }
-
-    /// Claims up to `limit` events in `state` (locked by the caller).
-    fn claim_locked(&self, state: &mut State, limit: usize) -> Option<InMemoryClaim> {
-        state.next_claim += 1;
-        let claim_id = state.next_claim;
-        let now = Utc::now();
-        let mut blocked: HashSet<(String, String)> = HashSet::new();
-        let mut taken = Vec::new();
-        for row in state.rows.values_mut() {
-            if taken.len() >= limit {
-                break;
-            }
-            let record = &row.record;
-            if !record.status.blocks_aggregate() {
-                continue;
-            }
-            let ordered = self.order == DeliveryOrder::PerAggregate;
-            let key = || {
-                (
-                    record.envelope.aggregate_type.clone(),
-                    record.envelope.aggregate_id.clone(),
-                )
-            };
-            if ordered && blocked.contains(&key()) {
-                continue;
-            }
-            if row.claimed_by.is_some() || !Self::is_due(record, now) {
-                if ordered {
-                    blocked.insert(key());
-                }
-                continue;
-            }
-            row.claimed_by = Some(claim_id);
-            taken.push(row.record.clone());
-        }
-        if taken.is_empty() {
-            return None;
-        }
-        Some(InMemoryClaim {
-            state: Arc::clone(&self.state),
-            id: claim_id,
-            records: taken,
-            order: self.order,
-            valid_until: self
-                .claim_timeout
-                .and_then(|t| std::time::Instant::now().checked_add(t)),
-        })
     }
 }
 
@@ -383,145 +334,5 @@ impl OutboxStore for InMemoryStore {
             }
             None => Ok(false),
         }
-    }
-}
-
-/// A batch claimed from an [`InMemoryStore`]. Dropping it releases its events.
-#[derive(Debug)]
-pub struct InMemoryClaim {
-    state: Arc<Mutex<State>>,
-    id: u64,
-    records: Vec<OutboxRecord>,
-    order: DeliveryOrder,
-    valid_until: Option<std::time::Instant>,
-}
-
-impl InMemoryClaim {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Applies `f` to the rows of `ids`, all or nothing: every id must be held
-    /// by this claim and every transition legal.
-    fn update(
-        &self,
-        ids: impl Iterator<Item = Uuid> + Clone,
-        f: impl Fn(&mut OutboxRecord, usize) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        let mut state = self.lock();
-        InMemoryStore::injected(&mut state)?;
-        let wanted: Vec<Uuid> = ids.collect();
-        let mut rows: Vec<(usize, &mut Row)> = Vec::with_capacity(wanted.len());
-        for row in state.rows.values_mut() {
-            if let Some(pos) = wanted.iter().position(|id| *id == row.record.id()) {
-                rows.push((pos, row));
-            }
-        }
-        if let Some(missing) = wanted.iter().find(|id| {
-            !rows
-                .iter()
-                .any(|(_, r)| r.record.id() == **id && r.claimed_by == Some(self.id))
-        }) {
-            return Err(StoreError::NotClaimed(*missing));
-        }
-        // Validate every transition before changing anything.
-        let mut updated = Vec::with_capacity(rows.len());
-        for (pos, row) in &rows {
-            let mut record = row.record.clone();
-            f(&mut record, *pos)?;
-            updated.push(record);
-        }
-        for ((_, row), record) in rows.into_iter().zip(updated) {
-            row.record = record;
-        }
-        Ok(())
-    }
-
-    fn release(&self) {
-        for row in self.lock().rows.values_mut() {
-            if row.claimed_by == Some(self.id) {
-                row.claimed_by = None;
-            }
-        }
-    }
-}
-
-impl Claim for InMemoryClaim {
-    type Error = StoreError;
-
-    fn records(&self) -> &[OutboxRecord] {
-        &self.records
-    }
-
-    fn delivery_order(&self) -> DeliveryOrder {
-        self.order
-    }
-
-    fn valid_until(&self) -> Option<std::time::Instant> {
-        self.valid_until
-    }
-
-    async fn mark_sent(&mut self, ids: &[Uuid]) -> Result<(), StoreError> {
-        let now = Utc::now();
-        self.update(ids.iter().copied(), |record, _| {
-            record.status = record.status.apply(Transition::Publish)?;
-            record.published_at = Some(now);
-            Ok(())
-        })
-    }
-
-    async fn mark_suspect(&mut self, ids: &[Uuid], reason: &str) -> Result<(), StoreError> {
-        self.update(ids.iter().copied(), |record, _| {
-            record.suspect_count = record.suspect_count.saturating_add(1);
-            record.last_error = Some(reason.to_owned());
-            Ok(())
-        })?;
-        let mut state = self.lock();
-        for id in ids {
-            if let Some(seq) = state.seq_of(*id) {
-                state.record_attempt(seq, AttemptOutcome::Suspect, reason);
-            }
-        }
-        Ok(())
-    }
-
-    async fn mark_failed(&mut self, failures: &[FailedAttempt]) -> Result<(), StoreError> {
-        self.update(failures.iter().map(|f| f.id), |record, pos| {
-            let failure = &failures[pos];
-            let (transition, next_at) = match failure.next {
-                NextStep::RetryAt(at) => (Transition::Retry, Some(at)),
-                NextStep::Dead => (Transition::Kill, None),
-            };
-            record.status = record.status.apply(transition)?;
-            record.attempts = failure.attempts;
-            record.next_attempt_at = next_at;
-            record.last_error = Some(failure.error.clone());
-            record.unroutable_since = failure.unroutable_since;
-            Ok(())
-        })?;
-        let mut state = self.lock();
-        for failure in failures {
-            let outcome = match failure.next {
-                NextStep::RetryAt(_) => AttemptOutcome::Retry,
-                NextStep::Dead => AttemptOutcome::Dead,
-            };
-            if let Some(seq) = state.seq_of(failure.id) {
-                state.record_attempt(seq, outcome, &failure.error);
-            }
-        }
-        Ok(())
-    }
-
-    async fn finish(self) -> Result<(), StoreError> {
-        // Drop releases every event this claim still holds.
-        Ok(())
-    }
-}
-
-impl Drop for InMemoryClaim {
-    fn drop(&mut self) {
-        self.release();
     }
 }
