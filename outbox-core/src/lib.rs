@@ -76,13 +76,13 @@ mod store;
 #[cfg(feature = "test-util")]
 pub mod testing;
 
+pub use backoff::Backoff;
 pub use envelope::{EventEnvelope, Headers, OutboxRecord};
 pub use error::{Error, Result};
 pub use event::DomainEvent;
 pub use publisher::{PublishOutcome, Publisher};
 pub use redact::redact_url;
 pub use relay::{Relay, RelayBuilder, RelayHandle, UnroutablePolicy};
-pub use backoff::Backoff;
 pub use retry::{NextStep, RetryPolicy};
 pub use status::{EventStatus, Transition};
 pub use store::{
