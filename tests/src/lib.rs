@@ -43,12 +43,23 @@
 //! # }
 //! ```
 
-pub mod pki;
 pub mod proxy;
 pub mod relay_process;
 mod scenario;
-pub mod servers;
 mod traffic;
+
+/// The private servers and certificates, from the workspace's test kit
+/// ([`outbox_testkit::pki`]).
+pub use outbox_testkit::pki;
+
+/// The servers: the shared ones' URLs and the private instances, from the
+/// workspace's test kit ([`outbox_testkit::servers`], [`outbox_testkit::urls`]).
+pub mod servers {
+    pub use outbox_testkit::amqp::close_connections as close_shared_connections;
+    pub use outbox_testkit::net::free_port;
+    pub use outbox_testkit::servers::*;
+    pub use outbox_testkit::urls::{amqp_url, database_url};
+}
 
 pub use pki::TestPki;
 pub use proxy::KillingProxy;
