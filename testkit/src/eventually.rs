@@ -10,18 +10,25 @@
 //! let mut polls = 0;
 //! eventually("the third poll")
 //!     .within(Duration::from_secs(1))
-//!     .until(async || {
+//!     .until(|| {
 //!         polls += 1;
-//!         polls == 3
+//!         std::future::ready(polls == 3)
 //!     })
 //!     .await;
 //! let seen = eventually("a count of 2")
-//!     .equals(2, async || 2)
+//!     .equals(2, || async { 2 })
 //!     .await;
 //! assert_eq!(seen, 2);
 //! within(Duration::from_secs(1), "a ready future", async {}).await;
 //! # }
 //! ```
+//!
+//! A probe is a closure returning a future (`|| async { ... }`), so the
+//! wait is `Send` whenever the probe's future is, also inside a spawned
+//! task or a transaction's closure. A probe that needs a `&mut` of the
+//! test (a connection) either does its work before returning a ready
+//! future (`|| std::future::ready(count_sync(&mut conn, sql))`) or locks
+//! it inside the future.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -71,8 +78,16 @@ impl Eventually {
     ///
     /// # Panics
     /// When it has not within the limit: `not within {limit}: {what}`.
-    pub async fn until(self, mut probe: impl AsyncFnMut() -> bool) {
-        self.some(async || probe().await.then_some(())).await
+    pub async fn until<F, Fut>(self, mut probe: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        self.some(|| {
+            let done = probe();
+            async move { done.await.then_some(()) }
+        })
+        .await
     }
 
     /// Polls `probe` until it returns `expected`; returns that value.
@@ -80,11 +95,12 @@ impl Eventually {
     /// # Panics
     /// When it has not within the limit, with the last value seen:
     /// `{what}: still {got:?} after {limit:?}, expected {expected:?}`.
-    pub async fn equals<T: PartialEq + Debug>(
-        self,
-        expected: T,
-        mut probe: impl AsyncFnMut() -> T,
-    ) -> T {
+    pub async fn equals<T, F, Fut>(self, expected: T, mut probe: F) -> T
+    where
+        T: PartialEq + Debug,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = T>,
+    {
         let deadline = Instant::now() + self.limit;
         loop {
             let got = probe().await;
@@ -105,7 +121,11 @@ impl Eventually {
     ///
     /// # Panics
     /// When it has not within the limit: `not within {limit}: {what}`.
-    pub async fn some<T>(self, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    pub async fn some<T, F, Fut>(self, mut probe: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
         let deadline = Instant::now() + self.limit;
         loop {
             if let Some(value) = probe().await {
@@ -142,9 +162,9 @@ mod tests {
         let mut calls = 0;
         eventually("three calls")
             .every(Duration::from_millis(1))
-            .until(async || {
+            .until(|| {
                 calls += 1;
-                calls >= 3
+                std::future::ready(calls >= 3)
             })
             .await;
         assert_eq!(calls, 3);
@@ -155,9 +175,9 @@ mod tests {
         let mut n = 0;
         let got = eventually("n reaches 4")
             .every(Duration::from_millis(1))
-            .equals(4, async || {
+            .equals(4, || {
                 n += 1;
-                n
+                std::future::ready(n)
             })
             .await;
         assert_eq!(got, 4);
@@ -168,9 +188,9 @@ mod tests {
         let mut n = 0;
         let got = eventually("a value")
             .every(Duration::from_millis(1))
-            .some(async || {
+            .some(|| {
                 n += 1;
-                (n == 2).then(|| format!("found at {n}"))
+                std::future::ready((n == 2).then(|| format!("found at {n}")))
             })
             .await;
         assert_eq!(got, "found at 2");
@@ -182,7 +202,7 @@ mod tests {
         eventually("the count")
             .within(Duration::from_millis(50))
             .every(Duration::from_millis(5))
-            .equals(2, async || 1)
+            .equals(2, || async { 1 })
             .await;
     }
 
@@ -192,8 +212,23 @@ mod tests {
         eventually("never")
             .within(Duration::from_millis(30))
             .every(Duration::from_millis(5))
-            .until(async || false)
+            .until(|| async { false })
             .await;
+    }
+
+    #[tokio::test]
+    async fn a_wait_is_send_inside_a_spawned_task() {
+        let shared = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = std::sync::Arc::clone(&shared);
+        tokio::spawn(async move {
+            eventually("the counter reaches 3")
+                .every(Duration::from_millis(1))
+                .until(|| async { counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 2 })
+                .await;
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(shared.load(std::sync::atomic::Ordering::Relaxed), 3);
     }
 
     #[tokio::test]

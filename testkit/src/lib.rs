@@ -24,7 +24,7 @@
 //!     .await;
 //! eventually("the message is in the queue")
 //!     .within(Duration::from_secs(5))
-//!     .equals(1, async || broker.ready(&queue).await)
+//!     .equals(1, || broker.ready(&queue))
 //!     .await;
 //! # }
 //! ```
