@@ -60,17 +60,14 @@ pub struct TestBroker {
     name: String,
     connection: Connection,
     channel: Channel,
-    queues: Mutex<Vec<String>>,
-    exchanges: Mutex<Vec<String>>,
+    cleanup: BrokerCleanup,
 }
 
 impl std::fmt::Debug for TestBroker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestBroker")
-            .field("url", &urls::redact(&self.url))
             .field("name", &self.name)
-            .field("queues", &self.queues)
-            .field("exchanges", &self.exchanges)
+            .field("cleanup", &self.cleanup)
             .finish_non_exhaustive()
     }
 }
@@ -103,12 +100,11 @@ impl TestBroker {
             .await
             .unwrap_or_else(|e| panic!("{name}: confirm mode: {e}"));
         TestBroker {
+            cleanup: BrokerCleanup::new(url, &name),
             url: url.to_owned(),
             name,
             connection,
             channel,
-            queues: Mutex::default(),
-            exchanges: Mutex::default(),
         }
     }
 
@@ -139,16 +135,12 @@ impl TestBroker {
 
     /// Deletes queue `name` on drop, as if declared through the guard.
     pub fn delete_queue_on_drop(&self, name: impl Into<String>) {
-        if let Ok(mut queues) = self.queues.lock() {
-            queues.push(name.into());
-        }
+        self.cleanup.queue(name);
     }
 
     /// Deletes exchange `name` on drop, as if declared through the guard.
     pub fn delete_exchange_on_drop(&self, name: impl Into<String>) {
-        if let Ok(mut exchanges) = self.exchanges.lock() {
-            exchanges.push(name.into());
-        }
+        self.cleanup.exchange(name);
     }
 
     /// Declares a durable topic exchange `name` (deleted on drop); returns
@@ -328,23 +320,73 @@ async fn get_all(channel: &Channel, queue: &str, no_ack: bool) -> Vec<BasicGetMe
     messages
 }
 
-impl Drop for TestBroker {
+/// The exchanges and queues of one test, deleted when it is dropped (also
+/// when the test panics), with a connection opened only then: for code
+/// that declares them over connections of its own, which a test may break
+/// (a broker restarted, a node frozen). [`TestBroker`] holds one.
+pub struct BrokerCleanup {
+    url: String,
+    name: String,
+    queues: Mutex<Vec<String>>,
+    exchanges: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for BrokerCleanup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerCleanup")
+            .field("url", &urls::redact(&self.url))
+            .field("name", &self.name)
+            .field("queues", &self.queues)
+            .field("exchanges", &self.exchanges)
+            .finish()
+    }
+}
+
+impl BrokerCleanup {
+    /// Nothing to delete yet on the broker at `url`; `name` names the
+    /// teardown's connection (`<name>.teardown`) and its messages.
+    pub fn new(url: &str, name: &str) -> BrokerCleanup {
+        BrokerCleanup {
+            url: url.to_owned(),
+            name: name.to_owned(),
+            queues: Mutex::default(),
+            exchanges: Mutex::default(),
+        }
+    }
+
+    /// Deletes queue `name` on drop.
+    pub fn queue(&self, name: impl Into<String>) {
+        if let Ok(mut queues) = self.queues.lock() {
+            queues.push(name.into());
+        }
+    }
+
+    /// Deletes exchange `name` on drop.
+    pub fn exchange(&self, name: impl Into<String>) {
+        if let Ok(mut exchanges) = self.exchanges.lock() {
+            exchanges.push(name.into());
+        }
+    }
+}
+
+impl Drop for BrokerCleanup {
     fn drop(&mut self) {
-        let url = self.url.clone();
         let queues = self.queues.lock().map(|q| q.clone()).unwrap_or_default();
         let exchanges = self.exchanges.lock().map(|e| e.clone()).unwrap_or_default();
+        if queues.is_empty() && exchanges.is_empty() {
+            return;
+        }
+        let url = self.url.clone();
         let name = self.name.clone();
-        // A connection of its own: the guard's may be the one the test
-        // broke (closed by the broker, or its runtime is gone).
+        // A connection of its own: the test's may be the one it broke
+        // (closed by the broker, or its runtime is gone).
         teardown::run(&format!("broker objects of {name}"), async move {
-            let Ok(connection) = Connection::connect(
-                &url,
-                ConnectionProperties::default()
-                    .with_connection_name(format!("{name}.teardown").into()),
-            )
-            .await
-            else {
-                teardown::warn(&format!("{name}: broker unreachable, queues left behind"));
+            let properties = ConnectionProperties::default()
+                .with_connection_name(format!("{name}.teardown").into());
+            let Ok(connection) = Connection::connect(&url, properties).await else {
+                teardown::warn(&format!(
+                    "{name}: broker unreachable, {queues:?} and {exchanges:?} left behind"
+                ));
                 return;
             };
             if let Ok(channel) = connection.create_channel().await {

@@ -17,7 +17,7 @@
 //! let queue = broker.queue(&broker.named("q")).await;
 //! broker.bind(&queue, &exchange, "order.*").await;
 //!
-//! schema.execute("CREATE TABLE {schema}.orders (id int)").await;
+//! schema.run("CREATE TABLE {schema}.orders (id int)").await;
 //! // ... run the code under test against `schema.name()` and `exchange` ...
 //! broker
 //!     .publish(&exchange, "order.placed", b"{}", Default::default())
@@ -74,13 +74,16 @@
 //! `outbox-tests`, built on the kit.
 //!
 //! The benchmark (`outbox-bench`, a binary that is never published) uses
-//! the kit as a normal dependency, which `publish = false` allows: its
-//! schema, exchange and queue get the same unique names and the same
-//! teardown, also when a run fails half-way.
+//! the kit as a normal dependency, which `publish = false` allows: the
+//! URLs, the run's unique name, and its exchange and queue, deleted also
+//! when a run fails half-way. It creates and drops its schema through the
+//! library, not with [`pg::TestSchema`]: the bench may run against a
+//! TLS-only PostgreSQL (its `postgres-tls` feature), and the kit speaks
+//! plaintext.
 //!
 //! The kit speaks plaintext to PostgreSQL (diesel-async's own connection):
 //! the TLS tests connect through the library and use [`servers`] and
-//! [`pki`] for a TLS-only server.
+//! [`pki`] for a TLS-only server of their own.
 
 pub mod amqp;
 pub mod eventually;

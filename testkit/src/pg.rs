@@ -103,7 +103,7 @@ pub fn count_sync(conn: &mut diesel::PgConnection, sql: &str) -> i64 {
 /// use outbox_testkit::pg::TestSchema;
 ///
 /// let schema = TestSchema::new("t", "orders_are_kept").await;
-/// schema.execute(&schema.sql("CREATE TABLE {schema}.orders (id int)")).await;
+/// schema.run(&schema.sql("CREATE TABLE {schema}.orders (id int)")).await;
 /// assert_eq!(schema.count("SELECT count(*) AS n FROM {schema}.orders").await, 0);
 /// # }
 /// ```
@@ -201,7 +201,7 @@ impl TestSchema {
     }
 
     /// Runs `sql` (after [`sql`](Self::sql)); panics with the error.
-    pub async fn execute(&self, sql: &str) {
+    pub async fn run(&self, sql: &str) {
         let sql = self.sql(sql);
         self.conn()
             .await

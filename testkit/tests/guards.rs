@@ -117,12 +117,8 @@ fn panicking_test(
 /// declared elsewhere and adopted; then a panic with all of them alive.
 async fn make_everything_then_panic(made: std::sync::Arc<std::sync::Mutex<Made>>) {
     let schema = TestSchema::new("t_kit", "panics").await;
-    schema
-        .execute("CREATE TABLE {schema}.claims (id int)")
-        .await;
-    schema
-        .execute("INSERT INTO {schema}.claims VALUES (1)")
-        .await;
+    schema.run("CREATE TABLE {schema}.claims (id int)").await;
+    schema.run("INSERT INTO {schema}.claims VALUES (1)").await;
     let database = TestDatabase::create(&database_url(), unique("t_kit_db", "panics")).await;
     let broker = TestBroker::new(unique("test_kit", "panics")).await;
     let exchange = broker.topic_exchange(&broker.named("x")).await;
@@ -244,7 +240,7 @@ async fn a_reserved_schema_created_by_the_test_is_dropped_too() {
             !schema_exists(schema.name()).await,
             "reserve creates nothing"
         );
-        schema.execute("CREATE SCHEMA {schema}").await;
+        schema.run("CREATE SCHEMA {schema}").await;
         assert!(schema_exists(schema.name()).await);
         schema.name().to_owned()
     };
@@ -255,7 +251,7 @@ async fn a_reserved_schema_created_by_the_test_is_dropped_too() {
 async fn the_schema_guard_counts_and_publishes_through_the_broker_guard() {
     let schema = TestSchema::new("t_kit", "helpers").await;
     schema
-        .execute("CREATE TABLE {schema}.t (n int); INSERT INTO {schema}.t VALUES (1), (2)")
+        .run("CREATE TABLE {schema}.t (n int); INSERT INTO {schema}.t VALUES (1), (2)")
         .await;
     assert_eq!(
         schema.count("SELECT count(*) AS n FROM {schema}.t").await,

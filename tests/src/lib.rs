@@ -19,6 +19,11 @@
 //!   consumer, whose effects must happen exactly once);
 //! - [`TestPki`]: a throwaway CA and server certificate, for
 //!   [`PrivatePostgres::start_tls`];
+//! - [`example_binary`]: the example service, built once per run.
+//!
+//! The servers' URLs, unique names, schema and broker guards, the private
+//! servers and certificates come from the workspace's test kit,
+//! `outbox-testkit`; this crate keeps what needs the library's types.
 //! - [`KillingProxy`]: a TCP proxy in front of RabbitMQ that cuts a
 //!   connection when the client sends a marker (a message that kills the
 //!   connection it is sent on).
@@ -43,6 +48,7 @@
 //! # }
 //! ```
 
+mod example;
 pub mod proxy;
 pub mod relay_process;
 mod scenario;
@@ -61,11 +67,12 @@ pub mod servers {
     pub use outbox_testkit::urls::{amqp_url, database_url};
 }
 
-pub use pki::TestPki;
+pub use example::example_binary;
+pub use outbox_testkit::pki::TestPki;
+pub use outbox_testkit::servers::{Frozen, PrivatePostgres, PrivateRabbit};
 pub use proxy::KillingProxy;
 pub use relay_process::RelayProcess;
 pub use scenario::{Committed, Scenario, Servers, Summary, connect_amqp, connect_db};
-pub use servers::{Frozen, PrivatePostgres, PrivateRabbit};
 pub use traffic::{
     Delivery, HandlerFaults, Inbox, Late, Produced, ProducerConfig, Producers, Tap, Tick,
     commit_burst,

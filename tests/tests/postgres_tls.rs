@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use diesel::sql_types::{BigInt, Bool};
+use diesel::sql_types::Bool;
 use diesel_async::{AsyncConnection as _, AsyncPgConnection, RunQueryDsl as _};
 use outbox::postgres::{Error, Outbox, PgOutboxStore};
 use outbox::testing::RecordingPublisher;
@@ -218,7 +218,7 @@ async fn pool_migrations_and_listen_use_tls() {
         .every(Duration::from_millis(20))
         .equals(1, || async {
             pg::count(
-                &mut monitor.lock().await,
+                &mut *monitor.lock().await,
                 "SELECT count(*) AS n FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
                  WHERE a.state = 'idle' AND a.query LIKE 'LISTEN %' AND s.ssl",
             )
