@@ -10,23 +10,13 @@ mod common;
 use std::time::Duration;
 
 use common::TestDb;
-use diesel::QueryableByName;
 use diesel::sql_types::Integer;
 use diesel_async::{AsyncConnection as _, AsyncPgConnection, RunQueryDsl};
 use outbox_diesel::{Error, PgTransaction};
 use outbox_testkit::eventually::eventually;
 
 async fn pid(conn: &mut AsyncPgConnection) -> i32 {
-    #[derive(QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = Integer)]
-        pid: i32,
-    }
-    diesel::sql_query("SELECT pg_backend_pid() AS pid")
-        .get_result::<Pid>(conn)
-        .await
-        .unwrap()
-        .pid
+    outbox_testkit::pg::backend_pid(conn).await
 }
 
 /// A fresh test table `t` in the test's schema.

@@ -32,7 +32,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use common::{Broker, WAIT, amqp_url};
+use common::{Broker, Running, WAIT, amqp_url};
 use outbox_testkit::amqp::{close_connection, connect, connection_pid};
 
 /// This test's broker objects: an exchange and a queue bound with `order.*`
@@ -113,31 +113,6 @@ impl Calls {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    }
-}
-
-/// A running consumer and the switch that stops it.
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<outbox_lapin::Result<()>>,
-}
-
-impl Running {
-    fn start<H: EventHandler<InboxTx>>(consumer: InboxConsumer<InMemoryInbox, H>) -> Running {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(consumer.run(async {
-            let _ = stopped.await;
-        }));
-        Running { stop, task }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("the consumer stops")
-            .unwrap()
-            .expect("run returns Ok after shutdown");
     }
 }
 

@@ -26,11 +26,9 @@ use outbox_lapin::{
     REPLAYED_REASON_HEADER, handler_fn,
 };
 use serde::Serialize;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use common::{Broker, WAIT, amqp_url};
+use common::{Broker, Running, WAIT, amqp_url};
 
 /// This test's broker objects: an exchange and a queue bound with
 /// `order.*`, with its dead-letter exchange and queue.
@@ -82,59 +80,39 @@ impl Handled {
 
 /// A running consumer whose handler fails (not permanently) while `failing`
 /// is set, and counts successes otherwise.
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<outbox_lapin::Result<()>>,
-}
-
-impl Running {
-    fn start(
-        broker: &Broker,
-        inbox: &InMemoryInbox,
-        failing: &Arc<AtomicBool>,
-        handled: &Handled,
-    ) -> Running {
-        let failing = failing.clone();
+fn start_failing(
+    broker: &Broker,
+    inbox: &InMemoryInbox,
+    failing: &Arc<AtomicBool>,
+    handled: &Handled,
+) -> Running {
+    let failing = failing.clone();
+    let handled = handled.clone();
+    let handler = handler_fn(move |_tx: &mut InboxTx, event: &IncomingEvent| {
+        let failing = failing.load(Ordering::SeqCst);
         let handled = handled.clone();
-        let handler = handler_fn(move |_tx: &mut InboxTx, event: &IncomingEvent| {
-            let failing = failing.load(Ordering::SeqCst);
-            let handled = handled.clone();
-            let id = event.id;
-            Box::pin(async move {
-                if failing {
-                    return Err(HandlerError::new(format!("stock for {id} not found")));
-                }
-                *handled.0.lock().unwrap().entry(id).or_default() += 1;
-                Ok(())
-            })
-        });
-        let consumer = InboxConsumer::builder(
-            amqp_url(),
-            broker.queue(),
-            broker.consumer_name(),
-            inbox.clone(),
-            handler,
-        )
-        .declare(broker.topology.clone())
-        .max_attempts(2)
-        .retry_delay(Duration::from_millis(20))
-        .build()
-        .unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(consumer.run(async {
-            let _ = stopped.await;
-        }));
-        Running { stop, task }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("the consumer stops")
-            .unwrap()
-            .expect("run returns Ok after shutdown");
-    }
+        let id = event.id;
+        Box::pin(async move {
+            if failing {
+                return Err(HandlerError::new(format!("stock for {id} not found")));
+            }
+            *handled.0.lock().unwrap().entry(id).or_default() += 1;
+            Ok(())
+        })
+    });
+    let consumer = InboxConsumer::builder(
+        amqp_url(),
+        broker.queue(),
+        broker.consumer_name(),
+        inbox.clone(),
+        handler,
+    )
+    .declare(broker.topology.clone())
+    .max_attempts(2)
+    .retry_delay(Duration::from_millis(20))
+    .build()
+    .unwrap();
+    Running::start(consumer)
 }
 
 /// Publishes `n` events that the consumer dead-letters (two failed
@@ -142,7 +120,7 @@ impl Running {
 /// queue, and stops the consumer. Returns their ids in publish order.
 async fn dead_letter(broker: &Broker, inbox: &InMemoryInbox, n: usize) -> Vec<Uuid> {
     let failing = Arc::new(AtomicBool::new(true));
-    let running = Running::start(broker, inbox, &failing, &Handled::default());
+    let running = start_failing(broker, inbox, &failing, &Handled::default());
     let mut ids = Vec::new();
     for i in 0..n {
         let event = placed(&format!("o-{i}"));
@@ -258,7 +236,7 @@ async fn dead_letters_are_recorded_and_a_replay_brings_each_back_once() {
 
     // The handler now succeeds: each event processed exactly once.
     let handled = Handled::default();
-    let running = Running::start(&broker, &inbox, &Arc::new(AtomicBool::new(false)), &handled);
+    let running = start_failing(&broker, &inbox, &Arc::new(AtomicBool::new(false)), &handled);
     handled.wait_for_all(&ids).await;
     broker.wait_ready(broker.queue(), 0).await;
     running.stop().await;
@@ -317,7 +295,7 @@ async fn a_replay_killed_between_confirm_and_ack_loses_nothing() {
 
     // The duplicate is dropped by the inbox: each processed once.
     let handled = Handled::default();
-    let running = Running::start(&broker, &inbox, &Arc::new(AtomicBool::new(false)), &handled);
+    let running = start_failing(&broker, &inbox, &Arc::new(AtomicBool::new(false)), &handled);
     handled.wait_for_all(&ids).await;
     broker.wait_ready(broker.queue(), 0).await;
     running.stop().await;

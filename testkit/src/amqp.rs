@@ -168,10 +168,7 @@ impl TestBroker {
         options: ExchangeDeclareOptions,
     ) -> String {
         self.delete_exchange_on_drop(name);
-        self.channel
-            .exchange_declare(name.into(), kind, options, FieldTable::default())
-            .await
-            .unwrap_or_else(|e| panic!("declaring exchange {name}: {e}"));
+        declare_exchange(&self.channel, name, kind, options).await;
         name.to_owned()
     }
 
@@ -199,10 +196,7 @@ impl TestBroker {
         arguments: FieldTable,
     ) -> String {
         self.delete_queue_on_drop(name);
-        self.channel
-            .queue_declare(name.into(), options, arguments)
-            .await
-            .unwrap_or_else(|e| panic!("declaring queue {name}: {e}"));
+        declare_queue(&self.channel, name, options, arguments).await;
         name.to_owned()
     }
 
@@ -211,16 +205,7 @@ impl TestBroker {
     /// # Panics
     /// When the broker refuses.
     pub async fn bind(&self, queue: &str, exchange: &str, routing_key: &str) {
-        self.channel
-            .queue_bind(
-                queue.into(),
-                exchange.into(),
-                routing_key.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("binding {queue} to {exchange} with {routing_key}: {e}"));
+        bind(&self.channel, queue, exchange, routing_key).await;
     }
 
     /// Messages ready in `queue` (a passive declare).
@@ -286,6 +271,57 @@ impl TestBroker {
             .unwrap_or_else(|e| panic!("closing the channel that peeked at {queue}: {e}"));
         messages
     }
+}
+
+/// Declares exchange `name` on `channel` as told (not deleted on drop: see
+/// [`TestBroker::exchange`]).
+///
+/// # Panics
+/// When the broker refuses.
+pub async fn declare_exchange(
+    channel: &Channel,
+    name: &str,
+    kind: ExchangeKind,
+    options: ExchangeDeclareOptions,
+) {
+    channel
+        .exchange_declare(name.into(), kind, options, FieldTable::default())
+        .await
+        .unwrap_or_else(|e| panic!("declaring exchange {name}: {e}"));
+}
+
+/// Declares queue `name` on `channel` as told (not deleted on drop: see
+/// [`TestBroker::queue_with`]).
+///
+/// # Panics
+/// When the broker refuses.
+pub async fn declare_queue(
+    channel: &Channel,
+    name: &str,
+    options: QueueDeclareOptions,
+    arguments: FieldTable,
+) {
+    channel
+        .queue_declare(name.into(), options, arguments)
+        .await
+        .unwrap_or_else(|e| panic!("declaring queue {name}: {e}"));
+}
+
+/// Binds `queue` to `exchange` with `routing_key`, on `channel`.
+///
+/// # Panics
+/// When the broker refuses.
+pub async fn bind(channel: &Channel, queue: &str, exchange: &str, routing_key: &str) {
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            routing_key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("binding {queue} to {exchange} with {routing_key}: {e}"));
 }
 
 /// Messages ready in `queue` (a passive declare on `channel`).

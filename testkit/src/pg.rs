@@ -69,6 +69,25 @@ struct Count {
     n: i64,
 }
 
+#[derive(QueryableByName)]
+struct Pid {
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    pid: i32,
+}
+
+/// The server process id of `conn`'s session (`pg_backend_pid()`), to find
+/// it in `pg_stat_activity` or `pg_locks`.
+///
+/// # Panics
+/// When the query fails.
+pub async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
+    diesel::sql_query("SELECT pg_backend_pid() AS pid")
+        .get_result::<Pid>(conn)
+        .await
+        .unwrap_or_else(|e| panic!("pg_backend_pid(): {e}"))
+        .pid
+}
+
 /// The `n` column of the first row of `sql` (`SELECT count(*) AS n ...`).
 ///
 /// # Panics

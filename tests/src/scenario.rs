@@ -17,11 +17,11 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Integer, Text};
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ExchangeKind};
 use outbox::rabbitmq::QueueTopology;
-use outbox_testkit::amqp::BrokerCleanup;
+use outbox_testkit::amqp::{self, BrokerCleanup};
 use outbox_testkit::names;
 use outbox_testkit::pg::TestSchema;
 use uuid::Uuid;
@@ -185,31 +185,28 @@ impl Scenario {
             .create_channel()
             .await
             .unwrap_or_else(|e| panic!("channel: {e}"));
-        channel
-            .exchange_declare(
-                self.exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("exchange: {e}"));
-        channel
-            .queue_declare(
-                self.tap_queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("tap queue: {e}"));
+        amqp::declare_exchange(
+            &channel,
+            &self.exchange,
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+        )
+        .await;
+        amqp::declare_queue(
+            &channel,
+            &self.tap_queue,
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
         for binding in &self.bindings {
-            bind(&channel, &self.tap_queue, &self.exchange, binding).await;
+            amqp::bind(&channel, &self.tap_queue, &self.exchange, binding).await;
         }
         self.inbox_topology()
             .declare(&channel)
@@ -227,7 +224,7 @@ impl Scenario {
             .await
             .unwrap_or_else(|e| panic!("channel: {e}"));
         for queue in [&self.tap_queue, &self.inbox_queue] {
-            bind(&channel, queue, &self.exchange, routing_key).await;
+            amqp::bind(&channel, queue, &self.exchange, routing_key).await;
         }
         let _ = amqp.close(200, "binding done".into()).await;
     }
@@ -583,20 +580,6 @@ impl std::fmt::Display for Summary {
             self.drain_after_last_fault.as_secs_f64()
         )
     }
-}
-
-/// Binds `queue` to `exchange` with `routing_key`.
-async fn bind(channel: &lapin::Channel, queue: &str, exchange: &str, routing_key: &str) {
-    channel
-        .queue_bind(
-            queue.into(),
-            exchange.into(),
-            routing_key.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("binding {queue} to {exchange} with {routing_key}: {e}"));
 }
 
 /// A direct connection, or a panic saying how to start PostgreSQL.

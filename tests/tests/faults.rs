@@ -62,18 +62,7 @@ impl Rng {
     }
 }
 
-/// Logs of the library parts running in the test process (inbox consumer,
-/// producers) go to the test's captured output: shown when it fails.
-fn logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("warn,lapin::returned_messages=error")
-            }),
-        )
-        .with_test_writer()
-        .try_init();
-}
+use outbox_tests::test_logs as logs;
 
 /// Starts a relay and waits until it runs.
 async fn relay(scenario: &Scenario, name: &str) -> RelayProcess {

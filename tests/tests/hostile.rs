@@ -15,27 +15,21 @@
 //! `AMQP_URL` (defaults: the local servers of `scripts/dev-services`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use outbox_testkit::amqp::TestBroker;
 use outbox_testkit::eventually::eventually;
-use outbox_testkit::names;
-use outbox_testkit::pg::{self, TestSchema};
-use outbox_testkit::urls::{amqp_url, database_url};
+use outbox_testkit::pg;
+use outbox_testkit::urls::database_url;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use diesel::QueryableByName;
 use diesel::sql_types::{Integer, Text};
-use diesel_async::pooled_connection::deadpool::Pool;
-use diesel_async::{AsyncConnection as _, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection as _, RunQueryDsl, SimpleAsyncConnection};
 use lapin::message::Delivery;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
-use lapin::{Channel, ExchangeKind};
-use outbox::postgres::{Error, Outbox, PgOutboxStore};
-use outbox::rabbitmq::{LapinPublisher, declare_exchange, wire};
-use outbox::{
-    DeadSelector, DomainEvent, EventEnvelope, OutboxStore as _, Relay, RelayHandle, RetryPolicy,
-};
+use lapin::options::BasicGetOptions;
+use outbox::postgres::Error;
+use outbox::rabbitmq::wire;
+use outbox::{DeadSelector, DomainEvent, EventEnvelope, OutboxStore as _, RetryPolicy};
+use outbox_tests::Pipeline;
 use serde::Serialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -137,58 +131,30 @@ struct Stored {
 
 /// A migrated schema with a `business` table (the caller's own change in
 /// the recording transaction), an exchange, and a queue bound to it with
-/// `order.#`; all removed on drop (also when the test panics).
-struct Env {
-    name: String,
-    schema: String,
-    outbox: Outbox,
-    pool: Pool<AsyncPgConnection>,
-    channel: Channel,
-    exchange: String,
-    queue: String,
-    broker: TestBroker,
-    _schema: TestSchema,
+/// `order.#`, relays with batches of 50; all removed on drop (also when
+/// the test panics).
+struct Env(Pipeline);
+
+impl std::ops::Deref for Env {
+    type Target = Pipeline;
+
+    fn deref(&self) -> &Pipeline {
+        &self.0
+    }
 }
 
 impl Env {
     async fn new(test: &str) -> Env {
-        let name = names::unique("hostile", test);
-        let guard = TestSchema::reserve(&database_url(), &name);
-        let mut conn = outbox::postgres::connect(&database_url())
+        let pipeline = Pipeline::new("hostile", test, "order.#")
             .await
-            .unwrap_or_else(|e| {
-                panic!("{e}\n(these tests need PostgreSQL and RabbitMQ: run scripts/dev-services)")
-            });
-        let broker = TestBroker::new(&name).await;
-        let schema = guard.name().to_owned();
-        outbox::postgres::migrate(&mut conn, &schema).await.unwrap();
-        guard
-            .run("CREATE TABLE {schema}.business (note text NOT NULL)")
-            .await;
-        let exchange = broker.named("x");
-        broker.delete_exchange_on_drop(&exchange);
-        declare_exchange(broker.channel(), &exchange, ExchangeKind::Topic)
-            .await
-            .unwrap();
-        let queue = broker
-            .queue_with(
-                &broker.named("q"),
-                QueueDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await;
-        broker.bind(&queue, &exchange, "order.#").await;
-        Env {
-            outbox: Outbox::new(&schema).unwrap(),
-            pool: outbox::postgres::pool(&database_url(), 4).unwrap(),
-            name,
-            schema,
-            channel: broker.channel().clone(),
-            exchange,
-            queue,
-            broker,
-            _schema: guard,
-        }
+            .batch_size(50);
+        let env = Env(pipeline);
+        env.run_sql(&format!(
+            "CREATE TABLE \"{}\".business (note text NOT NULL)",
+            env.schema
+        ))
+        .await;
+        env
     }
 
     /// In one transaction: a row in `business`, then `envelopes` recorded;
@@ -255,45 +221,6 @@ impl Env {
         .get_result(&mut *conn)
         .await
         .unwrap()
-    }
-
-    fn store(&self) -> PgOutboxStore {
-        PgOutboxStore::builder(self.pool.clone())
-            .schema(&self.schema)
-            .build()
-            .unwrap()
-    }
-
-    fn publisher(&self) -> outbox::rabbitmq::LapinPublisherBuilder {
-        LapinPublisher::builder(amqp_url())
-            .exchange(&self.exchange)
-            .source("/tests")
-            .connection_name(format!("{}.relay", self.name))
-    }
-
-    fn start(
-        &self,
-        publisher: LapinPublisher,
-        retry: RetryPolicy,
-    ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
-        self.start_with(publisher, retry, outbox::UnroutablePolicy::default())
-    }
-
-    fn start_with(
-        &self,
-        publisher: LapinPublisher,
-        retry: RetryPolicy,
-        unroutable: outbox::UnroutablePolicy,
-    ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
-        let relay = Relay::builder(self.store(), publisher)
-            .unroutable(unroutable)
-            .batch_size(50)
-            .poll_interval(Duration::from_millis(20))
-            .retry(retry)
-            .build()
-            .unwrap();
-        let handle = relay.handle();
-        (handle, tokio::spawn(relay.run()))
     }
 
     /// Takes messages from the queue until one arrived for each of `ids`;

@@ -3,10 +3,8 @@
 //! an exchange/queue pair.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use outbox_testkit::amqp::TestBroker;
 use outbox_testkit::eventually::eventually;
-use outbox_testkit::names;
-use outbox_testkit::pg::{self, TestSchema};
+use outbox_testkit::pg;
 use outbox_testkit::urls::{amqp_url, database_url};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -16,12 +14,11 @@ use std::time::{Duration, Instant};
 use diesel::{Connection as _, PgConnection, RunQueryDsl as _};
 use diesel_async::AsyncConnection as _;
 use futures_util::StreamExt;
-use lapin::Channel;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
-use outbox::postgres::{Outbox, PgOutboxStore};
 use outbox::rabbitmq::LapinPublisher;
-use outbox::{DomainEvent, Relay, RelayHandle, RetryPolicy};
+use outbox::{DomainEvent, RetryPolicy};
+use outbox_tests::Pipeline;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -33,42 +30,24 @@ struct OrderPlaced {
     n: u32,
 }
 
-/// A schema, an exchange and a queue bound to it with `order.*`; all
-/// removed on drop (also when the test panics).
-struct Env {
-    name: String,
-    schema: String,
-    outbox: Outbox,
-    pool: diesel_async::pooled_connection::deadpool::Pool<diesel_async::AsyncPgConnection>,
-    channel: Channel,
-    exchange: String,
-    queue: String,
-    broker: TestBroker,
-    _schema: TestSchema,
+/// A schema, an exchange and a queue bound to it with `order.*`, relays
+/// with batches of 100 that pause 50–500 ms; all removed on drop (also
+/// when the test panics).
+struct Env(Pipeline);
+
+impl std::ops::Deref for Env {
+    type Target = Pipeline;
+
+    fn deref(&self) -> &Pipeline {
+        &self.0
+    }
 }
 
 impl Env {
     async fn new(test: &str) -> Env {
-        let name = names::unique("relay", test);
-        let schema = TestSchema::reserve(&database_url(), &name);
-        outbox::postgres::migrate_url(&database_url(), schema.name())
+        Env(Pipeline::new("relay", test, "order.*")
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let broker = TestBroker::new(&name).await;
-        let exchange = broker.topic_exchange(&broker.named("x")).await;
-        let queue = broker.queue(&broker.named("q")).await;
-        broker.bind(&queue, &exchange, "order.*").await;
-        Env {
-            outbox: Outbox::new(schema.name()).unwrap(),
-            pool: outbox::postgres::pool(&database_url(), 4).unwrap(),
-            name,
-            schema: schema.name().to_owned(),
-            channel: broker.channel().clone(),
-            exchange,
-            queue,
-            broker: broker,
-            _schema: schema,
-        }
+            .pause(Duration::from_millis(50), Duration::from_millis(500)))
     }
 
     async fn record(&self, events: &[(String, u32)]) -> Vec<Uuid> {
@@ -91,46 +70,6 @@ impl Env {
             ids.extend(chunk_ids);
         }
         ids
-    }
-
-    fn store(&self) -> PgOutboxStore {
-        PgOutboxStore::builder(self.pool.clone())
-            .schema(&self.schema)
-            .build()
-            .unwrap()
-    }
-
-    fn publisher(&self) -> outbox::rabbitmq::LapinPublisherBuilder {
-        LapinPublisher::builder(amqp_url())
-            .exchange(&self.exchange)
-            .source("/tests")
-            .connection_name(format!("{}.relay", self.name))
-    }
-
-    fn start(
-        &self,
-        publisher: LapinPublisher,
-        retry: RetryPolicy,
-    ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
-        self.start_with(publisher, retry, outbox::UnroutablePolicy::default())
-    }
-
-    fn start_with(
-        &self,
-        publisher: LapinPublisher,
-        retry: RetryPolicy,
-        unroutable: outbox::UnroutablePolicy,
-    ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
-        let relay = Relay::builder(self.store(), publisher)
-            .unroutable(unroutable)
-            .batch_size(100)
-            .poll_interval(Duration::from_millis(20))
-            .pause(Duration::from_millis(50), Duration::from_millis(500))
-            .retry(retry)
-            .build()
-            .unwrap();
-        let handle = relay.handle();
-        (handle, tokio::spawn(relay.run()))
     }
 
     /// Collects every message id arriving on the queue, in arrival order.

@@ -23,16 +23,7 @@ use outbox_testkit::amqp::TestBroker;
 use outbox_testkit::servers::PrivateRabbit;
 use uuid::Uuid;
 
-fn logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("warn,lapin::returned_messages=error")
-            }),
-        )
-        .with_test_writer()
-        .try_init();
-}
+use outbox_tests::test_logs as logs;
 
 async fn private_rabbit() -> Arc<PrivateRabbit> {
     Arc::new(

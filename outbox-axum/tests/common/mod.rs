@@ -25,7 +25,7 @@ use outbox_core::DomainEvent;
 use outbox_diesel::Outbox;
 use outbox_testkit::eventually::eventually;
 use outbox_testkit::names;
-use outbox_testkit::pg::{self, TestSchema};
+use outbox_testkit::pg::{self, TestSchema, backend_pid};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tower::ServiceExt as _;
@@ -430,19 +430,6 @@ async fn hold(
     app.gate.entered.notify_one();
     released.await;
     status_of(&cmd)
-}
-
-async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
-    #[derive(QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = diesel::sql_types::Integer)]
-        pid: i32,
-    }
-    diesel::sql_query("SELECT pg_backend_pid() AS pid")
-        .get_result::<Pid>(conn)
-        .await
-        .unwrap()
-        .pid
 }
 
 /// Inserts an order (and raises its event if asked), then runs a nested

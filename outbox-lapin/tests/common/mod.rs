@@ -10,16 +10,45 @@ use lapin::message::BasicGetMessage;
 use lapin::options::BasicGetOptions;
 use lapin::{BasicProperties, Channel};
 use outbox_core::EventEnvelope;
-use outbox_lapin::QueueTopology;
+use outbox_core::testing::{InMemoryInbox, InboxTx};
 use outbox_lapin::wire;
+use outbox_lapin::{EventHandler, InboxConsumer, QueueTopology};
 use outbox_testkit::amqp::TestBroker;
 use outbox_testkit::eventually::eventually;
 use outbox_testkit::names;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 pub use outbox_testkit::urls::amqp_url;
 
 /// How long a consumer test waits for what must happen.
 pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A running consumer and the switch that stops it.
+pub struct Running {
+    stop: oneshot::Sender<()>,
+    pub task: JoinHandle<outbox_lapin::Result<()>>,
+}
+
+impl Running {
+    pub fn start<H: EventHandler<InboxTx>>(consumer: InboxConsumer<InMemoryInbox, H>) -> Running {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(consumer.run(async {
+            let _ = stopped.await;
+        }));
+        Running { stop, task }
+    }
+
+    /// Stops the consumer; it must return `Ok` within [`WAIT`].
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("the consumer stops")
+            .unwrap()
+            .expect("run returns Ok after shutdown");
+    }
+}
 
 /// This test's exchange, queue, dead-letter exchange and queue; deleted on
 /// drop (also when the test panics).
