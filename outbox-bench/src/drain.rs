@@ -149,7 +149,7 @@ pub(crate) async fn raw(
         .collect::<Result<_, _>>()?;
     let expected: HashSet<Uuid> = envelopes.iter().map(|e| e.id).collect();
     let mut rx = env.consume().await?;
-    let channel = env.amqp.create_channel().await?;
+    let channel = env.amqp().create_channel().await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;

@@ -163,7 +163,7 @@ impl Producer<'_> {
         floor: bool,
     ) -> Result<Producer<'a>, BoxError> {
         let inline = if floor {
-            let channel = env.amqp.create_channel().await?;
+            let channel = env.amqp().create_channel().await?;
             channel
                 .confirm_select(ConfirmSelectOptions::default())
                 .await?;

@@ -1,30 +1,28 @@
-//! Shared set-up: URLs, a private schema and exchange/queue per run, SQL helpers.
+//! Shared set-up: a private schema and exchange/queue per run, SQL helpers.
+//!
+//! URLs, the run's unique name and the exchange and queue (deleted when
+//! the run ends, also when it fails) come from the workspace's test kit.
+//! The schema is created and dropped through the library: the bench may
+//! run against a TLS-only PostgreSQL (feature `postgres-tls`), which the
+//! kit's plaintext teardown cannot reach.
 
 use std::time::Duration;
 
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::StreamExt;
-use lapin::options::{
-    BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
-};
+use lapin::options::{BasicConsumeOptions, QueueDeclareOptions, QueuePurgeOptions};
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Channel, Connection};
 use outbox::DomainEvent;
+use outbox_testkit::amqp::TestBroker;
+use outbox_testkit::names;
 use serde::Serialize;
 use uuid::Uuid;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-pub(crate) fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-pub(crate) fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
+pub(crate) use outbox_testkit::urls::{amqp_url, database_url};
 
 /// The event every workload records.
 #[derive(Debug, Clone, Serialize, DomainEvent)]
@@ -41,22 +39,21 @@ pub(crate) fn now_ns() -> i64 {
 }
 
 /// A schema (outbox tables + `bench_orders`), an exchange and a durable queue
-/// bound with `#`, all private to this run and removed by [`Env::cleanup`].
+/// bound with `#`, all private to this run: the schema removed by
+/// [`Env::cleanup`], the exchange and queue when the `Env` is dropped.
 pub(crate) struct Env {
     pub(crate) schema: String,
     pub(crate) pool: Pool<AsyncPgConnection>,
-    pub(crate) amqp: Connection,
     pub(crate) channel: Channel,
     pub(crate) exchange: String,
     pub(crate) queue: String,
+    broker: TestBroker,
 }
 
 impl Env {
     pub(crate) async fn new() -> Result<Env, BoxError> {
-        let schema = format!("bench_{}", std::process::id());
+        let schema = names::unique("bench", "run");
         let mut conn = outbox::postgres::connect(&database_url()).await?;
-        conn.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-            .await?;
         outbox::postgres::migrate(&mut conn, &schema).await?;
         conn.batch_execute(&format!(
             "CREATE TABLE \"{schema}\".bench_orders (
@@ -64,55 +61,23 @@ impl Env {
                  total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
         ))
         .await?;
-        let amqp = Connection::connect(&amqp_url(), ConnectionProperties::default())
-            .await
-            .map_err(|e| {
-                format!(
-                    "RabbitMQ not reachable at {}: {e}; run scripts/dev-services",
-                    amqp_url()
-                )
-            })?;
-        let channel = amqp.create_channel().await?;
-        let exchange = format!("{schema}.events");
-        let queue = format!("{schema}.all");
-        channel
-            .exchange_declare(
-                exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        let broker = TestBroker::new(&schema).await;
+        let exchange = broker.topic_exchange(&broker.named("events")).await;
+        let queue = broker.queue(&broker.named("all")).await;
+        broker.bind(&queue, &exchange, "#").await;
         Ok(Env {
             pool: outbox::postgres::pool(&database_url(), 12)?,
             schema,
-            amqp,
-            channel,
+            channel: broker.channel().clone(),
             exchange,
             queue,
+            broker,
         })
+    }
+
+    /// The run's own AMQP connection.
+    pub(crate) fn amqp(&self) -> &Connection {
+        self.broker.connection()
     }
 
     pub(crate) fn table(&self, table: &str) -> String {
@@ -191,7 +156,7 @@ impl Env {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let channel = self.amqp.create_channel().await?;
+        let channel = self.amqp().create_channel().await?;
         let mut consumer = channel
             .basic_consume(
                 self.queue.as_str().into(),
@@ -231,18 +196,8 @@ impl Env {
         Ok(rx)
     }
 
+    /// Drops the schema; the exchange and queue go when `self` is dropped.
     pub(crate) async fn cleanup(self) {
-        let _ = self
-            .channel
-            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
-        let _ = self
-            .channel
-            .exchange_delete(
-                self.exchange.as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await;
         let _ = self
             .exec(&format!(
                 "DROP SCHEMA IF EXISTS \"{}\" CASCADE",

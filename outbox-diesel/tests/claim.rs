@@ -600,17 +600,7 @@ async fn recording_claiming_and_marking_work_without_prepared_statements() {
 
 /// How many statements are prepared on `conn`'s session.
 async fn prepared_statements(conn: &mut diesel_async::AsyncPgConnection) -> i64 {
-    use diesel_async::RunQueryDsl;
-    #[derive(diesel::QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    diesel::sql_query("SELECT count(*) AS n FROM pg_prepared_statements")
-        .get_result::<Count>(conn)
-        .await
-        .unwrap()
-        .n
+    outbox_testkit::pg::count(conn, "SELECT count(*) AS n FROM pg_prepared_statements").await
 }
 
 /// Publishes like `inner`, taking 400 ms (asynchronously) for `slow`.

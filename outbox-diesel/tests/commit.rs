@@ -10,22 +10,13 @@ mod common;
 use std::time::Duration;
 
 use common::TestDb;
-use diesel::QueryableByName;
 use diesel::sql_types::Integer;
 use diesel_async::{AsyncConnection as _, AsyncPgConnection, RunQueryDsl};
 use outbox_diesel::{Error, PgTransaction};
+use outbox_testkit::eventually::eventually;
 
 async fn pid(conn: &mut AsyncPgConnection) -> i32 {
-    #[derive(QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = Integer)]
-        pid: i32,
-    }
-    diesel::sql_query("SELECT pg_backend_pid() AS pid")
-        .get_result::<Pid>(conn)
-        .await
-        .unwrap()
-        .pid
+    outbox_testkit::pg::backend_pid(conn).await
 }
 
 /// A fresh test table `t` in the test's schema.
@@ -52,29 +43,19 @@ async fn insert(conn: &mut AsyncPgConnection, db: &TestDb, id: i32, parent: Opti
 
 /// Waits (up to 5 s) until backend `pid` is gone.
 async fn assert_closed(db: &TestDb, pid: i32) {
-    for _ in 0..100 {
-        if backends(db, pid) == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("backend {pid} still connected: the connection was pooled inside its transaction");
+    eventually(format!(
+        "backend {pid} gone (not pooled inside its transaction)"
+    ))
+    .within(Duration::from_secs(5))
+    .equals(0, || std::future::ready(backends(db, pid)))
+    .await;
 }
 
 fn backends(db: &TestDb, pid: i32) -> i64 {
-    #[derive(QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    diesel::RunQueryDsl::get_result::<Count>(
-        diesel::sql_query(format!(
-            "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = {pid}"
-        )),
+    outbox_testkit::pg::count_sync(
         &mut db.sync_conn(),
+        &format!("SELECT count(*) AS n FROM pg_stat_activity WHERE pid = {pid}"),
     )
-    .unwrap()
-    .n
 }
 
 #[tokio::test]

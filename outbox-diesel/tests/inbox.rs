@@ -158,32 +158,15 @@ async fn concurrent_redelivery_waits_for_the_first_handler_and_is_a_duplicate() 
 /// Waits until some session is blocked on a lock while inserting into this
 /// schema's inbox.
 async fn wait_for_lock_waiter(db: &TestDb, schema: &str) {
-    #[derive(diesel::QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    use diesel::RunQueryDsl as _;
     let sql = format!(
         "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
          AND pid <> pg_backend_pid() AND query LIKE '%\"{schema}\".inbox_events%'"
     );
     let mut conn = db.sync_conn();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let n = diesel::sql_query(&sql)
-            .get_result::<Count>(&mut conn)
-            .unwrap()
-            .n;
-        if n > 0 {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second receive never waited on the first one's entry"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    outbox_testkit::eventually::eventually("the second receive waits on the first one's entry")
+        .every(Duration::from_millis(10))
+        .until(|| std::future::ready(outbox_testkit::pg::count_sync(&mut conn, &sql) > 0))
+        .await;
 }
 
 #[tokio::test]

@@ -14,6 +14,8 @@ use diesel_async::{AsyncConnection as _, AsyncPgConnection};
 use outbox_core::testing::RecordingPublisher;
 use outbox_core::{Relay, RelayHandle};
 use outbox_diesel::{Error, PgOutboxStore};
+use outbox_testkit::eventually::eventually;
+use outbox_testkit::pg;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
@@ -208,25 +210,16 @@ async fn longest_schema_name_records_and_wakes_the_relay() {
     // The listener's application name is truncated for such a schema: find
     // it by its LISTEN statement instead.
     let listen = format!("LISTEN {}", db.outbox.schema().quoted_channel());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        #[derive(diesel::QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            n: i64,
-        }
-        let listening: Count = diesel::sql_query(
-            "SELECT count(*) AS n FROM pg_stat_activity WHERE state = 'idle' AND query = $1",
-        )
-        .bind::<diesel::sql_types::Text, _>(&listen)
-        .get_result(&mut db.sync_conn())
-        .unwrap();
-        if listening.n == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no session ran {listen}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let query = format!(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE state = 'idle' AND query = '{}'",
+        listen.replace('\'', "''")
+    );
+    eventually(format!("a session ran {listen}"))
+        .every(Duration::from_millis(10))
+        .equals(1, || {
+            std::future::ready(pg::count_sync(&mut db.sync_conn(), &query))
+        })
+        .await;
 
     let mut conn = db.conn().await;
     for n in 1..=3 {

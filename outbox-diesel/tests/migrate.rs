@@ -12,25 +12,25 @@ use diesel::{Connection as _, PgConnection, RunQueryDsl as _};
 use diesel_async::{AsyncConnection as _, SimpleAsyncConnection as _};
 use outbox_core::{Claim as _, OutboxStore as _};
 use outbox_diesel::{Error, Outbox, PgOutboxStore};
+use outbox_testkit::names;
+use outbox_testkit::pg::{self, TestSchema};
 
 /// A schema name of its own for one test, dropped when the test ends (also
 /// when it panics). Nothing is created up front.
 struct SchemaGuard {
     url: String,
     name: String,
+    _guard: TestSchema,
 }
 
 impl SchemaGuard {
     fn new(test: &str) -> SchemaGuard {
-        let mut name = format!("m_{test}_{}", std::process::id());
-        name.truncate(63);
-        let guard = SchemaGuard {
-            url: database_url(),
-            name,
-        };
-        // A leftover of an earlier run with the same pid would not be fresh.
-        guard.drop_schema();
-        guard
+        let guard = TestSchema::reserve(&database_url(), names::unique("m", test));
+        SchemaGuard {
+            url: guard.url().to_owned(),
+            name: guard.name().to_owned(),
+            _guard: guard,
+        }
     }
 
     fn sync_conn(&self) -> PgConnection {
@@ -71,31 +71,13 @@ impl SchemaGuard {
     }
 
     fn count(&self, table: &str, filter: &str) -> i64 {
-        #[derive(diesel::QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            n: i64,
-        }
-        diesel::sql_query(format!(
-            "SELECT count(*) AS n FROM \"{}\".{table} {filter}",
-            self.name
-        ))
-        .get_result::<Count>(&mut self.sync_conn())
-        .unwrap()
-        .n
-    }
-
-    fn drop_schema(&self) {
-        if let Ok(mut conn) = PgConnection::establish(&self.url) {
-            let _ = diesel::sql_query(format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
-                .execute(&mut conn);
-        }
-    }
-}
-
-impl Drop for SchemaGuard {
-    fn drop(&mut self) {
-        self.drop_schema();
+        pg::count_sync(
+            &mut self.sync_conn(),
+            &format!(
+                "SELECT count(*) AS n FROM \"{}\".{table} {filter}",
+                self.name
+            ),
+        )
     }
 }
 

@@ -8,19 +8,17 @@
 //! the process, and deletes them when it ends, also when it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
-use std::process::Command;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lapin::message::BasicGetMessage;
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeleteOptions};
+use lapin::types::AMQPValue;
+use lapin::{BasicProperties, ExchangeKind};
 use outbox_core::testing::{InMemoryInbox, InboxTx};
 use outbox_core::{DomainEvent, EventEnvelope};
 use outbox_lapin::consumer_metrics::DEAD_LETTERS;
@@ -34,29 +32,13 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-const WAIT: Duration = Duration::from_secs(20);
+use common::{Broker, Running, WAIT, amqp_url};
+use outbox_testkit::amqp::{close_connection, connect, connection_pid};
 
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-async fn connect() -> Connection {
-    Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "RabbitMQ not reachable at {}: {e}; start it with scripts/dev-services",
-                amqp_url()
-            )
-        })
-}
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A unique name for this test's broker objects.
-fn unique(test: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("test.consumer.{test}.{}.{n}", std::process::id())
+/// This test's broker objects: an exchange and a queue bound with `order.*`
+/// and `inventory.#`, with its dead-letter exchange and queue.
+async fn broker(test: &str) -> Broker {
+    Broker::new("test_consumer", test, &["order.*", "inventory.#"]).await
 }
 
 #[derive(Serialize)]
@@ -83,165 +65,6 @@ fn placed(order: &str, n: u32) -> EventEnvelope {
         n,
     })
     .unwrap()
-}
-
-/// This test's exchange, queue, dead-letter exchange and queue; deleted on
-/// drop (from a separate thread, so also when the test panics).
-struct Broker {
-    _conn: Connection,
-    channel: Channel,
-    exchange: String,
-    topology: QueueTopology,
-}
-
-impl Broker {
-    async fn new(test: &str) -> Broker {
-        let conn = connect().await;
-        let channel = conn.create_channel().await.unwrap();
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
-        let name = unique(test);
-        let exchange = format!("{name}.x");
-        let topology = QueueTopology::new(format!("{name}.q"))
-            .exchange(&exchange)
-            .bind("order.*")
-            .bind("inventory.#");
-        topology.declare(&channel).await.unwrap();
-        Broker {
-            _conn: conn,
-            channel,
-            exchange,
-            topology,
-        }
-    }
-
-    fn queue(&self) -> &str {
-        self.topology.queue_name()
-    }
-
-    fn dead_letter_queue(&self) -> &str {
-        self.topology.dead_letter_queue_name().unwrap()
-    }
-
-    /// A consumer name unique to this broker (and so a connection name
-    /// `rabbitmqctl` can find).
-    fn consumer_name(&self) -> String {
-        format!("{}.consumer", self.exchange)
-    }
-
-    async fn publish_raw(&self, routing_key: &str, body: &[u8], properties: BasicProperties) {
-        let confirm = self
-            .channel
-            .basic_publish(
-                self.exchange.as_str().into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                properties,
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        assert_eq!(
-            confirm,
-            lapin::Confirmation::Ack(None),
-            "published and routed"
-        );
-    }
-
-    async fn publish(&self, envelope: &EventEnvelope) {
-        self.publish_raw(
-            &envelope.event_type,
-            envelope.payload.as_bytes(),
-            wire::properties(envelope, "/tests"),
-        )
-        .await;
-    }
-
-    async fn ready(&self, queue: &str) -> u32 {
-        self.channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap()
-            .message_count()
-    }
-
-    /// Takes `n` messages from the dead-letter queue, waiting for them.
-    async fn dead_letters(&self, n: usize) -> Vec<BasicGetMessage> {
-        let deadline = Instant::now() + WAIT;
-        let mut got = Vec::new();
-        while got.len() < n {
-            assert!(
-                Instant::now() < deadline,
-                "only {} of {n} dead letters arrived",
-                got.len()
-            );
-            match self
-                .channel
-                .basic_get(
-                    self.dead_letter_queue().into(),
-                    BasicGetOptions { no_ack: true },
-                )
-                .await
-                .unwrap()
-            {
-                Some(message) => got.push(message),
-                None => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
-        got
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let queues = [
-            self.topology.queue_name().to_owned(),
-            self.dead_letter_queue().to_owned(),
-        ];
-        let exchanges = [
-            self.exchange.clone(),
-            self.topology
-                .dead_letter_exchange_name()
-                .unwrap()
-                .to_owned(),
-        ];
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                let conn = connect().await;
-                let channel = conn.create_channel().await.unwrap();
-                for queue in queues {
-                    let _ = channel
-                        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                        .await;
-                }
-                for exchange in exchanges {
-                    let _ = channel
-                        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-                        .await;
-                }
-                let _ = conn.close(200, "OK".into()).await;
-            });
-        });
-        let _ = cleanup.join();
-    }
 }
 
 /// What a handler saw.
@@ -293,31 +116,6 @@ impl Calls {
     }
 }
 
-/// A running consumer and the switch that stops it.
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<outbox_lapin::Result<()>>,
-}
-
-impl Running {
-    fn start<H: EventHandler<InboxTx>>(consumer: InboxConsumer<InMemoryInbox, H>) -> Running {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(consumer.run(async {
-            let _ = stopped.await;
-        }));
-        Running { stop, task }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("the consumer stops")
-            .unwrap()
-            .expect("run returns Ok after shutdown");
-    }
-}
-
 /// A handler that records every call and then behaves as `behave` says,
 /// given how many times this event was handled.
 fn recording<B>(calls: &Calls, behave: B) -> impl EventHandler<InboxTx> + use<B>
@@ -345,7 +143,7 @@ fn dead_reason(message: &BasicGetMessage) -> String {
 
 #[tokio::test]
 async fn malformed_messages_are_dead_lettered_and_the_consumer_keeps_going() {
-    let broker = Broker::new("malformed").await;
+    let broker = broker("malformed").await;
     let inbox = InMemoryInbox::new();
     let calls = Calls::default();
     let consumer = InboxConsumer::builder(
@@ -436,7 +234,7 @@ async fn malformed_messages_are_dead_lettered_and_the_consumer_keeps_going() {
 
 #[tokio::test]
 async fn a_handler_that_always_fails_is_dead_lettered_after_max_attempts() {
-    let broker = Broker::new("always_fails").await;
+    let broker = broker("always_fails").await;
     let inbox = InMemoryInbox::new();
     let calls = Calls::default();
     let delay = Duration::from_millis(300);
@@ -498,7 +296,7 @@ async fn a_handler_that_always_fails_is_dead_lettered_after_max_attempts() {
 
 #[tokio::test]
 async fn a_handler_that_fails_twice_then_succeeds_takes_effect_once() {
-    let broker = Broker::new("fails_twice").await;
+    let broker = broker("fails_twice").await;
     let inbox = InMemoryInbox::new();
     let calls = Calls::default();
     let effects = Arc::new(Mutex::new(Vec::<Uuid>::new()));
@@ -571,7 +369,7 @@ async fn a_handler_that_fails_twice_then_succeeds_takes_effect_once() {
 
 #[tokio::test]
 async fn a_permanent_error_is_dead_lettered_at_once() {
-    let broker = Broker::new("permanent").await;
+    let broker = broker("permanent").await;
     let calls = Calls::default();
     let consumer = InboxConsumer::builder(
         amqp_url(),
@@ -600,7 +398,7 @@ async fn a_permanent_error_is_dead_lettered_at_once() {
 
 #[tokio::test]
 async fn the_same_message_twice_runs_the_handler_once() {
-    let broker = Broker::new("duplicate").await;
+    let broker = broker("duplicate").await;
     let inbox = InMemoryInbox::new();
     let calls = Calls::default();
     let consumer = InboxConsumer::builder(
@@ -642,7 +440,7 @@ async fn the_same_message_twice_runs_the_handler_once() {
 
 #[tokio::test]
 async fn graceful_shutdown_finishes_the_in_flight_delivery() {
-    let broker = Broker::new("shutdown").await;
+    let broker = broker("shutdown").await;
     let inbox = InMemoryInbox::new();
     let started = Arc::new(tokio::sync::Notify::new());
     let finished = Arc::new(Mutex::new(Vec::<Uuid>::new()));
@@ -700,7 +498,7 @@ async fn graceful_shutdown_finishes_the_in_flight_delivery() {
 
 #[tokio::test]
 async fn concurrency_keeps_each_aggregate_in_order() {
-    let broker = Broker::new("concurrency").await;
+    let broker = broker("concurrency").await;
     let inbox = InMemoryInbox::new();
     #[derive(Default)]
     struct Seen {
@@ -792,23 +590,9 @@ async fn concurrency_keeps_each_aggregate_in_order() {
     );
 }
 
-/// The pid of the broker connection named `name`, from `rabbitmqctl`.
-fn connection_pid(name: &str) -> Option<String> {
-    let output = Command::new("rabbitmqctl")
-        .args(["list_connections", "-q", "pid", "client_properties"])
-        .output()
-        .expect("rabbitmqctl runs (install RabbitMQ with scripts/dev-services)");
-    let needle = format!("{{\"connection_name\",\"{name}\"}}");
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .find(|line| line.contains(&needle))
-        .and_then(|line| line.split('\t').next())
-        .map(str::to_owned)
-}
-
 #[tokio::test]
 async fn the_consumer_reconnects_after_its_connection_is_closed() {
-    let broker = Broker::new("reconnect").await;
+    let broker = broker("reconnect").await;
     let calls = Calls::default();
     let name = broker.consumer_name();
     let consumer = InboxConsumer::builder(
@@ -826,11 +610,11 @@ async fn the_consumer_reconnects_after_its_connection_is_closed() {
     broker.publish(&before).await;
     calls.wait_for("the first event", |c| c.len() == 1).await;
     let pid = connection_pid(&name).expect("the consumer's connection is listed by name");
-    let closed = Command::new("rabbitmqctl")
-        .args(["close_connection", &pid, "test: simulated connection loss"])
-        .output()
-        .unwrap();
-    assert!(closed.status.success(), "{closed:?}");
+    assert_eq!(
+        close_connection(&name),
+        1,
+        "test: simulated connection loss"
+    );
 
     let after = placed("o-1", 2);
     broker.publish(&after).await;
@@ -851,7 +635,7 @@ async fn the_consumer_reconnects_after_its_connection_is_closed() {
 
 #[tokio::test]
 async fn a_missing_queue_or_dead_letter_exchange_stops_run_with_an_error() {
-    let broker = Broker::new("missing").await;
+    let broker = broker("missing").await;
     let missing_queue = InboxConsumer::builder(
         amqp_url(),
         format!("{}.nope", broker.queue()),
@@ -910,7 +694,7 @@ fn the_builder_rejects_invalid_settings() {
 
 #[tokio::test]
 async fn declared_topology_routes_bound_patterns_and_collects_dead_letters() {
-    let broker = Broker::new("topology").await;
+    let broker = broker("topology").await;
     // Declaring again is a no-op.
     broker.topology.declare(&broker.channel).await.unwrap();
     outbox_lapin::declare_exchange(&broker.channel, &broker.exchange, ExchangeKind::Topic)
@@ -977,7 +761,7 @@ async fn declared_topology_routes_bound_patterns_and_collects_dead_letters() {
     assert_eq!(dead[0].routing_key.as_str(), "order.placed");
 
     // A conflicting redeclaration is refused with a clear error.
-    let conn = connect().await;
+    let conn = connect(&amqp_url(), &format!("{}.redeclare", broker.exchange)).await;
     let channel = conn.create_channel().await.unwrap();
     let err = QueueTopology::new(broker.queue())
         .exchange(&broker.exchange)
@@ -1036,7 +820,7 @@ impl outbox_core::InboxDatabase for SwitchedInbox {
 
 #[tokio::test]
 async fn an_unavailable_database_spends_no_attempts_and_shutdown_requeues() {
-    let broker = Broker::new("db_down").await;
+    let broker = broker("db_down").await;
     let db = SwitchedInbox::default();
     db.down.store(true, Ordering::SeqCst);
     let calls = Calls::default();
@@ -1107,7 +891,7 @@ async fn an_unavailable_database_spends_no_attempts_and_shutdown_requeues() {
 
 #[tokio::test]
 async fn a_queue_missing_while_reconnecting_is_waited_for_not_fatal() {
-    let broker = Broker::new("queue_gone").await;
+    let broker = broker("queue_gone").await;
     let calls = Calls::default();
     let consumer = InboxConsumer::builder(
         amqp_url(),
@@ -1148,7 +932,7 @@ async fn a_queue_missing_while_reconnecting_is_waited_for_not_fatal() {
 
 #[tokio::test]
 async fn an_original_routing_key_header_longer_than_amqp_allows_does_not_loop_forever() {
-    let broker = Broker::new("long_original_key").await;
+    let broker = broker("long_original_key").await;
     let inbox = InMemoryInbox::new();
     let calls = Calls::default();
     let consumer = InboxConsumer::builder(
@@ -1329,7 +1113,7 @@ impl metrics::Recorder for GaugeRecorder {
 #[tokio::test]
 async fn the_dead_letter_gauge_follows_the_depth_of_the_dead_letter_queue() {
     let gauges = Gauges::installed();
-    let broker = Broker::new("dead_letter_depth").await;
+    let broker = broker("dead_letter_depth").await;
     // Two dead letters are waiting before the consumer starts.
     for n in 0..2 {
         let confirm = broker

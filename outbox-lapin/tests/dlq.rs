@@ -8,49 +8,34 @@
 //! the process, and deletes them when it ends, also when it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use outbox_core::admin::DeadLetterBroker;
 use outbox_core::testing::{InMemoryInbox, InboxTx};
 use outbox_core::{DomainEvent, EventEnvelope};
-use outbox_lapin::wire::{self, header_str};
+use outbox_lapin::wire::header_str;
 use outbox_lapin::{
     ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, DeadLetterQueue, DeadLetterQueues,
     HandlerError, InboxConsumer, IncomingEvent, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER,
-    QueueTopology, REPLAYED_REASON_HEADER, StopCause, handler_fn,
+    REPLAYED_REASON_HEADER, StopCause, handler_fn,
 };
 use serde::Serialize;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-const WAIT: Duration = Duration::from_secs(20);
+use common::{Broker, Running, WAIT, amqp_url};
 
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+/// This test's broker objects: an exchange and a queue bound with
+/// `order.*`, with its dead-letter exchange and queue.
+async fn broker(test: &str) -> Broker {
+    Broker::new("test_dlq", test, &["order.*"]).await
 }
-
-async fn connect() -> Connection {
-    Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "RabbitMQ not reachable at {}: {e}; start it with scripts/dev-services",
-                amqp_url()
-            )
-        })
-}
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 #[derive(Serialize)]
 struct Placed {
@@ -76,170 +61,6 @@ fn placed(order: &str) -> EventEnvelope {
     .unwrap()
 }
 
-/// This test's exchange, queue, dead-letter exchange and queue; deleted on
-/// drop (from a separate thread, so also when the test panics).
-struct Broker {
-    _conn: Connection,
-    channel: Channel,
-    exchange: String,
-    topology: QueueTopology,
-}
-
-impl Broker {
-    async fn new(test: &str) -> Broker {
-        let conn = connect().await;
-        let channel = conn.create_channel().await.unwrap();
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let name = format!("test.dlq.{test}.{}.{n}", std::process::id());
-        let exchange = format!("{name}.x");
-        let topology = QueueTopology::new(format!("{name}.q"))
-            .exchange(&exchange)
-            .bind("order.*");
-        topology.declare(&channel).await.unwrap();
-        Broker {
-            _conn: conn,
-            channel,
-            exchange,
-            topology,
-        }
-    }
-
-    fn queue(&self) -> &str {
-        self.topology.queue_name()
-    }
-
-    fn dlq(&self) -> &str {
-        self.topology.dead_letter_queue_name().unwrap()
-    }
-
-    fn dlx(&self) -> &str {
-        self.topology.dead_letter_exchange_name().unwrap()
-    }
-
-    fn consumer_name(&self) -> String {
-        format!("{}.consumer", self.exchange)
-    }
-
-    async fn publish_to(&self, exchange: &str, key: &str, body: &[u8], props: BasicProperties) {
-        let confirm = self
-            .channel
-            .basic_publish(
-                exchange.into(),
-                key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                props,
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        assert_eq!(confirm, lapin::Confirmation::Ack(None), "routed");
-    }
-
-    async fn publish(&self, envelope: &EventEnvelope) {
-        self.publish_to(
-            &self.exchange,
-            &envelope.event_type,
-            envelope.payload.as_bytes(),
-            wire::properties(envelope, "/tests"),
-        )
-        .await;
-    }
-
-    async fn ready(&self, queue: &str) -> u32 {
-        self.channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap()
-            .message_count()
-    }
-
-    /// Waits until `queue` holds `n` ready messages.
-    async fn wait_ready(&self, queue: &str, n: u32) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let ready = self.ready(queue).await;
-            if ready == n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "`{queue}` holds {ready} messages, expected {n}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// The message ids in `queue`, in order, leaving them there (each is
-    /// got and requeued on a channel that is then closed: a classic queue
-    /// keeps their places).
-    async fn peek(&self, queue: &str) -> Vec<(String, BasicProperties)> {
-        let channel = self._conn.create_channel().await.unwrap();
-        let mut seen = Vec::new();
-        while let Some(got) = channel
-            .basic_get(queue.into(), BasicGetOptions { no_ack: false })
-            .await
-            .unwrap()
-        {
-            let id = got
-                .delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|id| id.to_string())
-                .unwrap_or_default();
-            seen.push((id, got.delivery.properties.clone()));
-        }
-        // Unacked: closing the channel returns them all, in order.
-        channel.close(200, "OK".into()).await.unwrap();
-        seen
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let queues = [self.queue().to_owned(), self.dlq().to_owned()];
-        let exchanges = [self.exchange.clone(), self.dlx().to_owned()];
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                let conn = connect().await;
-                let channel = conn.create_channel().await.unwrap();
-                for queue in queues {
-                    let _ = channel
-                        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                        .await;
-                }
-                for exchange in exchanges {
-                    let _ = channel
-                        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-                        .await;
-                }
-                let _ = conn.close(200, "OK".into()).await;
-            });
-        });
-        let _ = cleanup.join();
-    }
-}
-
 /// Successful handler calls per event id.
 #[derive(Clone, Default)]
 struct Handled(Arc<Mutex<HashMap<Uuid, u32>>>);
@@ -260,59 +81,39 @@ impl Handled {
 
 /// A running consumer whose handler fails (not permanently) while `failing`
 /// is set, and counts successes otherwise.
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<outbox_lapin::Result<()>>,
-}
-
-impl Running {
-    fn start(
-        broker: &Broker,
-        inbox: &InMemoryInbox,
-        failing: &Arc<AtomicBool>,
-        handled: &Handled,
-    ) -> Running {
-        let failing = failing.clone();
+fn start_failing(
+    broker: &Broker,
+    inbox: &InMemoryInbox,
+    failing: &Arc<AtomicBool>,
+    handled: &Handled,
+) -> Running {
+    let failing = failing.clone();
+    let handled = handled.clone();
+    let handler = handler_fn(move |_tx: &mut InboxTx, event: &IncomingEvent| {
+        let failing = failing.load(Ordering::SeqCst);
         let handled = handled.clone();
-        let handler = handler_fn(move |_tx: &mut InboxTx, event: &IncomingEvent| {
-            let failing = failing.load(Ordering::SeqCst);
-            let handled = handled.clone();
-            let id = event.id;
-            Box::pin(async move {
-                if failing {
-                    return Err(HandlerError::new(format!("stock for {id} not found")));
-                }
-                *handled.0.lock().unwrap().entry(id).or_default() += 1;
-                Ok(())
-            })
-        });
-        let consumer = InboxConsumer::builder(
-            amqp_url(),
-            broker.queue(),
-            broker.consumer_name(),
-            inbox.clone(),
-            handler,
-        )
-        .declare(broker.topology.clone())
-        .max_attempts(2)
-        .retry_delay(Duration::from_millis(20))
-        .build()
-        .unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(consumer.run(async {
-            let _ = stopped.await;
-        }));
-        Running { stop, task }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("the consumer stops")
-            .unwrap()
-            .expect("run returns Ok after shutdown");
-    }
+        let id = event.id;
+        Box::pin(async move {
+            if failing {
+                return Err(HandlerError::new(format!("stock for {id} not found")));
+            }
+            *handled.0.lock().unwrap().entry(id).or_default() += 1;
+            Ok(())
+        })
+    });
+    let consumer = InboxConsumer::builder(
+        amqp_url(),
+        broker.queue(),
+        broker.consumer_name(),
+        inbox.clone(),
+        handler,
+    )
+    .declare(broker.topology.clone())
+    .max_attempts(2)
+    .retry_delay(Duration::from_millis(20))
+    .build()
+    .unwrap();
+    Running::start(consumer)
 }
 
 /// Publishes `n` events that the consumer dead-letters (two failed
@@ -320,7 +121,7 @@ impl Running {
 /// queue, and stops the consumer. Returns their ids in publish order.
 async fn dead_letter(broker: &Broker, inbox: &InMemoryInbox, n: usize) -> Vec<Uuid> {
     let failing = Arc::new(AtomicBool::new(true));
-    let running = Running::start(broker, inbox, &failing, &Handled::default());
+    let running = start_failing(broker, inbox, &failing, &Handled::default());
     let mut ids = Vec::new();
     for i in 0..n {
         let event = placed(&format!("o-{i}"));
@@ -341,7 +142,7 @@ async fn dead_letter(broker: &Broker, inbox: &InMemoryInbox, n: usize) -> Vec<Uu
 
 #[tokio::test]
 async fn dead_letters_are_recorded_and_a_replay_brings_each_back_once() {
-    let broker = Broker::new("replay").await;
+    let broker = broker("replay").await;
     let inbox = InMemoryInbox::new();
     let ids = dead_letter(&broker, &inbox, 4).await;
 
@@ -436,7 +237,7 @@ async fn dead_letters_are_recorded_and_a_replay_brings_each_back_once() {
 
     // The handler now succeeds: each event processed exactly once.
     let handled = Handled::default();
-    let running = Running::start(&broker, &inbox, &Arc::new(AtomicBool::new(false)), &handled);
+    let running = start_failing(&broker, &inbox, &Arc::new(AtomicBool::new(false)), &handled);
     handled.wait_for_all(&ids).await;
     broker.wait_ready(broker.queue(), 0).await;
     running.stop().await;
@@ -450,7 +251,7 @@ async fn dead_letters_are_recorded_and_a_replay_brings_each_back_once() {
 
 #[tokio::test]
 async fn a_replay_killed_between_confirm_and_ack_loses_nothing() {
-    let broker = Broker::new("killed").await;
+    let broker = broker("killed").await;
     let inbox = InMemoryInbox::new();
     let ids = dead_letter(&broker, &inbox, 6).await;
 
@@ -495,7 +296,7 @@ async fn a_replay_killed_between_confirm_and_ack_loses_nothing() {
 
     // The duplicate is dropped by the inbox: each processed once.
     let handled = Handled::default();
-    let running = Running::start(&broker, &inbox, &Arc::new(AtomicBool::new(false)), &handled);
+    let running = start_failing(&broker, &inbox, &Arc::new(AtomicBool::new(false)), &handled);
     handled.wait_for_all(&ids).await;
     broker.wait_ready(broker.queue(), 0).await;
     running.stop().await;
@@ -506,7 +307,7 @@ async fn a_replay_killed_between_confirm_and_ack_loses_nothing() {
 
 #[tokio::test]
 async fn a_message_that_cannot_go_back_stays_and_purge_empties_the_queue() {
-    let broker = Broker::new("stuck").await;
+    let broker = broker("stuck").await;
     let mut dlq = DeadLetterQueue::connect(&amqp_url(), broker.dlq())
         .await
         .unwrap();
@@ -591,7 +392,7 @@ fn dead_letter_props(id: &str, origin: &str) -> BasicProperties {
 
 #[tokio::test]
 async fn a_replay_holds_the_queue_alone_and_never_moves_a_live_message() {
-    let broker = Broker::new("alone").await;
+    let broker = broker("alone").await;
     for id in ["one", "two"] {
         let props = dead_letter_props(id, broker.queue());
         broker

@@ -2,86 +2,35 @@
 //! unroutable returns, channel errors narrowed to their message, reconnects.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use lapin::options::{
-    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::ExchangeKind;
+use lapin::options::ExchangeDeclareOptions;
+use lapin::types::AMQPValue;
 use outbox_core::{EventEnvelope, Headers, PublishOutcome, Publisher};
 use outbox_lapin::LapinPublisher;
 use outbox_lapin::wire::{self, header_str};
+use outbox_testkit::amqp::{TestBroker, close_connection};
+use outbox_testkit::names;
+use outbox_testkit::urls::amqp_url;
 use uuid::Uuid;
 
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A private exchange and queue (bound with `#`), deleted on drop.
+/// A private exchange and queue (bound with `#`), deleted on drop (also
+/// when the test panics), with what the test declares through `kit`.
 struct Broker {
-    conn: Connection,
-    channel: Channel,
+    kit: TestBroker,
     exchange: String,
     queue: String,
 }
 
 impl Broker {
     async fn new(test: &str) -> Broker {
-        let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "RabbitMQ not reachable at {}: {e}; start it with scripts/dev-services",
-                    amqp_url()
-                )
-            });
-        let channel = conn.create_channel().await.unwrap();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let name = format!("test.{test}.{}.{n}", std::process::id());
-        let exchange = format!("{name}.x");
-        let queue = format!("{name}.q");
-        channel
-            .exchange_declare(
-                exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let kit = TestBroker::new(names::unique("test", test)).await;
+        let exchange = kit.topic_exchange(&kit.named("x")).await;
+        let queue = kit.queue(&kit.named("q")).await;
+        kit.bind(&queue, &exchange, "#").await;
         Broker {
-            conn,
-            channel,
+            kit,
             exchange,
             queue,
         }
@@ -115,31 +64,7 @@ impl Broker {
 
     /// Takes every message currently in the queue.
     async fn drain(&self) -> Vec<lapin::message::BasicGetMessage> {
-        let mut messages = Vec::new();
-        while let Some(message) = self
-            .channel
-            .basic_get(self.queue.as_str().into(), BasicGetOptions { no_ack: true })
-            .await
-            .unwrap()
-        {
-            messages.push(message);
-        }
-        messages
-    }
-
-    async fn cleanup(self) {
-        let _ = self
-            .channel
-            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
-        let _ = self
-            .channel
-            .exchange_delete(
-                self.exchange.as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await;
-        let _ = self.conn.close(200, "done".into()).await;
+        self.kit.drain(&self.queue).await
     }
 }
 
@@ -232,7 +157,6 @@ async fn a_published_event_arrives_with_the_whole_wire_format() {
     assert_eq!(incoming.id, env.id);
     assert_eq!(incoming.payload, env.payload);
     assert_eq!(incoming.headers.get(Headers::CAUSATION_ID), Some("cause-1"));
-    broker.cleanup().await;
 }
 
 #[tokio::test]
@@ -246,13 +170,16 @@ async fn a_pipelined_batch_is_confirmed_in_full_and_arrives_in_order() {
     let received = broker.received_ids().await;
     let sent: Vec<String> = envs.iter().map(|e| e.id.to_string()).collect();
     assert_eq!(received, sent);
-    broker.cleanup().await;
 }
 
 #[tokio::test]
 async fn an_unroutable_event_is_reported_unroutable_not_acked() {
     let broker = Broker::new("unroutable").await;
-    // A second exchange with no binding: mandatory publishes come back.
+    // A second exchange with no binding (the publisher declares it):
+    // mandatory publishes come back.
+    broker
+        .kit
+        .delete_exchange_on_drop(format!("{}.unbound", broker.exchange));
     let publisher = LapinPublisher::builder(amqp_url())
         .exchange(format!("{}.unbound", broker.exchange))
         .connection_name("outbox-test-unroutable")
@@ -269,14 +196,6 @@ async fn an_unroutable_event_is_reported_unroutable_not_acked() {
         }
         other => panic!("expected unroutable, got {other:?}"),
     }
-    let _ = broker
-        .channel
-        .exchange_delete(
-            format!("{}.unbound", broker.exchange).as_str().into(),
-            ExchangeDeleteOptions::default(),
-        )
-        .await;
-    broker.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,15 +207,13 @@ async fn unroutable_messages_amid_pipelined_batches_are_rejected_exactly() {
     let broker = Broker::new("returns").await;
     let unbound = format!("{}.unbound", broker.exchange);
     broker
-        .channel
-        .exchange_declare(
-            unbound.as_str().into(),
+        .kit
+        .exchange(
+            &unbound,
             ExchangeKind::Topic,
             ExchangeDeclareOptions::default(),
-            FieldTable::default(),
         )
-        .await
-        .unwrap();
+        .await;
     let lost_exchange = unbound.clone();
     let publisher = LapinPublisher::builder(amqp_url())
         .exchange(&broker.exchange)
@@ -326,11 +243,6 @@ async fn unroutable_messages_amid_pipelined_batches_are_rejected_exactly() {
     let received: std::collections::HashSet<String> =
         broker.received_ids().await.into_iter().collect();
     assert_eq!(received, acked, "exactly the acked messages arrived");
-    let _ = broker
-        .channel
-        .exchange_delete(unbound.as_str().into(), ExchangeDeleteOptions::default())
-        .await;
-    broker.cleanup().await;
 }
 
 #[tokio::test]
@@ -363,7 +275,6 @@ async fn an_event_over_the_wire_limits_is_unpublishable_and_never_sent() {
         [fine.id.to_string()],
         "only the sendable one arrived"
     );
-    broker.cleanup().await;
 }
 
 #[tokio::test]
@@ -398,7 +309,6 @@ async fn an_event_whose_header_frame_exceeds_frame_max_is_unpublishable_and_the_
         publisher.publish(&[&next], None).await,
         [PublishOutcome::Acked]
     );
-    broker.cleanup().await;
 }
 
 /// Publishes `events` and, like the relay, publishes again those that come
@@ -471,7 +381,6 @@ async fn a_missing_exchange_fails_only_the_events_routed_to_it() {
         publisher.publish(&[&next], None).await,
         [PublishOutcome::Acked]
     );
-    broker.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -530,29 +439,6 @@ async fn concurrent_batches_overlap_and_a_bad_one_fails_only_its_culprit() {
         acked.difference(&received).count(),
         acked.len()
     );
-    broker.cleanup().await;
-}
-
-/// Closes the broker connections whose client-provided name is `name`.
-fn close_connections_named(name: &str) -> usize {
-    let out = Command::new("rabbitmqctl")
-        .args(["-q", "list_connections", "pid", "client_properties"])
-        .output()
-        .expect("rabbitmqctl runs");
-    let listing = String::from_utf8_lossy(&out.stdout);
-    let mut closed = 0;
-    for line in listing.lines() {
-        if line.contains(&format!("\"{name}\"")) {
-            let pid = line.split_whitespace().next().unwrap();
-            let status = Command::new("rabbitmqctl")
-                .args(["close_connection", pid, "test closes it"])
-                .status()
-                .unwrap();
-            assert!(status.success());
-            closed += 1;
-        }
-    }
-    closed
 }
 
 #[tokio::test]
@@ -568,7 +454,7 @@ async fn a_closed_connection_is_reported_lost_then_reopened() {
     );
 
     assert_eq!(
-        close_connections_named(&name),
+        close_connection(&name),
         1,
         "the publisher's connection is listed"
     );
@@ -583,7 +469,7 @@ async fn a_closed_connection_is_reported_lost_then_reopened() {
             }
             [PublishOutcome::Acked] => {
                 // Reconnected already, or the close had not landed yet.
-                if close_connections_named(&name) == 0 {
+                if close_connection(&name) == 0 {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
@@ -601,7 +487,6 @@ async fn a_closed_connection_is_reported_lost_then_reopened() {
         publisher.publish(&[&after], None).await,
         [PublishOutcome::Acked]
     );
-    broker.cleanup().await;
 }
 
 #[tokio::test]

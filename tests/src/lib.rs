@@ -19,6 +19,13 @@
 //!   consumer, whose effects must happen exactly once);
 //! - [`TestPki`]: a throwaway CA and server certificate, for
 //!   [`PrivatePostgres::start_tls`];
+//! - [`example_binary`]: the example service, built once per run;
+//! - [`Pipeline`]: a schema, an exchange and a queue of one test, and
+//!   relays started on them (the relay and hostile-input tests).
+//!
+//! The servers' URLs, unique names, schema and broker guards, the private
+//! servers and certificates come from the workspace's test kit,
+//! `outbox-testkit`; this crate keeps what needs the library's types.
 //! - [`KillingProxy`]: a TCP proxy in front of RabbitMQ that cuts a
 //!   connection when the client sends a marker (a message that kills the
 //!   connection it is sent on).
@@ -43,18 +50,47 @@
 //! # }
 //! ```
 
-pub mod pki;
+mod example;
+mod pipeline;
 pub mod proxy;
 pub mod relay_process;
 mod scenario;
-pub mod servers;
 mod traffic;
 
-pub use pki::TestPki;
+/// The private servers and certificates, from the workspace's test kit
+/// ([`outbox_testkit::pki`]).
+pub use outbox_testkit::pki;
+
+/// The servers: the shared ones' URLs and the private instances, from the
+/// workspace's test kit ([`outbox_testkit::servers`], [`outbox_testkit::urls`]).
+pub mod servers {
+    pub use outbox_testkit::amqp::close_connections as close_shared_connections;
+    pub use outbox_testkit::net::free_port;
+    pub use outbox_testkit::servers::*;
+    pub use outbox_testkit::urls::{amqp_url, database_url};
+}
+
+pub use example::example_binary;
+pub use outbox_testkit::pki::TestPki;
+pub use outbox_testkit::servers::{Frozen, PrivatePostgres, PrivateRabbit};
+pub use pipeline::Pipeline;
 pub use proxy::KillingProxy;
 pub use relay_process::RelayProcess;
 pub use scenario::{Committed, Scenario, Servers, Summary, connect_amqp, connect_db};
-pub use servers::{Frozen, PrivatePostgres, PrivateRabbit};
+/// Logs of the library parts running in the test process (inbox consumer,
+/// producers, relays) go to the test's captured output, shown when it
+/// fails: `RUST_LOG`, else warnings (returned messages only as errors).
+pub fn test_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,lapin::returned_messages=error")
+            }),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 pub use traffic::{
     Delivery, HandlerFaults, Inbox, Late, Produced, ProducerConfig, Producers, Tap, Tick,
     commit_burst,

@@ -11,25 +11,22 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Integer, Text};
 use diesel_async::pooled_connection::deadpool::Pool;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use lapin::options::{
-    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
-};
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Connection, ExchangeKind};
 use outbox::rabbitmq::QueueTopology;
+use outbox_testkit::amqp::{self, BrokerCleanup};
+use outbox_testkit::names;
+use outbox_testkit::pg::TestSchema;
 use uuid::Uuid;
 
 use crate::relay_process::RelayProcess;
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// Where a scenario's servers are.
 #[derive(Debug, Clone)]
@@ -74,6 +71,10 @@ pub struct Scenario {
     pool: Pool<AsyncPgConnection>,
     faults: Mutex<Vec<(Instant, String)>>,
     started: Instant,
+    /// Drops the schema (also when the test fails).
+    _schema: TestSchema,
+    /// Deletes the exchanges and queues (also when the test fails).
+    _broker: BrokerCleanup,
 }
 
 impl std::fmt::Debug for Scenario {
@@ -130,9 +131,10 @@ impl Scenario {
     /// routing key none of them matches is unroutable until
     /// [`bind`](Self::bind) adds it.
     pub async fn with_bindings(test: &str, servers: Servers, bindings: &[&str]) -> Scenario {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let name = format!("fault_{test}_{}_{n}", std::process::id());
+        let name = names::unique("fault", test);
         let schema = name.clone();
+        let schema_guard = TestSchema::reserve(&servers.database_url, &schema);
+        let broker = BrokerCleanup::new(&servers.amqp_url, &name);
         outbox::postgres::migrate_url(&servers.database_url, &schema)
             .await
             .unwrap_or_else(|e| {
@@ -149,10 +151,18 @@ impl Scenario {
         ))
         .await
         .unwrap_or_else(|e| panic!("creating the business tables: {e}"));
+        let exchange = format!("{name}.x");
+        let tap_queue = format!("{name}.tap");
+        let inbox_queue = format!("{name}.inbox");
+        for queue in [&tap_queue, &inbox_queue, &format!("{inbox_queue}.dead")] {
+            broker.queue(queue);
+        }
+        broker.exchange(&exchange);
+        broker.exchange(format!("{inbox_queue}.dlx"));
         let scenario = Scenario {
-            exchange: format!("{name}.x"),
-            tap_queue: format!("{name}.tap"),
-            inbox_queue: format!("{name}.inbox"),
+            exchange,
+            tap_queue,
+            inbox_queue,
             bindings: bindings.iter().map(|b| (*b).to_owned()).collect(),
             expected_dead: Mutex::default(),
             pool: outbox::postgres::pool(&servers.database_url, 8)
@@ -162,6 +172,8 @@ impl Scenario {
             schema,
             faults: Mutex::default(),
             started: Instant::now(),
+            _schema: schema_guard,
+            _broker: broker,
         };
         scenario.declare_topology().await;
         scenario
@@ -173,31 +185,28 @@ impl Scenario {
             .create_channel()
             .await
             .unwrap_or_else(|e| panic!("channel: {e}"));
-        channel
-            .exchange_declare(
-                self.exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("exchange: {e}"));
-        channel
-            .queue_declare(
-                self.tap_queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("tap queue: {e}"));
+        amqp::declare_exchange(
+            &channel,
+            &self.exchange,
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+        )
+        .await;
+        amqp::declare_queue(
+            &channel,
+            &self.tap_queue,
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
         for binding in &self.bindings {
-            bind(&channel, &self.tap_queue, &self.exchange, binding).await;
+            amqp::bind(&channel, &self.tap_queue, &self.exchange, binding).await;
         }
         self.inbox_topology()
             .declare(&channel)
@@ -215,7 +224,7 @@ impl Scenario {
             .await
             .unwrap_or_else(|e| panic!("channel: {e}"));
         for queue in [&self.tap_queue, &self.inbox_queue] {
-            bind(&channel, queue, &self.exchange, routing_key).await;
+            amqp::bind(&channel, queue, &self.exchange, routing_key).await;
         }
         let _ = amqp.close(200, "binding done".into()).await;
     }
@@ -573,20 +582,6 @@ impl std::fmt::Display for Summary {
     }
 }
 
-/// Binds `queue` to `exchange` with `routing_key`.
-async fn bind(channel: &lapin::Channel, queue: &str, exchange: &str, routing_key: &str) {
-    channel
-        .queue_bind(
-            queue.into(),
-            exchange.into(),
-            routing_key.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("binding {queue} to {exchange} with {routing_key}: {e}"));
-}
-
 /// A direct connection, or a panic saying how to start PostgreSQL.
 pub async fn connect_db(url: &str) -> AsyncPgConnection {
     // The library's error names the (redacted) URL and how to start it.
@@ -597,85 +592,5 @@ pub async fn connect_db(url: &str) -> AsyncPgConnection {
 
 /// An AMQP connection named `name`, or a panic saying how to start RabbitMQ.
 pub async fn connect_amqp(url: &str, name: &str) -> Connection {
-    Connection::connect(
-        url,
-        ConnectionProperties::default().with_connection_name(name.into()),
-    )
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "RabbitMQ not reachable at {}: {e}; start it with scripts/dev-services",
-            outbox::redact_url(url)
-        )
-    })
-}
-
-impl Drop for Scenario {
-    fn drop(&mut self) {
-        let database_url = self.servers.database_url.clone();
-        let amqp_url = self.servers.amqp_url.clone();
-        let schema = self.schema.clone();
-        let queues = [
-            self.tap_queue.clone(),
-            self.inbox_queue.clone(),
-            format!("{}.dead", self.inbox_queue),
-        ];
-        let exchanges = [self.exchange.clone(), format!("{}.dlx", self.inbox_queue)];
-        // A runtime of its own: drop may run outside one, or while the
-        // test's runtime is shutting down.
-        let cleanup = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async {
-                let _ = tokio::time::timeout(Duration::from_secs(10), async {
-                    // Sessions of the scenario (a consumer task still
-                    // running while a failed test unwinds) may take new
-                    // locks between the terminate and the drop: retry.
-                    for _ in 0..5 {
-                        let Ok(mut conn) = AsyncPgConnection::establish(&database_url).await else {
-                            break;
-                        };
-                        let dropped = conn
-                            .batch_execute(&format!(
-                                "SET lock_timeout = '1s'; \
-                                 SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
-                                 JOIN pg_class c ON c.oid = l.relation \
-                                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                                 WHERE n.nspname = '{schema}' AND l.pid <> pg_backend_pid(); \
-                                 DROP SCHEMA IF EXISTS \"{schema}\" CASCADE;"
-                            ))
-                            .await;
-                        if dropped.is_ok() {
-                            break;
-                        }
-                    }
-                    if let Ok(amqp) =
-                        Connection::connect(&amqp_url, ConnectionProperties::default()).await
-                        && let Ok(channel) = amqp.create_channel().await
-                    {
-                        for queue in &queues {
-                            let _ = channel
-                                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                                .await;
-                        }
-                        for exchange in &exchanges {
-                            let _ = channel
-                                .exchange_delete(
-                                    exchange.as_str().into(),
-                                    ExchangeDeleteOptions::default(),
-                                )
-                                .await;
-                        }
-                        let _ = amqp.close(200, "cleanup".into()).await;
-                    }
-                })
-                .await;
-            });
-        });
-        let _ = cleanup.join();
-    }
+    outbox_testkit::amqp::connect(url, name).await
 }

@@ -10,23 +10,21 @@
 //! fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use outbox_tests::servers::{amqp_url, database_url};
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use outbox_testkit::amqp::{TestBroker, close_connection};
+use outbox_testkit::eventually::eventually;
+use outbox_testkit::names;
+use outbox_testkit::pg::{self, TestSchema};
+use outbox_testkit::urls::{amqp_url, database_url};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use diesel::QueryableByName;
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::Text;
 use diesel_async::pooled_connection::deadpool::Pool;
-use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use lapin::message::BasicGetMessage;
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::options::BasicGetOptions;
 use outbox::postgres::{Outbox, PgInbox, PgInboxDatabase, PgTransaction};
 use outbox::rabbitmq::{
     DEAD_REASON_HEADER, EventHandler, HandlerError, InboxConsumer, IncomingEvent, QueueTopology,
@@ -38,8 +36,6 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 #[derive(Serialize, DomainEvent)]
 #[domain_event(aggregate = "order")]
@@ -66,58 +62,46 @@ fn order_placed() -> EventEnvelope {
 }
 
 /// The test's schema (migrated, plus an `effects` table) and broker objects;
-/// all dropped on drop, from a separate thread so it also works while the
-/// test unwinds.
+/// all dropped on drop, also while the test unwinds.
 struct Env {
     schema: String,
     pool: Pool<AsyncPgConnection>,
-    _amqp: Connection,
-    channel: Channel,
     exchange: String,
     topology: QueueTopology,
+    broker: TestBroker,
+    _schema: TestSchema,
 }
 
 impl Env {
     async fn new(test: &str) -> Env {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let schema = format!("t_consumer_{test}_{}_{n}", std::process::id());
+        let guard = TestSchema::reserve(&database_url(), names::unique("t_consumer", test));
+        let schema = guard.name().to_owned();
         let mut conn = outbox::postgres::connect(&database_url())
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         outbox::postgres::migrate(&mut conn, &schema).await.unwrap();
-        conn.batch_execute(&format!(
-            "CREATE TABLE \"{schema}\".effects (event_id uuid PRIMARY KEY, note text NOT NULL)"
-        ))
-        .await
-        .unwrap();
+        guard
+            .run("CREATE TABLE {schema}.effects (event_id uuid PRIMARY KEY, note text NOT NULL)")
+            .await;
         let pool = outbox::postgres::pool(&database_url(), 4).unwrap();
 
-        let amqp = Connection::connect(&amqp_url(), ConnectionProperties::default())
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "RabbitMQ not reachable at {}: {e}; start it with scripts/dev-services",
-                    amqp_url()
-                )
-            });
-        let channel = amqp.create_channel().await.unwrap();
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
-        let name = format!("test.e2e.consumer.{test}.{}.{n}", std::process::id());
-        let exchange = format!("{name}.x");
-        let topology = QueueTopology::new(format!("{name}.q"))
+        let broker = TestBroker::new(names::unique("test_e2e_consumer", test)).await;
+        let exchange = broker.named("x");
+        let topology = QueueTopology::new(broker.named("q"))
             .exchange(&exchange)
             .bind("order.*");
-        topology.declare(&channel).await.unwrap();
+        broker.delete_queue_on_drop(topology.queue_name());
+        broker.delete_queue_on_drop(topology.dead_letter_queue_name().unwrap());
+        broker.delete_exchange_on_drop(&exchange);
+        broker.delete_exchange_on_drop(topology.dead_letter_exchange_name().unwrap());
+        topology.declare(broker.channel()).await.unwrap();
         Env {
             schema,
             pool,
-            _amqp: amqp,
-            channel,
             exchange,
             topology,
+            broker,
+            _schema: guard,
         }
     }
 
@@ -135,69 +119,39 @@ impl Env {
 
     async fn publish(&self, envelope: &EventEnvelope) {
         let confirm = self
-            .channel
-            .basic_publish(
-                self.exchange.as_str().into(),
-                envelope.event_type.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
+            .broker
+            .publish(
+                &self.exchange,
+                &envelope.event_type,
                 envelope.payload.as_bytes(),
                 wire::properties(envelope, "/tests"),
             )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
+            .await;
         assert_eq!(confirm, lapin::Confirmation::Ack(None));
     }
 
     async fn ready(&self, queue: &str) -> u32 {
-        self.channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap()
-            .message_count()
+        self.broker.ready(queue).await
     }
 
     async fn dead_letter(&self) -> BasicGetMessage {
         let queue = self.topology.dead_letter_queue_name().unwrap();
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let got = self
-                .channel
-                .basic_get(queue.into(), BasicGetOptions { no_ack: true })
-                .await
-                .unwrap();
-            if let Some(message) = got {
-                return message;
-            }
-            assert!(Instant::now() < deadline, "no dead letter arrived");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually("a dead letter arrived")
+            .within(WAIT)
+            .some(|| async {
+                self.broker
+                    .channel()
+                    .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+                    .await
+                    .unwrap()
+            })
+            .await
     }
 
     async fn count(&self, sql: &str) -> i64 {
-        #[derive(QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
         let mut conn = self.pool.get().await.unwrap();
         let sql = sql.replace("{schema}", &format!("\"{}\"", self.schema));
-        diesel::sql_query(sql)
-            .get_result::<Count>(&mut *conn)
-            .await
-            .unwrap()
-            .n
+        pg::count(&mut conn, &sql).await
     }
 
     async fn effects(&self, event: Uuid) -> i64 {
@@ -214,65 +168,10 @@ impl Env {
 
     /// Waits until `sql` (a count) reaches `n`.
     async fn wait_count(&self, what: &str, sql: &str, n: i64) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let got = self.count(sql).await;
-            if got == n {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{what}: {got}, expected {n}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let schema = self.schema.clone();
-        let queues = [
-            self.topology.queue_name().to_owned(),
-            self.topology.dead_letter_queue_name().unwrap().to_owned(),
-        ];
-        let exchanges = [
-            self.exchange.clone(),
-            self.topology
-                .dead_letter_exchange_name()
-                .unwrap()
-                .to_owned(),
-        ];
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                if let Ok(mut conn) = outbox::postgres::connect(&database_url()).await {
-                    let _ = conn
-                        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                        .await;
-                }
-                if let Ok(amqp) =
-                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await
-                {
-                    let channel = amqp.create_channel().await.unwrap();
-                    for queue in queues {
-                        let _ = channel
-                            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                            .await;
-                    }
-                    for exchange in exchanges {
-                        let _ = channel
-                            .exchange_delete(
-                                exchange.as_str().into(),
-                                ExchangeDeleteOptions::default(),
-                            )
-                            .await;
-                    }
-                    let _ = amqp.close(200, "OK".into()).await;
-                }
-            });
-        });
-        let _ = cleanup.join();
+        eventually(what)
+            .within(WAIT)
+            .equals(n, || self.count(sql))
+            .await;
     }
 }
 
@@ -452,20 +351,6 @@ async fn a_handler_failing_every_time_leaves_no_effect_and_is_dead_lettered() {
     assert_eq!(env.ready(env.queue()).await, 0);
 }
 
-/// The pid of the broker connection named `name`, from `rabbitmqctl`.
-fn connection_pid(name: &str) -> Option<String> {
-    let output = Command::new("rabbitmqctl")
-        .args(["list_connections", "-q", "pid", "client_properties"])
-        .output()
-        .expect("rabbitmqctl runs (install RabbitMQ with scripts/dev-services)");
-    let needle = format!("{{\"connection_name\",\"{name}\"}}");
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .find(|line| line.contains(&needle))
-        .and_then(|line| line.split('\t').next())
-        .map(str::to_owned)
-}
-
 /// A [`PgInboxDatabase`] that, once armed, has the broker close the
 /// consumer's connection right after a commit: the crash between commit and
 /// ack. It also records what the inbox said each time.
@@ -500,16 +385,12 @@ impl InboxDatabase for CrashAfterCommit {
         if self.armed.swap(false, Ordering::SeqCst) {
             let name = self.connection_name.clone();
             tokio::task::spawn_blocking(move || {
-                let pid = connection_pid(&name).expect("the consumer's connection is listed");
-                let closed = Command::new("rabbitmqctl")
-                    .args([
-                        "close_connection",
-                        &pid,
-                        "test: crash between commit and ack",
-                    ])
-                    .output()
-                    .unwrap();
-                assert!(closed.status.success(), "{closed:?}");
+                // The crash between commit and ack.
+                assert_eq!(
+                    close_connection(&name),
+                    1,
+                    "the consumer's connection is listed"
+                );
             })
             .await
             .unwrap();

@@ -14,29 +14,28 @@
 //! the local servers of `scripts/dev-services`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
-use outbox_tests::servers::{amqp_url, database_url};
+use outbox_testkit::amqp::TestBroker;
+use outbox_testkit::names;
+use outbox_testkit::net::free_port;
+use outbox_testkit::pg::TestDatabase;
+use outbox_testkit::urls::{amqp_url, database_url};
+use outbox_tests::example_binary as binary;
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::fs::OpenOptions;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
-use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::RunQueryDsl;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
-};
+use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind};
 use outbox::rabbitmq::{DEAD_REASON_HEADER, declare_exchange, wire};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -48,78 +47,19 @@ const DEADLINE: Duration = Duration::from_secs(10);
 /// How long a process may take to answer `/healthz` after it was started.
 const STARTUP: Duration = Duration::from_secs(30);
 
-/// `url` naming database `name` instead of its own.
-fn with_database(url: &str, name: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-    let (authority, query) = match rest.split_once('/') {
-        Some((authority, path)) => (authority, path.split_once('?').map(|(_, q)| q)),
-        None => (rest, None),
-    };
-    match query {
-        Some(query) => format!("{scheme}://{authority}/{name}?{query}"),
-        None => format!("{scheme}://{authority}/{name}"),
-    }
-}
-
-/// The `ecommerce` binary, built once per test run with `cargo build -p
-/// ecommerce` (a binary of another package is not built for these tests).
-fn binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let output = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "-p",
-                "ecommerce",
-                "--message-format=json-render-diagnostics",
-            ])
-            .current_dir(&workspace)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run cargo build -p ecommerce");
-        assert!(output.status.success(), "cargo build -p ecommerce failed");
-        String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-            .filter(|message| {
-                message["reason"] == "compiler-artifact" && message["target"]["name"] == "ecommerce"
-            })
-            .find_map(|message| message["executable"].as_str().map(PathBuf::from))
-            .expect("cargo build -p ecommerce reported no executable")
-    })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Polls `probe` until it returns `expected`; fails after [`DEADLINE`].
-async fn eventually<T, F, Fut>(what: &str, expected: T, mut probe: F)
+async fn eventually<T, F, Fut>(what: &str, expected: T, probe: F)
 where
     T: PartialEq + Debug,
     F: FnMut() -> Fut,
     Fut: Future<Output = T>,
 {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let got = probe().await;
-        if got == expected {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: still {got:?} after {DEADLINE:?}, expected {expected:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    outbox_testkit::eventually::eventually(what)
+        .within(DEADLINE)
+        .every(Duration::from_millis(100))
+        .equals(expected, probe)
+        .await;
 }
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// What the service has stored: [`Shop::footprint`].
 #[derive(QueryableByName, Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,7 +80,6 @@ struct Footprint {
 
 /// One test's private e-commerce deployment.
 struct Shop {
-    name: String,
     database_url: String,
     exchange: String,
     prefix: String,
@@ -148,19 +87,21 @@ struct Shop {
     logs: PathBuf,
     children: HashMap<&'static str, Child>,
     http: reqwest::Client,
-    _amqp: Connection,
     channel: Channel,
     /// Messages taken from the capture queue and not yet asked for.
     captured: Mutex<Vec<Delivery>>,
     /// More environment for every role started from now on.
     env: Vec<(&'static str, String)>,
+    /// Deletes the exchanges and queues (also when the test panics).
+    broker: TestBroker,
+    /// Drops the database (also when the test panics).
+    _database: TestDatabase,
 }
 
 impl Shop {
     /// Names, a port and a broker connection; starts nothing yet.
     async fn new(test: &str) -> Shop {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let name = format!("ecommerce_test_{}_{n}", std::process::id());
+        let name = names::unique("ecommerce", test);
         let base = database_url();
         if let Err(error) = outbox::postgres::connect(&base).await {
             panic!(
@@ -169,28 +110,26 @@ impl Shop {
                 amqp_url()
             );
         }
-        let amqp = Connection::connect(&amqp_url(), ConnectionProperties::default())
-            .await
-            .unwrap_or_else(|error| {
-                panic!(
-                    "RabbitMQ not reachable at {}: {error}; run scripts/dev-services, or set AMQP_URL",
-                    amqp_url()
-                )
-            });
-        let channel = amqp.create_channel().await.unwrap();
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
+        // The processes create the database; it is dropped all the same.
+        let database = TestDatabase::reserve(&base, &name);
+        let broker = TestBroker::new(&name).await;
+        let exchange = broker.named("events");
+        broker.delete_exchange_on_drop(&exchange);
+        for consumer in ["inventory", "loyalty", "orders"] {
+            let queue = broker.named(consumer);
+            broker.delete_queue_on_drop(format!("{queue}.dead"));
+            broker.delete_exchange_on_drop(format!("{queue}.dlx"));
+            broker.delete_queue_on_drop(queue);
+        }
+        broker.delete_queue_on_drop(broker.named("capture"));
         let logs = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join("ecommerce")
             .join(format!("{test}-{name}"));
         std::fs::create_dir_all(&logs).unwrap();
         Shop {
-            database_url: with_database(&base, &name),
-            exchange: format!("{name}.events"),
-            prefix: name.clone(),
-            name,
+            database_url: database.url().to_owned(),
+            exchange,
+            prefix: name,
             port: free_port(),
             logs,
             children: HashMap::new(),
@@ -198,10 +137,11 @@ impl Shop {
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap(),
-            _amqp: amqp,
-            channel,
+            channel: broker.channel().clone(),
             captured: Mutex::new(Vec::new()),
             env: Vec::new(),
+            broker,
+            _database: database,
         }
     }
 
@@ -442,18 +382,7 @@ impl Shop {
 
     /// Messages ready in `queue`.
     async fn ready(&self, queue: &str) -> u32 {
-        self.channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap()
-            .message_count()
+        self.broker.ready(queue).await
     }
 
     /// Binds a queue of the test's own to the exchange with `#`, so every
@@ -463,25 +392,15 @@ impl Shop {
         declare_exchange(&self.channel, &self.exchange, ExchangeKind::Topic)
             .await
             .unwrap();
-        let queue = self.queue("capture");
-        self.channel
-            .queue_declare(
-                queue.as_str().into(),
+        let queue = self
+            .broker
+            .queue_with(
+                &self.queue("capture"),
                 QueueDeclareOptions::default(),
                 FieldTable::default(),
             )
-            .await
-            .unwrap();
-        self.channel
-            .queue_bind(
-                queue.as_str().into(),
-                self.exchange.as_str().into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+            .await;
+        self.broker.bind(&queue, &self.exchange, "#").await;
     }
 
     /// The published `event_type` message of order `order`, from the
@@ -535,22 +454,7 @@ impl Shop {
     /// Publishes `body` with `properties` straight into `queue`, through the
     /// default exchange, and waits for the broker's confirm.
     async fn publish_to(&self, queue: &str, body: &[u8], properties: BasicProperties) {
-        let confirm = self
-            .channel
-            .basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                properties,
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
+        let confirm = self.broker.publish("", queue, body, properties).await;
         assert_eq!(confirm, Confirmation::Ack(None), "published into {queue}");
     }
 
@@ -693,51 +597,6 @@ impl Drop for Shop {
         } else {
             let _ = std::fs::remove_dir_all(&self.logs);
         }
-        let name = self.name.clone();
-        let queues: Vec<String> = ["inventory", "loyalty", "orders"]
-            .iter()
-            .flat_map(|q| [self.queue(q), format!("{}.dead", self.queue(q))])
-            .chain([self.queue("capture")])
-            .collect();
-        let exchanges: Vec<String> = ["inventory", "loyalty", "orders"]
-            .iter()
-            .map(|q| format!("{}.dlx", self.queue(q)))
-            .chain([self.exchange.clone()])
-            .collect();
-        // From a thread of its own: this may run while the test unwinds.
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                if let Ok(mut conn) = outbox::postgres::connect(&database_url()).await {
-                    let _ = conn
-                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                        .await;
-                }
-                if let Ok(amqp) =
-                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await
-                {
-                    let channel = amqp.create_channel().await.unwrap();
-                    for queue in queues {
-                        let _ = channel
-                            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                            .await;
-                    }
-                    for exchange in exchanges {
-                        let _ = channel
-                            .exchange_delete(
-                                exchange.as_str().into(),
-                                ExchangeDeleteOptions::default(),
-                            )
-                            .await;
-                    }
-                    let _ = amqp.close(200, "OK".into()).await;
-                }
-            });
-        });
-        let _ = cleanup.join();
     }
 }
 

@@ -62,18 +62,7 @@ impl Rng {
     }
 }
 
-/// Logs of the library parts running in the test process (inbox consumer,
-/// producers) go to the test's captured output: shown when it fails.
-fn logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("warn,lapin::returned_messages=error")
-            }),
-        )
-        .with_test_writer()
-        .try_init();
-}
+use outbox_tests::test_logs as logs;
 
 /// Starts a relay and waits until it runs.
 async fn relay(scenario: &Scenario, name: &str) -> RelayProcess {
@@ -194,7 +183,7 @@ async fn the_broker_stopped_and_started_while_producers_commit_loses_nothing() {
         .await
         .unwrap();
     let servers = Servers {
-        database_url: outbox_tests::servers::database_url(),
+        database_url: outbox_testkit::urls::database_url(),
         amqp_url: rabbit.url(),
     };
     let scenario = Scenario::new("broker", servers).await;
@@ -289,7 +278,7 @@ async fn database_sessions_killed_and_the_database_restarted_lose_nothing() {
         .unwrap();
     let servers = Servers {
         database_url: pg.url(),
-        amqp_url: outbox_tests::servers::amqp_url(),
+        amqp_url: outbox_testkit::urls::amqp_url(),
     };
     let scenario = Scenario::new("database", servers).await;
     let tap = Tap::start(&scenario);
@@ -339,19 +328,9 @@ async fn database_sessions_killed_and_the_database_restarted_lose_nothing() {
 async fn ready(amqp_url: &str, queue: &str) -> u32 {
     let conn = connect_amqp(amqp_url, "fault-suite-probe").await;
     let channel = conn.create_channel().await.unwrap();
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            lapin::types::FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let ready = outbox_testkit::amqp::ready(&channel, queue).await;
     let _ = conn.close(200, "probe done".into()).await;
-    declared.message_count()
+    ready
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -379,11 +358,10 @@ async fn a_slow_failing_consumer_with_lost_connections_applies_each_event_once()
         deepest = deepest.max(ready(&scenario.servers.amqp_url, &scenario.inbox_queue).await);
         if closes < 2 && started.elapsed() > Duration::from_secs(2 + 2 * closes) {
             let name = consumer.clone();
-            let closed = tokio::task::spawn_blocking(move || {
-                outbox_tests::servers::close_shared_connections(&name)
-            })
-            .await
-            .unwrap();
+            let closed =
+                tokio::task::spawn_blocking(move || outbox_testkit::amqp::close_connections(&name))
+                    .await
+                    .unwrap();
             assert!(
                 closed >= 1,
                 "the consumer's connection was closed: {closed}"
@@ -411,12 +389,16 @@ async fn a_slow_failing_consumer_with_lost_connections_applies_each_event_once()
 }
 
 /// Waits (up to `limit`) until `probe` holds; panics naming `what`.
-async fn eventually(what: &str, limit: Duration, mut probe: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !probe().await {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+async fn eventually<F, Fut>(what: &str, limit: Duration, probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    outbox_testkit::eventually::eventually(what)
+        .within(limit)
+        .every(Duration::from_millis(200))
+        .until(probe)
+        .await;
 }
 
 #[derive(diesel::QueryableByName, Debug)]
@@ -444,7 +426,7 @@ async fn poison_misconfiguration_and_a_frozen_broker_stop_no_healthy_aggregate()
             .unwrap(),
     );
     let servers = Servers {
-        database_url: outbox_tests::servers::database_url(),
+        database_url: outbox_testkit::urls::database_url(),
         amqp_url: rabbit.url(),
     };
     // `fault.late` (producer 0's every third transaction) is unbound.
@@ -513,26 +495,21 @@ async fn poison_misconfiguration_and_a_frozen_broker_stop_no_healthy_aggregate()
     scenario.expect_dead(oversized);
     let behind = commit_burst(&scenario, "doomed", 0, 2000).await;
     scenario.fault("a malformed row; an oversized head with 2,000 events behind it");
-    eventually(
-        "both poison rows dead",
-        Duration::from_secs(30),
-        async || {
-            status_of(malformed).await.status == "dead"
-                && status_of(oversized).await.status == "dead"
-        },
-    )
+    eventually("both poison rows dead", Duration::from_secs(30), || async {
+        status_of(malformed).await.status == "dead" && status_of(oversized).await.status == "dead"
+    })
     .await;
     eventually(
         "the 2,000 events behind the dead head held",
         Duration::from_secs(30),
-        async || count("aggregate_id = 'doomed' AND status = 'held'").await == 2000,
+        || async { count("aggregate_id = 'doomed' AND status = 'held'").await == 2000 },
     )
     .await;
     let before = healthy(&tap);
     eventually(
         "healthy aggregates flow behind the poison",
         Duration::from_secs(10),
-        async || healthy(&tap) > before + 50,
+        || async { healthy(&tap) > before + 50 },
     )
     .await;
     // The operator skips the dead head: the 2,000 behind it flow.
@@ -547,7 +524,7 @@ async fn poison_misconfiguration_and_a_frozen_broker_stop_no_healthy_aggregate()
     eventually(
         "the 2,000 events behind the skipped head delivered",
         Duration::from_secs(60),
-        async || {
+        || async {
             let delivered = tap.unique_ids();
             behind.iter().all(|id| delivered.contains(id))
         },
@@ -575,7 +552,7 @@ async fn poison_misconfiguration_and_a_frozen_broker_stop_no_healthy_aggregate()
     eventually(
         "healthy aggregates flow after the thaw",
         Duration::from_secs(30),
-        async || healthy(&tap) > before + 50,
+        || async { healthy(&tap) > before + 50 },
     )
     .await;
 
@@ -590,7 +567,7 @@ async fn poison_misconfiguration_and_a_frozen_broker_stop_no_healthy_aggregate()
     eventually(
         "the backlog of the freeze drained",
         Duration::from_secs(240),
-        async || {
+        || async {
             count("status = 'pending' AND aggregate_id NOT LIKE 'p0-%'").await < 100
                 && scenario.count(unapplied.clone()).await.unwrap() < 100
         },

@@ -15,35 +15,27 @@
 //! `AMQP_URL` (defaults: the local servers of `scripts/dev-services`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use outbox_tests::servers::{amqp_url, database_url};
+use outbox_testkit::eventually::eventually;
+use outbox_testkit::pg;
+use outbox_testkit::urls::database_url;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use diesel::QueryableByName;
-use diesel::sql_types::{BigInt, Integer, Text};
-use diesel_async::pooled_connection::deadpool::Pool;
-use diesel_async::{AsyncConnection as _, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel::sql_types::{Integer, Text};
+use diesel_async::{AsyncConnection as _, RunQueryDsl, SimpleAsyncConnection};
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicGetOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox::postgres::{Error, Outbox, PgOutboxStore};
-use outbox::rabbitmq::{LapinPublisher, declare_exchange, wire};
-use outbox::{
-    DeadSelector, DomainEvent, EventEnvelope, OutboxStore as _, Relay, RelayHandle, RetryPolicy,
-};
+use lapin::options::BasicGetOptions;
+use outbox::postgres::Error;
+use outbox::rabbitmq::wire;
+use outbox::{DeadSelector, DomainEvent, EventEnvelope, OutboxStore as _, RetryPolicy};
+use outbox_tests::Pipeline;
 use serde::Serialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 /// How long an eventual effect (delivery, a mark) may take.
 const WAIT: Duration = Duration::from_secs(60);
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// An event whose payload is any JSON value and whose aggregate id is any
 /// string: what a careless or hostile caller can hand the outbox.
@@ -137,85 +129,32 @@ struct Stored {
     attempts: i32,
 }
 
-#[derive(QueryableByName)]
-struct Count {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
 /// A migrated schema with a `business` table (the caller's own change in
 /// the recording transaction), an exchange, and a queue bound to it with
-/// `order.#`; all removed on drop.
-struct Env {
-    name: String,
-    schema: String,
-    outbox: Outbox,
-    pool: Pool<AsyncPgConnection>,
-    _amqp: Connection,
-    channel: Channel,
-    exchange: String,
-    queue: String,
+/// `order.#`, relays with batches of 50; all removed on drop (also when
+/// the test panics).
+struct Env(Pipeline);
+
+impl std::ops::Deref for Env {
+    type Target = Pipeline;
+
+    fn deref(&self) -> &Pipeline {
+        &self.0
+    }
 }
 
 impl Env {
     async fn new(test: &str) -> Env {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let name = format!("hostile_{test}_{}_{n}", std::process::id());
-        let mut conn = outbox::postgres::connect(&database_url())
+        let pipeline = Pipeline::new("hostile", test, "order.#")
             .await
-            .unwrap_or_else(|e| {
-                panic!("{e}\n(these tests need PostgreSQL and RabbitMQ: run scripts/dev-services)")
-            });
-        let amqp = Connection::connect(&amqp_url(), ConnectionProperties::default())
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "RabbitMQ not reachable at {}: {e}; start it with scripts/dev-services, \
-                     or set AMQP_URL",
-                    amqp_url()
-                )
-            });
-        let schema = name.clone();
-        outbox::postgres::migrate(&mut conn, &schema).await.unwrap();
-        conn.batch_execute(&format!(
-            "CREATE TABLE \"{schema}\".business (note text NOT NULL)"
+            .batch_size(50);
+        let env = Env(pipeline);
+        env.run_sql(&format!(
+            "CREATE TABLE \"{}\".business (note text NOT NULL)",
+            env.schema
         ))
-        .await
-        .unwrap();
-        let channel = amqp.create_channel().await.unwrap();
-        let exchange = format!("{name}.x");
-        let queue = format!("{name}.q");
-        declare_exchange(&channel, &exchange, ExchangeKind::Topic)
-            .await
-            .unwrap();
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                "order.#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        Env {
-            outbox: Outbox::new(&schema).unwrap(),
-            pool: outbox::postgres::pool(&database_url(), 4).unwrap(),
-            name,
-            schema,
-            _amqp: amqp,
-            channel,
-            exchange,
-            queue,
-        }
+        .await;
+        env
     }
 
     /// In one transaction: a row in `business`, then `envelopes` recorded;
@@ -253,11 +192,7 @@ impl Env {
     async fn count(&self, sql: &str) -> i64 {
         let mut conn = self.pool.get().await.unwrap();
         let sql = sql.replace("{schema}", &format!("\"{}\"", self.schema));
-        diesel::sql_query(sql)
-            .get_result::<Count>(&mut *conn)
-            .await
-            .unwrap()
-            .n
+        pg::count(&mut conn, &sql).await
     }
 
     async fn run_sql(&self, sql: &str) {
@@ -286,45 +221,6 @@ impl Env {
         .get_result(&mut *conn)
         .await
         .unwrap()
-    }
-
-    fn store(&self) -> PgOutboxStore {
-        PgOutboxStore::builder(self.pool.clone())
-            .schema(&self.schema)
-            .build()
-            .unwrap()
-    }
-
-    fn publisher(&self) -> outbox::rabbitmq::LapinPublisherBuilder {
-        LapinPublisher::builder(amqp_url())
-            .exchange(&self.exchange)
-            .source("/tests")
-            .connection_name(format!("{}.relay", self.name))
-    }
-
-    fn start(
-        &self,
-        publisher: LapinPublisher,
-        retry: RetryPolicy,
-    ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
-        self.start_with(publisher, retry, outbox::UnroutablePolicy::default())
-    }
-
-    fn start_with(
-        &self,
-        publisher: LapinPublisher,
-        retry: RetryPolicy,
-        unroutable: outbox::UnroutablePolicy,
-    ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
-        let relay = Relay::builder(self.store(), publisher)
-            .unroutable(unroutable)
-            .batch_size(50)
-            .poll_interval(Duration::from_millis(20))
-            .retry(retry)
-            .build()
-            .unwrap();
-        let handle = relay.handle();
-        (handle, tokio::spawn(relay.run()))
     }
 
     /// Takes messages from the queue until one arrived for each of `ids`;
@@ -370,31 +266,15 @@ impl Env {
 
     /// Messages ready in the queue.
     async fn count_ready(&self) -> u32 {
-        self.channel
-            .queue_declare(
-                self.queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap()
-            .message_count()
+        self.broker.ready(&self.queue).await
     }
 
     /// Waits until `sql` (a count) is `n`.
     async fn wait_count(&self, what: &str, sql: &str, n: i64) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let got = self.count(sql).await;
-            if got == n {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{what}: {got}, expected {n}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually(what)
+            .within(WAIT)
+            .equals(n, || self.count(sql))
+            .await;
     }
 
     /// Relays everything recorded and returns the deliveries of `ids`, once
@@ -473,53 +353,6 @@ impl Env {
             "{what}: decoded payload differs"
         );
         assert_eq!(incoming.aggregate_id, aggregate_id, "{what}");
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let schema = self.schema.clone();
-        let queue = self.queue.clone();
-        let exchange = self.exchange.clone();
-        // From a thread of its own: this may run while the test unwinds,
-        // or after its runtime stopped driving tasks.
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                if let Ok(mut conn) = outbox::postgres::connect(&database_url()).await {
-                    // A relay still holding a claim would block the drop.
-                    let _ = conn
-                        .batch_execute(&format!(
-                            "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
-                             JOIN pg_class c ON c.oid = l.relation \
-                             JOIN pg_namespace n ON n.oid = c.relnamespace \
-                             WHERE n.nspname = '{schema}' AND l.pid <> pg_backend_pid(); \
-                             DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-                        ))
-                        .await;
-                }
-                if let Ok(amqp) =
-                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await
-                {
-                    if let Ok(channel) = amqp.create_channel().await {
-                        let _ = channel
-                            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                            .await;
-                        let _ = channel
-                            .exchange_delete(
-                                exchange.as_str().into(),
-                                ExchangeDeleteOptions::default(),
-                            )
-                            .await;
-                    }
-                    let _ = amqp.close(200, "OK".into()).await;
-                }
-            });
-        });
-        let _ = cleanup.join();
     }
 }
 

@@ -12,13 +12,16 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use diesel_async::SimpleAsyncConnection;
-use lapin::options::{BasicPublishOptions, ExchangeDeleteOptions, QueueDeleteOptions};
-use lapin::{BasicProperties, Connection, ConnectionProperties};
-use outbox_tests::servers::{amqp_url, database_url, free_port};
+use lapin::BasicProperties;
+use lapin::options::BasicPublishOptions;
+use outbox_testkit::amqp::BrokerCleanup;
+use outbox_testkit::names;
+use outbox_testkit::net::free_port;
+use outbox_testkit::pg::TestDatabase;
+use outbox_testkit::urls::{amqp_url, database_url};
+use outbox_tests::example_binary as binary;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -236,50 +239,6 @@ fn exported_metrics(page: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The `ecommerce` binary, built once with `cargo build -p ecommerce` (as
-/// tests/ecommerce.rs does: a binary of another package is not built for
-/// these tests).
-fn binary() -> PathBuf {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY
-        .get_or_init(|| {
-            let output = Command::new(env!("CARGO"))
-                .args([
-                    "build",
-                    "-p",
-                    "ecommerce",
-                    "--message-format=json-render-diagnostics",
-                ])
-                .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-                .stderr(Stdio::inherit())
-                .output()
-                .expect("run cargo build -p ecommerce");
-            assert!(output.status.success(), "cargo build -p ecommerce failed");
-            String::from_utf8_lossy(&output.stdout)
-                .lines()
-                .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-                .filter(|m| {
-                    m["reason"] == "compiler-artifact" && m["target"]["name"] == "ecommerce"
-                })
-                .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-                .expect("cargo build -p ecommerce reported no executable")
-        })
-        .clone()
-}
-
-/// `url` naming database `name` instead of its own.
-fn with_database(url: &str, name: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-    let (authority, query) = match rest.split_once('/') {
-        Some((authority, path)) => (authority, path.split_once('?').map(|(_, q)| q)),
-        None => (rest, None),
-    };
-    match query {
-        Some(query) => format!("{scheme}://{authority}/{name}?{query}"),
-        None => format!("{scheme}://{authority}/{name}"),
-    }
-}
-
 /// The example's `all` role in a process of its own, with its own database,
 /// exchange and queues; all of them removed on drop.
 struct Shop {
@@ -287,17 +246,29 @@ struct Shop {
     port: u16,
     log: PathBuf,
     child: Child,
+    /// Deletes the exchanges and queues (also when the test panics).
+    _broker: BrokerCleanup,
+    /// Drops the database (also when the test panics).
+    _database: TestDatabase,
 }
 
 impl Shop {
     fn start() -> Shop {
-        let name = format!("ecommerce_ops_{}", std::process::id());
+        let name = names::unique("ecommerce_ops", "metrics");
+        let database = TestDatabase::reserve(&database_url(), &name);
+        let broker = BrokerCleanup::new(&amqp_url(), &name);
+        broker.exchange(format!("{name}.events"));
+        for queue in ["inventory", "loyalty", "orders"] {
+            broker.queue(format!("{name}.{queue}"));
+            broker.queue(format!("{name}.{queue}.dead"));
+            broker.exchange(format!("{name}.{queue}.dlx"));
+        }
         let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.log"));
         let port = free_port();
         let output = std::fs::File::create(&log).unwrap();
         let child = Command::new(binary())
             .arg("all")
-            .env("DATABASE_URL", with_database(&database_url(), &name))
+            .env("DATABASE_URL", database.url())
             .env("AMQP_URL", amqp_url())
             .env("BIND", format!("127.0.0.1:{port}"))
             .env("EXCHANGE", format!("{name}.events"))
@@ -313,6 +284,8 @@ impl Shop {
             port,
             log,
             child,
+            _broker: broker,
+            _database: database,
         }
     }
 
@@ -336,42 +309,6 @@ impl Drop for Shop {
         } else {
             let _ = std::fs::remove_file(&self.log);
         }
-        let name = self.name.clone();
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                if let Ok(mut conn) = outbox::postgres::connect(&database_url()).await {
-                    let _ = conn
-                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                        .await;
-                }
-                if let Ok(amqp) =
-                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await
-                {
-                    let channel = amqp.create_channel().await.unwrap();
-                    for queue in ["inventory", "loyalty", "orders"] {
-                        for name in [format!("{name}.{queue}"), format!("{name}.{queue}.dead")] {
-                            let _ = channel
-                                .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-                                .await;
-                        }
-                        let dlx = format!("{name}.{queue}.dlx");
-                        let _ = channel
-                            .exchange_delete(dlx.as_str().into(), ExchangeDeleteOptions::default())
-                            .await;
-                    }
-                    let events = format!("{name}.events");
-                    let _ = channel
-                        .exchange_delete(events.as_str().into(), ExchangeDeleteOptions::default())
-                        .await;
-                    let _ = amqp.close(200, "OK".into()).await;
-                }
-            });
-        });
-        let _ = cleanup.join();
     }
 }
 
@@ -425,14 +362,7 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exported_by_the_exampl
         .await
         .unwrap();
     assert!(response.status().is_success(), "{response:?}");
-    let amqp = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "RabbitMQ not reachable at {}: {e}; run scripts/dev-services",
-                amqp_url()
-            )
-        });
+    let amqp = outbox_testkit::amqp::connect(&amqp_url(), &format!("{}.test", shop.name)).await;
     let channel = amqp.create_channel().await.unwrap();
     channel
         .basic_publish(

@@ -7,12 +7,15 @@
 
 use std::time::Duration;
 
-use diesel::sql_types::{BigInt, Bool};
+use diesel::sql_types::Bool;
 use diesel_async::{AsyncConnection as _, AsyncPgConnection, RunQueryDsl as _};
 use outbox::postgres::{Error, Outbox, PgOutboxStore};
 use outbox::testing::RecordingPublisher;
 use outbox::{DomainEvent, Relay};
-use outbox_tests::{PrivatePostgres, TestPki};
+use outbox_testkit::eventually::eventually;
+use outbox_testkit::pg;
+use outbox_testkit::pki::TestPki;
+use outbox_testkit::servers::PrivatePostgres;
 use serde::Serialize;
 
 #[derive(Serialize, DomainEvent)]
@@ -210,29 +213,18 @@ async fn pool_migrations_and_listen_use_tls() {
         encrypted(&mut monitor).await,
         "pooled connections are encrypted"
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        #[derive(diesel::QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
-        let listening: Count = diesel::sql_query(
-            "SELECT count(*) AS n FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
-             WHERE a.state = 'idle' AND a.query LIKE 'LISTEN %' AND s.ssl",
-        )
-        .get_result(&mut *monitor)
-        .await
-        .unwrap();
-        if listening.n == 1 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no encrypted LISTEN session"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let monitor = tokio::sync::Mutex::new(monitor);
+    eventually("an encrypted LISTEN session")
+        .every(Duration::from_millis(20))
+        .equals(1, || async {
+            pg::count(
+                &mut *monitor.lock().await,
+                "SELECT count(*) AS n FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+                 WHERE a.state = 'idle' AND a.query LIKE 'LISTEN %' AND s.ssl",
+            )
+            .await
+        })
+        .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = publisher.published_ids().len();
 

@@ -3,28 +3,24 @@
 //! an exchange/queue pair.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use outbox_tests::servers::{amqp_url, database_url};
+use outbox_testkit::eventually::eventually;
+use outbox_testkit::pg;
+use outbox_testkit::urls::{amqp_url, database_url};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use diesel::{Connection as _, PgConnection, RunQueryDsl as _};
 use diesel_async::AsyncConnection as _;
 use futures_util::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox::postgres::{Outbox, PgOutboxStore};
 use outbox::rabbitmq::LapinPublisher;
-use outbox::{DomainEvent, Relay, RelayHandle, RetryPolicy};
+use outbox::{DomainEvent, RetryPolicy};
+use outbox_tests::Pipeline;
 use serde::Serialize;
 use uuid::Uuid;
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 #[derive(Serialize, DomainEvent)]
 #[domain_event(aggregate = "order")]
@@ -34,80 +30,24 @@ struct OrderPlaced {
     n: u32,
 }
 
-/// A schema, an exchange and a queue bound to it with `#`; all removed on drop.
-struct Env {
-    name: String,
-    schema: String,
-    outbox: Outbox,
-    pool: diesel_async::pooled_connection::deadpool::Pool<diesel_async::AsyncPgConnection>,
-    _amqp: Connection,
-    channel: Channel,
-    exchange: String,
-    queue: String,
+/// A schema, an exchange and a queue bound to it with `order.*`, relays
+/// with batches of 100 that pause 50–500 ms; all removed on drop (also
+/// when the test panics).
+struct Env(Pipeline);
+
+impl std::ops::Deref for Env {
+    type Target = Pipeline;
+
+    fn deref(&self) -> &Pipeline {
+        &self.0
+    }
 }
 
 impl Env {
     async fn new(test: &str) -> Env {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let name = format!("relay_{test}_{}_{n}", std::process::id());
-        let schema = name.clone();
-        outbox::postgres::migrate_url(&database_url(), &schema)
+        Env(Pipeline::new("relay", test, "order.*")
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let amqp = Connection::connect(&amqp_url(), ConnectionProperties::default())
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "RabbitMQ not reachable at {}: {e}; start it with scripts/dev-services",
-                    amqp_url()
-                )
-            });
-        let channel = amqp.create_channel().await.unwrap();
-        let exchange = format!("{name}.x");
-        let queue = format!("{name}.q");
-        channel
-            .exchange_declare(
-                exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                "order.*".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        Env {
-            outbox: Outbox::new(&schema).unwrap(),
-            pool: outbox::postgres::pool(&database_url(), 4).unwrap(),
-            name,
-            schema,
-            _amqp: amqp,
-            channel,
-            exchange,
-            queue,
-        }
+            .pause(Duration::from_millis(50), Duration::from_millis(500)))
     }
 
     async fn record(&self, events: &[(String, u32)]) -> Vec<Uuid> {
@@ -130,46 +70,6 @@ impl Env {
             ids.extend(chunk_ids);
         }
         ids
-    }
-
-    fn store(&self) -> PgOutboxStore {
-        PgOutboxStore::builder(self.pool.clone())
-            .schema(&self.schema)
-            .build()
-            .unwrap()
-    }
-
-    fn publisher(&self) -> outbox::rabbitmq::LapinPublisherBuilder {
-        LapinPublisher::builder(amqp_url())
-            .exchange(&self.exchange)
-            .source("/tests")
-            .connection_name(format!("{}.relay", self.name))
-    }
-
-    fn start(
-        &self,
-        publisher: LapinPublisher,
-        retry: RetryPolicy,
-    ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
-        self.start_with(publisher, retry, outbox::UnroutablePolicy::default())
-    }
-
-    fn start_with(
-        &self,
-        publisher: LapinPublisher,
-        retry: RetryPolicy,
-        unroutable: outbox::UnroutablePolicy,
-    ) -> (RelayHandle, tokio::task::JoinHandle<()>) {
-        let relay = Relay::builder(self.store(), publisher)
-            .unroutable(unroutable)
-            .batch_size(100)
-            .poll_interval(Duration::from_millis(20))
-            .pause(Duration::from_millis(50), Duration::from_millis(500))
-            .retry(retry)
-            .build()
-            .unwrap();
-        let handle = relay.handle();
-        (handle, tokio::spawn(relay.run()))
     }
 
     /// Collects every message id arriving on the queue, in arrival order.
@@ -202,19 +102,13 @@ impl Env {
     }
 
     fn sql_count(&self, filter: &str) -> i64 {
-        #[derive(diesel::QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            n: i64,
-        }
-        let mut conn = PgConnection::establish(&database_url()).unwrap();
-        diesel::sql_query(format!(
-            "SELECT count(*) AS n FROM \"{}\".outbox_events {filter}",
-            self.schema
-        ))
-        .get_result::<Count>(&mut conn)
-        .unwrap()
-        .n
+        pg::count_sync(
+            &mut PgConnection::establish(&database_url()).unwrap(),
+            &format!(
+                "SELECT count(*) AS n FROM \"{}\".outbox_events {filter}",
+                self.schema
+            ),
+        )
     }
 
     fn row(&self, id: Uuid) -> (String, i32, Option<String>) {
@@ -238,58 +132,11 @@ impl Env {
     }
 }
 
-impl Drop for Env {
-    fn drop(&mut self) {
-        if let Ok(mut conn) = PgConnection::establish(&database_url()) {
-            let _ = diesel::sql_query(format!(
-                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
-                 JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = '{}' AND l.pid <> pg_backend_pid()",
-                self.schema
-            ))
-            .execute(&mut conn);
-            let _ = diesel::sql_query(format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema))
-                .execute(&mut conn);
-        }
-        let queue = self.queue.clone();
-        let exchange = self.exchange.clone();
-        let channel = self.channel.clone();
-        // Best effort; the runtime may be shutting down.
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let _ = channel
-                    .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                    .await;
-                let _ = channel
-                    .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-                    .await;
-            });
-        }
-    }
-}
-
-impl Env {
-    async fn cleanup(self) {
-        let _ = self
-            .channel
-            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
-        let _ = self
-            .channel
-            .exchange_delete(
-                self.exchange.as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await;
-    }
-}
-
 async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(what)
+        .within(limit)
+        .until(|| std::future::ready(done()))
+        .await;
 }
 
 fn interleaved(aggregates: usize, per: usize) -> Vec<(String, u32)> {
@@ -342,7 +189,6 @@ async fn ten_thousand_events_are_relayed_and_each_received() {
             "order broken for {aggregate}"
         );
     }
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -373,7 +219,6 @@ async fn an_unroutable_event_spends_its_attempts_and_ends_dead_when_told_to() {
     let last_error = last_error.unwrap();
     assert!(last_error.contains("NO_ROUTE"), "{last_error}");
     assert!(received.lock().unwrap().is_empty());
-    env.cleanup().await;
 }
 
 /// A missing binding is a configuration fault, not a bad message: by
@@ -429,16 +274,7 @@ async fn unroutable_events_are_held_without_attempts_until_their_binding_appears
     assert_eq!(stats.unroutable, 1, "the store-wide unroutable count");
     assert!(!received.lock().unwrap().contains(&ids[0]));
 
-    env.channel
-        .queue_bind(
-            env.queue.as_str().into(),
-            env.exchange.as_str().into(),
-            "refund.*".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    env.broker.bind(&env.queue, &env.exchange, "refund.*").await;
     wait_until("o-1's events delivered", Duration::from_secs(30), || {
         let got = received.lock().unwrap();
         got.contains(&ids[0]) && got.contains(&ids[1])
@@ -454,7 +290,6 @@ async fn unroutable_events_are_held_without_attempts_until_their_binding_appears
         0,
         "delivered without spending an attempt"
     );
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -495,7 +330,6 @@ async fn a_missing_exchange_costs_attempts_only_for_its_events() {
             _ => assert_eq!((status.as_str(), attempts), ("sent", 0), "{aggregate} {n}"),
         }
     }
-    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -528,11 +362,10 @@ async fn forced_connection_closes_lose_nothing_and_mark_nothing_unconfirmed() {
     while faults < 3 && started.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let name = relay_name.clone();
-        faults += tokio::task::spawn_blocking(move || {
-            outbox_tests::servers::close_shared_connections(&name)
-        })
-        .await
-        .unwrap();
+        faults +=
+            tokio::task::spawn_blocking(move || outbox_testkit::amqp::close_connections(&name))
+                .await
+                .unwrap();
     }
     faulting.store(false, Ordering::Relaxed);
     let ids = producer.await.unwrap();
@@ -571,9 +404,6 @@ async fn forced_connection_closes_lose_nothing_and_mark_nothing_unconfirmed() {
         received.len(),
         received.len() - unique.len()
     );
-    if let Ok(env) = Arc::try_unwrap(env) {
-        env.cleanup().await;
-    }
 }
 
 /// An event whose note may carry the marker that makes the test proxy cut
@@ -722,7 +552,6 @@ async fn poison_through_proxy(test: &str, relays: usize) -> String {
         proxy.connections(),
         env.sql_count(&format!("WHERE suspect_count > 0 AND id <> '{poison}'"))
     );
-    env.cleanup().await;
     summary
 }
 

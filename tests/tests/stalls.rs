@@ -13,28 +13,17 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection};
 use outbox::rabbitmq::LapinPublisher;
 use outbox::testing::InMemoryStore;
 use outbox::{
     DomainEvent, EventEnvelope, EventStatus, OutboxStore, PublishOutcome, Publisher, Relay,
     RetryPolicy,
 };
-use outbox_tests::{PrivateRabbit, connect_amqp};
+use outbox_testkit::amqp::TestBroker;
+use outbox_testkit::servers::PrivateRabbit;
 use uuid::Uuid;
 
-fn logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("warn,lapin::returned_messages=error")
-            }),
-        )
-        .with_test_writer()
-        .try_init();
-}
+use outbox_tests::test_logs as logs;
 
 async fn private_rabbit() -> Arc<PrivateRabbit> {
     Arc::new(
@@ -44,57 +33,22 @@ async fn private_rabbit() -> Arc<PrivateRabbit> {
     )
 }
 
-/// The exchange (declared by the publisher) and a queue bound to it for
-/// `binding`, on the private node.
+/// The exchange and a queue bound to it for `binding`, on the private node;
+/// deleted on drop.
 struct Topology {
-    _conn: Connection,
-    channel: Channel,
+    broker: TestBroker,
     exchange: String,
     queue: String,
 }
 
 impl Topology {
     async fn new(rabbit: &PrivateRabbit, test: &str, binding: &str) -> Topology {
-        let conn = connect_amqp(&rabbit.url(), &format!("{test}.setup")).await;
-        let channel = conn.create_channel().await.unwrap();
-        let exchange = format!("{test}.x");
-        let queue = format!("{test}.q");
-        channel
-            .exchange_declare(
-                exchange.as_str().into(),
-                lapin::ExchangeKind::Topic,
-                lapin::options::ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                binding.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let broker = TestBroker::on(&rabbit.url(), test).await;
+        let exchange = broker.topic_exchange(&broker.named("x")).await;
+        let queue = broker.queue(&broker.named("q")).await;
+        broker.bind(&queue, &exchange, binding).await;
         Topology {
-            _conn: conn,
-            channel,
+            broker,
             exchange,
             queue,
         }
@@ -103,12 +57,7 @@ impl Topology {
     /// The ids of every message in the queue (taken).
     async fn delivered(&self) -> HashSet<Uuid> {
         let mut ids = HashSet::new();
-        while let Some(message) = self
-            .channel
-            .basic_get(self.queue.as_str().into(), BasicGetOptions { no_ack: true })
-            .await
-            .unwrap()
-        {
+        for message in self.broker.drain(&self.queue).await {
             let id = message.delivery.properties.message_id().as_ref().unwrap();
             ids.insert(Uuid::parse_str(id.as_str()).unwrap());
         }

@@ -5,7 +5,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -13,8 +12,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
+use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::{Connection as _, PgConnection, QueryableByName};
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncConnection as _, AsyncPgConnection, RunQueryDsl};
 use http_body_util::{BodyExt as _, Full};
@@ -24,17 +23,15 @@ use hyper_util::rt::TokioExecutor;
 use outbox_axum::{Events, Tx};
 use outbox_core::DomainEvent;
 use outbox_diesel::Outbox;
+use outbox_testkit::eventually::eventually;
+use outbox_testkit::names;
+use outbox_testkit::pg::{self, TestSchema, backend_pid};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tower::ServiceExt as _;
 
-pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
-}
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
+#[allow(unused_imports)]
+pub use outbox_testkit::urls::{DEFAULT_DATABASE_URL as DEFAULT_URL, database_url};
 
 /// A migrated outbox schema with an `orders` table, dropped when the test
 /// ends (also when it panics).
@@ -43,6 +40,8 @@ pub struct TestDb {
     pub schema: String,
     pub pool: Pool<AsyncPgConnection>,
     pub outbox: Outbox,
+    /// Drops the schema; last, after the pool.
+    guard: TestSchema,
 }
 
 impl TestDb {
@@ -51,25 +50,19 @@ impl TestDb {
     }
 
     pub async fn with_pool(test: &str, pool_size: usize) -> TestDb {
-        let url = database_url();
-        let mut conn = outbox_diesel::connect(&url).await.unwrap_or_else(|e| {
-            panic!(
-                "{e}\n(these tests need PostgreSQL at {url}: run scripts/dev-services, \
-                 or set DATABASE_URL)"
-            )
-        });
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let mut schema = format!("ax_{}_{}_{n}", test, std::process::id());
-        schema.truncate(63);
+        let guard = TestSchema::reserve(&database_url(), names::unique("ax", test));
+        let url = guard.url().to_owned();
+        let schema = guard.name().to_owned();
+        let mut conn = pg::connect(&url).await;
         outbox_diesel::migrate(&mut conn, &schema).await.unwrap();
         // `parent` fails at COMMIT when it names no order: the injected
         // commit failure.
-        diesel::sql_query(format!(
-            "CREATE TABLE \"{schema}\".orders (
+        diesel::sql_query(guard.sql(
+            "CREATE TABLE {schema}.orders (
                  id bigserial PRIMARY KEY,
                  name text NOT NULL,
-                 parent bigint REFERENCES \"{schema}\".orders (id) DEFERRABLE INITIALLY DEFERRED
-             )"
+                 parent bigint REFERENCES {schema}.orders (id) DEFERRABLE INITIALLY DEFERRED
+             )",
         ))
         .execute(&mut conn)
         .await
@@ -79,6 +72,7 @@ impl TestDb {
             outbox: Outbox::new(&schema).unwrap(),
             url,
             schema,
+            guard,
         }
     }
 
@@ -88,19 +82,13 @@ impl TestDb {
 
     /// `SELECT count(*) FROM <schema>.<table>`.
     pub async fn count(&self, table: &str) -> i64 {
-        #[derive(QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
-        diesel::sql_query(format!(
-            "SELECT count(*) AS n FROM \"{}\".{table}",
-            self.schema
-        ))
-        .get_result::<Count>(&mut self.conn().await)
+        pg::count(
+            &mut self.conn().await,
+            &self
+                .guard
+                .sql(&format!("SELECT count(*) AS n FROM {{schema}}.{table}")),
+        )
         .await
-        .unwrap()
-        .n
     }
 
     /// `(orders, outbox events)`.
@@ -144,73 +132,41 @@ impl TestDb {
     /// Sessions left `idle in transaction` after touching this schema: a
     /// pooled connection stuck inside `BEGIN` would show up here.
     pub async fn idle_in_transaction(&self) -> i64 {
-        #[derive(QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
-        diesel::sql_query(
-            "SELECT count(*) AS n FROM pg_stat_activity \
-             WHERE state LIKE 'idle in transaction%' AND query LIKE '%' || $1 || '%' \
-             AND pid <> pg_backend_pid()",
+        pg::count(
+            &mut self.conn().await,
+            &format!(
+                "SELECT count(*) AS n FROM pg_stat_activity \
+                 WHERE state LIKE 'idle in transaction%' AND query LIKE '%{}%' \
+                 AND pid <> pg_backend_pid()",
+                self.schema
+            ),
         )
-        .bind::<Text, _>(&self.schema)
-        .get_result::<Count>(&mut self.conn().await)
         .await
-        .unwrap()
-        .n
     }
 
     /// Waits (up to 5 s) until backend `pid` is gone: its connection was
     /// closed, not pooled.
     pub async fn assert_backend_closed(&self, pid: i32) {
-        #[derive(QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
-        for _ in 0..100 {
-            let alive =
-                diesel::sql_query("SELECT count(*) AS n FROM pg_stat_activity WHERE pid = $1")
-                    .bind::<diesel::sql_types::Integer, _>(pid)
-                    .get_result::<Count>(&mut self.conn().await)
-                    .await
-                    .unwrap()
-                    .n;
-            if alive == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("backend {pid} is still connected: its connection went back to the pool");
+        let sql = format!("SELECT count(*) AS n FROM pg_stat_activity WHERE pid = {pid}");
+        eventually(format!(
+            "backend {pid} gone (its connection must not go back to the pool)"
+        ))
+        .within(Duration::from_secs(5))
+        .equals(0, || async {
+            pg::count(&mut self.conn().await, &sql).await
+        })
+        .await;
     }
 
     /// Waits (up to 5 s) until no session is left inside a transaction.
     pub async fn assert_no_open_transaction(&self) {
-        for _ in 0..100 {
-            if self.idle_in_transaction().await == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("a session is still idle in transaction on {}", self.schema);
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let kill = format!(
-            "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
-             JOIN pg_class c ON c.oid = l.relation \
-             JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = '{}' AND l.pid <> pg_backend_pid()",
+        eventually(format!(
+            "no session left idle in transaction on {}",
             self.schema
-        );
-        let drop = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema);
-        if let Ok(mut conn) = PgConnection::establish(&self.url) {
-            let _ = diesel::RunQueryDsl::execute(diesel::sql_query(kill), &mut conn);
-            let _ = diesel::RunQueryDsl::execute(diesel::sql_query(drop), &mut conn);
-        }
+        ))
+        .within(Duration::from_secs(5))
+        .equals(0, || self.idle_in_transaction())
+        .await;
     }
 }
 
@@ -476,19 +432,6 @@ async fn hold(
     status_of(&cmd)
 }
 
-async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
-    #[derive(QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = diesel::sql_types::Integer)]
-        pid: i32,
-    }
-    diesel::sql_query("SELECT pg_backend_pid() AS pid")
-        .get_result::<Pid>(conn)
-        .await
-        .unwrap()
-        .pid
-}
-
 /// Inserts an order (and raises its event if asked), then runs a nested
 /// transaction (a savepoint) whose future a timeout cancels mid-way, and
 /// answers success anyway.
@@ -656,7 +599,5 @@ pub async fn send(
 
 /// Fails the test instead of hanging.
 pub async fn within<F: std::future::Future>(secs: u64, what: &str, future: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(secs), future)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: did not finish within {secs} s"))
+    outbox_testkit::eventually::within(Duration::from_secs(secs), what, future).await
 }

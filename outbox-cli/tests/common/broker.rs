@@ -2,60 +2,43 @@
 //! RabbitMQ, deleted when the test ends (also when it panics), and dead
 //! letters in them as the consumer leaves them.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
-};
+use lapin::BasicProperties;
+use lapin::message::BasicGetMessage;
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use outbox_testkit::amqp::TestBroker;
+use outbox_testkit::eventually::eventually;
 use uuid::Uuid;
 
 use super::TestDb;
 
-pub fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
+#[allow(unused_imports)]
+pub use outbox_testkit::urls::amqp_url;
 
-/// `<name>` and `<name>.dead`, named after the test and the process.
+/// `<name>` and `<name>.dead`, named after the test and the process; both
+/// deleted when the test ends (also when it panics).
 pub struct Queues {
     pub origin: String,
     pub dlq: String,
-    conn: Connection,
-    channel: Channel,
+    broker: TestBroker,
 }
 
 impl Queues {
     pub async fn new(test: &str) -> Queues {
-        let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
-            .await
-            .unwrap_or_else(|e| {
-                panic!("RabbitMQ not reachable: {e}; start it with scripts/dev-services")
-            });
-        let channel = conn.create_channel().await.unwrap();
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
-        let n = super::schema_name(test);
-        let origin = format!("test.cli.{n}");
+        let broker = TestBroker::new(format!("test.cli.{}", super::schema_name(test))).await;
+        let origin = broker.name().to_owned();
         let dlq = format!("{origin}.dead");
         for queue in [&origin, &dlq] {
-            channel
-                .queue_declare(
-                    queue.as_str().into(),
-                    QueueDeclareOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap();
+            broker
+                .queue_with(queue, QueueDeclareOptions::default(), FieldTable::default())
+                .await;
         }
         Queues {
             origin,
             dlq,
-            conn,
-            channel,
+            broker,
         }
     }
 
@@ -79,7 +62,8 @@ impl Queues {
                 .with_headers(headers);
             let body = format!("{{\"n\":{i}}}");
             confirms.push(
-                self.channel
+                self.broker
+                    .channel()
                     .basic_publish(
                         "".into(),
                         self.dlq.as_str().into(),
@@ -102,91 +86,41 @@ impl Queues {
 
     /// Ready messages in `queue`.
     pub async fn depth(&self, queue: &str) -> u32 {
-        self.channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap()
-            .message_count()
+        self.broker.ready(queue).await
     }
 
     /// Waits until `check(depth of origin, depth of dlq)` holds.
     pub async fn wait_for(&self, what: &str, check: impl Fn(u32, u32) -> bool) -> (u32, u32) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let depths = (self.depth(&self.origin).await, self.depth(&self.dlq).await);
-            if check(depths.0, depths.1) {
-                return depths;
-            }
-            assert!(Instant::now() < deadline, "{what}: depths {depths:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually(what)
+            .within(Duration::from_secs(30))
+            .every(Duration::from_millis(20))
+            .some(|| async {
+                let depths = (self.depth(&self.origin).await, self.depth(&self.dlq).await);
+                check(depths.0, depths.1).then_some(depths)
+            })
+            .await
     }
 
     /// The message ids in `queue`, in order, leaving them there (got
     /// without ack on a channel that is then closed: they are requeued).
     pub async fn peek(&self, queue: &str) -> Vec<String> {
-        let channel = self.conn.create_channel().await.unwrap();
-        let ids = get_all(&channel, queue, false).await;
-        channel.close(200, "OK".into()).await.unwrap();
-        ids
+        message_ids(self.broker.peek(queue).await)
     }
 
     /// The message ids in `queue`, in order, taking them out.
     pub async fn drain(&self, queue: &str) -> Vec<String> {
-        get_all(&self.channel, queue, true).await
+        message_ids(self.broker.drain(queue).await)
     }
 }
 
-async fn get_all(channel: &Channel, queue: &str, no_ack: bool) -> Vec<String> {
-    let mut ids = Vec::new();
-    while let Some(got) = channel
-        .basic_get(queue.into(), BasicGetOptions { no_ack })
-        .await
-        .unwrap()
-    {
-        let id = got.delivery.properties.message_id().as_ref();
-        ids.push(id.map(ToString::to_string).unwrap_or_default());
-    }
-    ids
-}
-
-impl Drop for Queues {
-    fn drop(&mut self) {
-        let queues = [self.origin.clone(), self.dlq.clone()];
-        // A runtime of its own on another thread: this may run inside the
-        // test's runtime, and during a panic.
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async {
-                let Ok(conn) =
-                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await
-                else {
-                    return;
-                };
-                if let Ok(channel) = conn.create_channel().await {
-                    for queue in &queues {
-                        let _ = channel
-                            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                            .await;
-                    }
-                }
-                let _ = conn.close(200, "OK".into()).await;
-            });
+fn message_ids(messages: Vec<BasicGetMessage>) -> Vec<String> {
+    messages
+        .iter()
+        .map(|got| {
+            let id = got.delivery.properties.message_id().as_ref();
+            id.map(ToString::to_string).unwrap_or_default()
         })
-        .join();
-    }
+        .collect()
 }
 
 impl TestDb {

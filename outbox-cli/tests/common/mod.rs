@@ -5,28 +5,20 @@
 
 pub mod broker;
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use assert_cmd::Command;
 use diesel::{Connection as _, PgConnection, RunQueryDsl as _};
 use outbox_core::{Claim as _, FailedAttempt, NextStep, OutboxStore as _};
 use outbox_diesel::{Outbox, PgOutboxStore};
+use outbox_testkit::names;
+use outbox_testkit::pg::{self, TestSchema};
 use uuid::Uuid;
 
-pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
-}
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
+#[allow(unused_imports)]
+pub use outbox_testkit::urls::{DEFAULT_DATABASE_URL as DEFAULT_URL, database_url};
 
 /// A schema name of its own for `test` (at most 63 bytes).
 pub fn schema_name(test: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mut schema = format!("t_cli_{test}_{}_{n}", std::process::id());
-    schema.truncate(63);
-    schema
+    names::unique("t_cli", test)
 }
 
 /// A schema of its own for one test, dropped when the test ends (also when
@@ -35,28 +27,27 @@ pub struct TestDb {
     pub url: String,
     pub schema: String,
     pub outbox: Outbox,
+    guard: TestSchema,
 }
 
 impl TestDb {
     /// A migrated schema.
     pub async fn new(test: &str) -> TestDb {
         let db = TestDb::unmigrated(test);
-        let mut conn = outbox_diesel::connect(&db.url).await.unwrap_or_else(|e| {
-            panic!(
-                "{e}\n(this test needs PostgreSQL: run scripts/dev-services, or set DATABASE_URL)"
-            )
-        });
-        outbox_diesel::migrate(&mut conn, &db.schema).await.unwrap();
+        outbox_diesel::migrate(&mut pg::connect(&db.url).await, &db.schema)
+            .await
+            .unwrap();
         db
     }
 
     /// A schema name that does not exist yet (dropped all the same).
     pub fn unmigrated(test: &str) -> TestDb {
-        let schema = schema_name(test);
+        let guard = TestSchema::reserve(&database_url(), schema_name(test));
         TestDb {
-            url: database_url(),
-            outbox: Outbox::new(&schema).unwrap(),
-            schema,
+            url: guard.url().to_owned(),
+            outbox: Outbox::new(guard.name()).unwrap(),
+            schema: guard.name().to_owned(),
+            guard,
         }
     }
 
@@ -91,24 +82,20 @@ impl TestDb {
 
     /// `UPDATE`/`INSERT` with `{schema}` replaced.
     pub fn execute(&self, sql: &str) {
-        let sql = sql.replace("{schema}", &format!("\"{}\"", self.schema));
         let mut conn = PgConnection::establish(&self.url).unwrap();
-        diesel::sql_query(sql).execute(&mut conn).unwrap();
+        diesel::sql_query(self.guard.sql(sql))
+            .execute(&mut conn)
+            .unwrap();
     }
 
     /// `SELECT count(*) FROM <schema>.<table>`.
     pub fn count(&self, table: &str) -> i64 {
-        #[derive(diesel::QueryableByName)]
-        struct Count {
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            n: i64,
-        }
-        let sql = format!("SELECT count(*) AS n FROM \"{}\".{table}", self.schema);
-        let mut conn = PgConnection::establish(&self.url).unwrap();
-        diesel::sql_query(sql)
-            .get_result::<Count>(&mut conn)
-            .unwrap()
-            .n
+        pg::count_sync(
+            &mut PgConnection::establish(&self.url).unwrap(),
+            &self
+                .guard
+                .sql(&format!("SELECT count(*) AS n FROM {{schema}}.{table}")),
+        )
     }
 
     /// Records one `piece.moved` event per aggregate name, in order.
@@ -160,23 +147,6 @@ impl TestDb {
         // blocks on a CLI process that would wait for those rows.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         ids
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let kill = format!(
-            "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
-             JOIN pg_class c ON c.oid = l.relation \
-             JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = '{}' AND l.pid <> pg_backend_pid()",
-            self.schema
-        );
-        let drop = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema);
-        if let Ok(mut conn) = PgConnection::establish(&self.url) {
-            let _ = diesel::sql_query(kill).execute(&mut conn);
-            let _ = diesel::sql_query(drop).execute(&mut conn);
-        }
     }
 }
 

@@ -1,36 +1,19 @@
-//! The servers a scenario runs against: the shared local PostgreSQL and
-//! RabbitMQ (`DATABASE_URL`, `AMQP_URL`), or a private instance of either,
-//! started for one scenario on its own port so that it can be stopped,
-//! restarted and broken without touching any other test.
+//! Private server instances: a PostgreSQL cluster or a RabbitMQ node
+//! started for one test on ports of its own, so that it can be stopped,
+//! restarted, frozen and broken without touching the shared servers
+//! ([`urls`](crate::urls)) or any other test.
 //!
 //! Private instances need the server binaries of `scripts/dev-services`
 //! (Debian's `postgresql` and `rabbitmq-server` packages). Run as root, the
 //! harness starts them as the `postgres` and `rabbitmq` users (`runuser`),
 //! as those servers refuse to run as root or keep their cookie there.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The shared PostgreSQL: `DATABASE_URL`, or the local default.
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-/// The shared RabbitMQ: `AMQP_URL`, or the local default.
-pub fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-/// A port nobody listens on right now, on loopback.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
-}
+use crate::amqp::parse_connections;
+use crate::net::free_port;
 
 fn running_as_root() -> bool {
     Command::new("id")
@@ -411,32 +394,28 @@ impl PrivateRabbit {
 
     /// The names of the client connections starting with `prefix`.
     pub fn connections(&self, prefix: &str) -> Vec<String> {
-        let pattern = format!("{{\"connection_name\",\"{prefix}");
-        self.ctl(&["list_connections", "client_properties"])
-            .lines()
-            .filter_map(|line| {
-                let start = line.find(&pattern)? + pattern.len() - prefix.len();
-                let rest = &line[start..];
-                Some(rest[..rest.find('"')?].to_owned())
-            })
+        parse_connections(&self.ctl(&["list_connections", "pid", "client_properties"]))
+            .into_iter()
+            .filter(|c| c.name.starts_with(prefix))
+            .map(|c| c.name)
             .collect()
     }
 
     /// Force-closes every client connection whose name starts with
     /// `prefix`; returns how many.
     pub fn close_connections(&self, prefix: &str) -> usize {
-        close_connections(
-            &self.ctl(&["list_connections", "pid", "client_properties"]),
-            prefix,
-            |pid| {
-                let program = Path::new(RABBITMQ_LIB).join("rabbitmqctl");
+        let program = Path::new(RABBITMQ_LIB).join("rabbitmqctl");
+        parse_connections(&self.ctl(&["list_connections", "pid", "client_properties"]))
+            .iter()
+            .filter(|c| c.name.starts_with(prefix))
+            .filter(|c| {
                 Self::env(as_service_user("rabbitmq", &program), &self.dir)
                     .args(["-q", "-n", &self.node])
-                    .args(["close_connection", pid, "fault injected by test"])
+                    .args(["close_connection", &c.pid, "fault injected by test"])
                     .output()
                     .is_ok_and(|out| out.status.success())
-            },
-        )
+            })
+            .count()
     }
 }
 
@@ -477,34 +456,6 @@ fn signal(pid: &str, which: &str) {
         status.is_ok_and(|s| s.success()),
         "kill {which} {pid} failed"
     );
-}
-
-/// Force-closes the connections of the shared broker whose client-provided
-/// name starts with `prefix`; returns how many.
-pub fn close_shared_connections(prefix: &str) -> usize {
-    let listing = run(
-        Command::new("rabbitmqctl").args(["-q", "list_connections", "pid", "client_properties"]),
-        "rabbitmqctl list_connections",
-    );
-    close_connections(&listing, prefix, |pid| {
-        Command::new("rabbitmqctl")
-            .args(["close_connection", pid, "fault injected by test"])
-            .output()
-            .is_ok_and(|out| out.status.success())
-    })
-}
-
-/// Runs `close` on the pid of every connection of `listing` whose name
-/// starts with `prefix`; counts those it closed (a connection may be gone
-/// between the listing and the close).
-fn close_connections(listing: &str, prefix: &str, close: impl Fn(&str) -> bool) -> usize {
-    let pattern = format!("{{\"connection_name\",\"{prefix}");
-    listing
-        .lines()
-        .filter(|line| line.contains(&pattern))
-        .filter_map(|line| line.split_whitespace().next())
-        .filter(|pid| close(pid))
-        .count()
 }
 
 impl Drop for PrivateRabbit {
