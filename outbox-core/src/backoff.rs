@@ -5,12 +5,12 @@
 use std::hash::{BuildHasher as _, RandomState};
 use std::time::Duration;
 
-/// Capped exponential delays with "equal jitter": each delay is half the
-/// current step plus a random part of the other half, so processes that
-/// lost the same server at the same moment (every relay after a broker
-/// restart) do not all come back in the same instant, yet none waits less
-/// than half a step. The step doubles after each delay up to `max`;
-/// [`reset`](Self::reset) after a success.
+/// Capped exponential delays with jitter on top: each delay is the current
+/// step plus a random part of up to half a step, so processes that lost the
+/// same server at the same moment (every relay after a broker restart) do
+/// not all come back in the same instant, and none waits less than its
+/// step. The step doubles after each delay up to `max` (a delay is at most
+/// 1.5 × `max`); [`reset`](Self::reset) after a success.
 ///
 /// ```
 /// use std::time::Duration;
@@ -18,11 +18,11 @@ use std::time::Duration;
 ///
 /// let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 /// let first = backoff.next_delay();
-/// assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+/// assert!(first >= Duration::from_millis(100) && first <= Duration::from_millis(150));
 /// let second = backoff.next_delay();
-/// assert!(second >= Duration::from_millis(100) && second <= Duration::from_millis(200));
+/// assert!(second >= Duration::from_millis(200) && second <= Duration::from_millis(300));
 /// backoff.reset();
-/// assert!(backoff.next_delay() <= Duration::from_millis(100));
+/// assert!(backoff.next_delay() <= Duration::from_millis(150));
 /// ```
 #[derive(Debug, Clone)]
 pub struct Backoff {
@@ -53,20 +53,19 @@ impl Backoff {
         self
     }
 
-    /// The next delay (in `[step / 2, step]`), then doubles the step.
+    /// The next delay (in `[step, 1.5 × step]`), then doubles the step.
     pub fn next_delay(&mut self) -> Duration {
         let step = self.step;
         self.step = step.saturating_mul(2).min(self.max);
         if !self.jitter || step.is_zero() {
             return step;
         }
-        let half = step / 2;
-        let spread = u64::try_from((step - half).as_nanos()).unwrap_or(u64::MAX);
+        let spread = u64::try_from((step / 2).as_nanos()).unwrap_or(u64::MAX);
         // std's RandomState is seeded randomly per instance: enough entropy
         // for jitter without a dependency on an RNG crate.
         self.draws = self.draws.wrapping_add(1);
         let random = RandomState::new().hash_one(self.draws);
-        half + Duration::from_nanos(random % spread.saturating_add(1))
+        step.saturating_add(Duration::from_nanos(random % spread.saturating_add(1)))
     }
 
     /// Back to the first step (after a success).
@@ -96,11 +95,11 @@ mod tests {
     }
 
     #[test]
-    fn jittered_delays_stay_within_half_a_step_and_spread() {
+    fn jittered_delays_add_up_to_half_a_step_and_spread() {
         let delays: Vec<Duration> = (0..64)
             .map(|_| Backoff::new(1000 * MS, 1000 * MS).next_delay())
             .collect();
-        assert!(delays.iter().all(|d| *d >= 500 * MS && *d <= 1000 * MS));
+        assert!(delays.iter().all(|d| *d >= 1000 * MS && *d <= 1500 * MS));
         let distinct: std::collections::HashSet<_> = delays.iter().collect();
         assert!(distinct.len() > 32, "relays must not come back in lockstep");
     }

@@ -10,8 +10,9 @@ use tracing::{Instrument, error, warn};
 
 use super::Relay;
 use super::metrics;
-use super::pause::{Backoff, Pause};
+use super::pause::Pause;
 use super::poll::PollGrid;
+use crate::Backoff;
 use crate::failpoints;
 use crate::{Claim, Claimed, OutboxStore, Publisher};
 

@@ -14,7 +14,8 @@
 //! - `heartbeat.rs`: registration, heartbeats, and an operator's pause and
 //!   resume;
 //! - `stats.rs`: the backlog gauges and the store's housekeeping;
-//! - `pause.rs`: the relay-wide pause after a lost connection, and backoff;
+//! - `pause.rs`: the relay-wide pause after a lost connection (on the
+//!   crate's jittered [`Backoff`](crate::Backoff));
 //! - `poll.rs`: the loops' fixed-rate poll times;
 //! - `builder.rs`, `handle.rs`, [`metrics`]: [`RelayBuilder`],
 //!   [`RelayHandle`] and the metric names.

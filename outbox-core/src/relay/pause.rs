@@ -1,7 +1,10 @@
-//! The relay-wide pause after a lost broker connection, and the
-//! exponential backoff behind it and behind store errors.
+//! The relay-wide pause after a lost broker connection, on the crate's
+//! jittered [`Backoff`] (as store errors are): relays that lost the same
+//! broker do not all come back in the same instant.
 
 use std::time::Duration;
+
+use crate::Backoff;
 
 /// The relay-wide pause after a lost broker connection, shared by its loops:
 /// exponential, reset by the next batch that reaches the broker.
@@ -42,33 +45,5 @@ impl Pause {
         let mut state = self.lock();
         state.0.reset();
         state.1 = None;
-    }
-}
-
-/// Exponential backoff for pauses (broker connection lost, store errors).
-#[derive(Debug)]
-pub(super) struct Backoff {
-    min: Duration,
-    max: Duration,
-    current: Duration,
-}
-
-impl Backoff {
-    pub(super) fn new(min: Duration, max: Duration) -> Self {
-        Backoff {
-            min,
-            max,
-            current: min,
-        }
-    }
-
-    pub(super) fn next_delay(&mut self) -> Duration {
-        let delay = self.current;
-        self.current = (self.current * 2).min(self.max);
-        delay
-    }
-
-    pub(super) fn reset(&mut self) {
-        self.current = self.min;
     }
 }

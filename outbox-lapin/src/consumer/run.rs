@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use lapin::ErrorKind;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
-use outbox_core::InboxDatabase;
+use outbox_core::{Backoff, InboxDatabase};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
@@ -62,7 +62,8 @@ where
         );
 
         let mut shutdown = pin!(shutdown);
-        let mut backoff = settings.reconnect_min;
+        // Jittered: consumers that lost the same broker come back spread out.
+        let mut backoff = Backoff::new(settings.reconnect_min, settings.reconnect_max);
         let mut kept_open = None;
         // Fatal errors stop `run` only before the first session: once the
         // consumer has run, a 404 or 403 while reconnecting is most likely
@@ -84,7 +85,7 @@ where
             let reason = match opened {
                 Ok(session) => {
                     has_run = true;
-                    backoff = settings.reconnect_min;
+                    backoff.reset();
                     tracing::info!(consumer = %settings.name, queue = %settings.queue, "consuming");
                     match consume(&settings, session, &queues, &mut shutdown).await {
                         Ended::Shutdown(session) => {
@@ -115,18 +116,18 @@ where
                 }
                 Err(error) => error.to_string(),
             };
+            let retry_in = backoff.next_delay();
             tracing::warn!(
                 consumer = %settings.name,
                 error = %reason,
-                retry_in = ?backoff,
+                ?retry_in,
                 "not connected to RabbitMQ; reconnecting"
             );
             tokio::select! {
                 biased;
                 () = &mut shutdown => break Ok(()),
-                () = tokio::time::sleep(backoff) => {}
+                () = tokio::time::sleep(retry_in) => {}
             }
-            backoff = (backoff * 2).min(settings.reconnect_max);
         };
 
         // Graceful: workers finish the delivery in hand, requeue the rest.
