@@ -225,10 +225,7 @@ impl PgDeadLetters {
     async fn conn(
         &self,
     ) -> Result<diesel_async::pooled_connection::deadpool::Object<AsyncPgConnection>> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| Error::Pool(e.to_string()))
+        self.pool.get().await.map_err(Error::Pool)
     }
 }
 

@@ -16,9 +16,10 @@ pub enum Error {
     /// A query failed.
     #[error("outbox query failed: {0}")]
     Database(#[from] diesel::result::Error),
-    /// No connection could be taken from the pool.
+    /// No connection could be taken from the pool (the driver's error is
+    /// the source).
     #[error("could not get a PostgreSQL connection from the pool: {0}")]
-    Pool(String),
+    Pool(#[from] diesel_async::pooled_connection::deadpool::PoolError),
     /// A direct connection (for `LISTEN` or migrations) could not be opened.
     #[error(
         "PostgreSQL not reachable at {url}: {source}; start it with scripts/dev-services \

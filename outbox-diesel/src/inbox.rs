@@ -202,11 +202,7 @@ impl InboxDatabase for PgInboxDatabase {
 
     /// On a pooled connection of its own, outside any transaction.
     async fn record_dead_letter(&self, letter: &DeadLetter) -> Result<()> {
-        let mut conn = self
-            .pool
-            .get()
-            .await
-            .map_err(|e| Error::Pool(e.to_string()))?;
+        let mut conn = self.pool.get().await.map_err(Error::Pool)?;
         self.inbox.record_dead_letter(&mut conn, letter).await
     }
 }

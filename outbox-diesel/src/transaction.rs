@@ -164,7 +164,7 @@ impl PgTransaction {
     /// # Errors
     /// [`Error::Pool`] or [`Error::Database`].
     pub async fn begin(pool: &Pool<AsyncPgConnection>) -> Result<Self> {
-        let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
+        let mut conn = pool.get().await.map_err(Error::Pool)?;
         AnsiTransactionManager::begin_transaction(&mut *conn).await?;
         Ok(PgTransaction { conn: Some(conn) })
     }
@@ -173,7 +173,7 @@ impl PgTransaction {
     /// starts with `BEGIN`, e.g. followed by `SET LOCAL`s) in the one round
     /// trip.
     pub(crate) async fn begin_with(pool: &Pool<AsyncPgConnection>, sql: &str) -> Result<Self> {
-        let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
+        let mut conn = pool.get().await.map_err(Error::Pool)?;
         AnsiTransactionManager::begin_transaction_sql(&mut *conn, sql).await?;
         Ok(PgTransaction { conn: Some(conn) })
     }

@@ -64,47 +64,7 @@ impl Error {
     }
 }
 
-/// Runs one broker operation (`operation` names it in the error), bounded by
-/// `limit`: every await on the broker goes through here or an equivalent
-/// `tokio::time::timeout`, so a broker that keeps the connection alive but
-/// does not answer can stall nothing for longer than `limit`.
-pub(crate) async fn bounded<T>(
-    operation: &str,
-    limit: std::time::Duration,
-    call: impl std::future::Future<Output = lapin::Result<T>>,
-) -> Result<T> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(done) => done.map_err(Error::amqp(operation)),
-        Err(_) => Err(Error::Timeout {
-            operation: operation.to_owned(),
-            after: limit,
-        }),
-    }
-}
-
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(crate) use outbox_core::redact_url;
-
-/// Opens a connection named `name` (shown in the management UI and
-/// `rabbitmqctl list_connections client_properties`).
-pub(crate) async fn connect(url: &str, name: &str) -> Result<lapin::Connection> {
-    let properties = lapin::ConnectionProperties::default().with_connection_name(name.into());
-    match tokio::time::timeout(CONNECT_TIMEOUT, lapin::Connection::connect(url, properties)).await {
-        Ok(connected) => connected.map_err(|source| Error::Connect {
-            url: redact_url(url),
-            source,
-        }),
-        Err(_) => Err(Error::ConnectTimeout {
-            url: redact_url(url),
-            after: CONNECT_TIMEOUT,
-        }),
-    }
-}
-
-/// How long opening a connection may take before it fails with
-/// [`Error::ConnectTimeout`] (and is retried like any lost connection):
-/// without a bound, a broker that accepts TCP but never answers would hold
-/// the publisher (and the relay behind it) or a consumer forever.
-pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

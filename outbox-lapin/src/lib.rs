@@ -83,6 +83,7 @@
 //! |---|---|---|
 //! | `tls` | no | `amqps://` with rustls and the `ring` provider |
 
+mod connection;
 mod consumer;
 mod dlq;
 mod error;
@@ -90,6 +91,7 @@ mod publisher;
 mod topology;
 pub mod wire;
 
+pub use connection::CONNECT_TIMEOUT;
 pub use consumer::{
     ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError,
     HandlerFn, HandlerFuture, InboxConsumer, InboxConsumerBuilder, LAST_ERROR_HEADER,
@@ -97,7 +99,7 @@ pub use consumer::{
     metrics as consumer_metrics,
 };
 pub use dlq::{DeadLetterQueue, DeadLetterQueues, REPLAYED_REASON_HEADER};
-pub use error::{CONNECT_TIMEOUT, Error, Result};
+pub use error::{Error, Result};
 pub use outbox_core::admin::{
     DlqReplayReport, QueueDepth, ReplayedMessage, SkippedMessage, StopCause,
 };

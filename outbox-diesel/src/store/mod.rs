@@ -198,10 +198,7 @@ impl PgOutboxStore {
     }
 
     async fn conn(&self) -> Result<Object<AsyncPgConnection>> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| Error::Pool(e.to_string()))
+        self.pool.get().await.map_err(Error::Pool)
     }
 }
 

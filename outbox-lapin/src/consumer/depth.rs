@@ -25,7 +25,7 @@ use tokio::time::MissedTickBehavior;
 
 use super::metrics;
 use crate::Result;
-use crate::error::bounded;
+use crate::connection::bounded;
 use crate::topology::short_string;
 
 /// How often the depth is read (the first time as soon as the session is

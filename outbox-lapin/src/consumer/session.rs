@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::Settings;
 use super::depth::DepthPoller;
 use super::republish::Republisher;
-use crate::error::connect;
+use crate::connection::connect;
 use crate::topology::short_string;
 use crate::{Error, Result};
 

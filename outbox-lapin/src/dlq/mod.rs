@@ -33,8 +33,9 @@ use outbox_core::admin::QueueDepth;
 pub use broker::DeadLetterQueues;
 
 use crate::Result;
+use crate::connection::{bounded, connect};
 use crate::consumer::republish::Republisher;
-use crate::error::{bounded, connect, redact_url};
+use crate::error::redact_url;
 use crate::topology::short_string;
 use broker::in_use;
 

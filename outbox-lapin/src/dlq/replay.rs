@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use super::headers::{dead_lettered, origin_queue, replay_properties};
 use super::{DeadLetterQueue, close};
+use crate::connection::bounded;
 use crate::consumer::republish::RepublishError;
-use crate::error::bounded;
 use crate::wire::header_str;
 use crate::{DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, QUEUE_HEADER, Result};
 

@@ -11,7 +11,7 @@ use lapin::{Channel, Connection};
 use tokio::time::Instant;
 
 use super::{BLOCKED_GAUGE, LapinPublisher};
-use crate::error::{bounded, connect};
+use crate::connection::{bounded, connect};
 use crate::{Error, Result, declare_exchange};
 
 #[derive(Default)]
