@@ -9,8 +9,10 @@ use std::time::Duration;
 /// step plus a random part of up to half a step, so processes that lost the
 /// same server at the same moment (every relay after a broker restart) do
 /// not all come back in the same instant, and none waits less than its
-/// step. The step doubles after each delay up to `max` (a delay is at most
-/// 1.5 × `max`); [`reset`](Self::reset) after a success.
+/// step. The step doubles after each delay up to `max`, and no delay is
+/// longer than `max` (at the cap the jitter is gone, but by then the
+/// earlier jittered delays have spread the processes apart);
+/// [`reset`](Self::reset) after a success.
 ///
 /// ```
 /// use std::time::Duration;
@@ -53,7 +55,8 @@ impl Backoff {
         self
     }
 
-    /// The next delay (in `[step, 1.5 × step]`), then doubles the step.
+    /// The next delay (in `[step, min(1.5 × step, max)]`), then doubles
+    /// the step.
     pub fn next_delay(&mut self) -> Duration {
         let step = self.step;
         self.step = step.saturating_mul(2).min(self.max);
@@ -66,6 +69,7 @@ impl Backoff {
         self.draws = self.draws.wrapping_add(1);
         let random = RandomState::new().hash_one(self.draws);
         step.saturating_add(Duration::from_nanos(random % spread.saturating_add(1)))
+            .min(self.max)
     }
 
     /// Back to the first step (after a success).
@@ -97,11 +101,20 @@ mod tests {
     #[test]
     fn jittered_delays_add_up_to_half_a_step_and_spread() {
         let delays: Vec<Duration> = (0..64)
-            .map(|_| Backoff::new(1000 * MS, 1000 * MS).next_delay())
+            .map(|_| Backoff::new(1000 * MS, 10_000 * MS).next_delay())
             .collect();
         assert!(delays.iter().all(|d| *d >= 1000 * MS && *d <= 1500 * MS));
         let distinct: std::collections::HashSet<_> = delays.iter().collect();
         assert!(distinct.len() > 32, "relays must not come back in lockstep");
+    }
+
+    #[test]
+    fn no_delay_is_longer_than_max() {
+        let mut b = Backoff::new(700 * MS, 1000 * MS);
+        for _ in 0..64 {
+            let d = b.next_delay();
+            assert!(d >= 700 * MS && d <= 1000 * MS, "{d:?}");
+        }
     }
 
     #[test]

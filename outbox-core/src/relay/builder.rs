@@ -117,8 +117,9 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
 
     /// Bounds of the exponential pause after a lost broker connection or a
     /// store error. Default 100 ms doubling up to 30 s; each pause adds a
-    /// random part of up to half its step ([`Backoff`](crate::Backoff)), so
-    /// relays that lost the same broker do not reconnect in lockstep.
+    /// random part of up to half its step, never beyond `max`
+    /// ([`Backoff`](crate::Backoff)), so relays that lost the same broker do
+    /// not reconnect in lockstep.
     pub fn pause(mut self, min: Duration, max: Duration) -> Self {
         self.pause_min = min;
         self.pause_max = max;

@@ -132,7 +132,7 @@ where
 
     /// The wait before reconnecting after a lost connection: a step of
     /// `min`, doubled after each failed attempt up to `max`, each wait adding
-    /// a random part of up to half the step
+    /// a random part of up to half the step (never beyond `max`)
     /// ([`Backoff`](outbox_core::Backoff): consumers do not reconnect in
     /// lockstep). Default 100 ms to 10 s.
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
