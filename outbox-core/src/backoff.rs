@@ -11,8 +11,9 @@ use std::time::Duration;
 /// not all come back in the same instant, and none waits less than its
 /// step. The step doubles after each delay up to `max`, and no delay is
 /// longer than `max` (at the cap the jitter is gone, but by then the
-/// earlier jittered delays have spread the processes apart);
-/// [`reset`](Self::reset) after a success.
+/// earlier jittered delays have spread the processes apart; with `min ==
+/// max` there is no jitter at all); [`reset`](Self::reset) after a
+/// success.
 ///
 /// ```
 /// use std::time::Duration;

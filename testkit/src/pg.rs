@@ -253,7 +253,10 @@ pub fn drop_schema(url: &str, name: &str) -> bool {
          SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
          JOIN pg_class c ON c.oid = l.relation \
          JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = {} AND l.pid <> pg_backend_pid(); \
+         JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE n.nspname = {} AND l.pid <> pg_backend_pid() \
+         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND a.backend_type = 'client backend' AND a.usename = current_user; \
          DROP SCHEMA IF EXISTS {} CASCADE;",
         literal(name),
         quote(name)

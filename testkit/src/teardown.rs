@@ -31,7 +31,10 @@ where
             else {
                 return false;
             };
-            runtime.block_on(async { tokio::time::timeout(LIMIT, work).await.is_ok() })
+            let done = runtime.block_on(async { tokio::time::timeout(LIMIT, work).await.is_ok() });
+            // Not waiting for blocking tasks (a hung host-name lookup).
+            runtime.shutdown_background();
+            done
         });
     let finished = worker.is_ok_and(|worker| worker.join().unwrap_or(false));
     if !finished {
