@@ -35,8 +35,11 @@ pub enum Error {
         transition: Transition,
     },
     /// A status name that is not one of [`EventStatus::ALL`].
-    #[error("unknown event status `{0}` (expected pending, retry, sent, dead or skipped)")]
+    #[error("unknown event status `{0}` (expected pending, retry, held, sent, dead or skipped)")]
     UnknownStatus(String),
+    /// A delivery order name that is not one of [`DeliveryOrder::ALL`](crate::DeliveryOrder::ALL).
+    #[error("unknown delivery order `{0}` (expected per_aggregate or unordered)")]
+    UnknownDeliveryOrder(String),
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     Config(String),

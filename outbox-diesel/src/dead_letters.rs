@@ -214,7 +214,7 @@ impl PgDeadLetters {
         Ok(PgDeadLetters::in_schema(pool, &Schema::new(schema)?))
     }
 
-    fn in_schema(pool: Pool<AsyncPgConnection>, schema: &Schema) -> Self {
+    pub(crate) fn in_schema(pool: Pool<AsyncPgConnection>, schema: &Schema) -> Self {
         PgDeadLetters {
             pool,
             table: schema.table("inbox_dead_letters"),

@@ -9,8 +9,8 @@ use outbox_core::{InboxDatabase, InboxOutcome, InboxStore};
 use uuid::Uuid;
 
 use crate::prepared::PreparedExt;
-use crate::record::in_transaction;
 use crate::schema::Schema;
+use crate::transaction::in_transaction;
 use crate::{Error, PgTransaction, Result};
 
 /// The inbox (`inbox_events`): one row per `(consumer, event_id)`.
@@ -44,6 +44,7 @@ use crate::{Error, PgTransaction, Result};
 /// ```
 #[derive(Debug, Clone)]
 pub struct PgInbox {
+    schema: Schema,
     insert_sql: String,
     purge_sql: String,
     dead_letter_sql: String,
@@ -52,7 +53,7 @@ pub struct PgInbox {
 
 impl Default for PgInbox {
     fn default() -> Self {
-        PgInbox::with_schema(&Schema::default())
+        PgInbox::from_schema(&Schema::default())
     }
 }
 
@@ -62,10 +63,10 @@ impl PgInbox {
     /// # Errors
     /// [`Error::Config`] for an invalid schema name.
     pub fn new(schema: &str) -> Result<Self> {
-        Ok(PgInbox::with_schema(&Schema::new(schema)?))
+        Ok(PgInbox::from_schema(&Schema::new(schema)?))
     }
 
-    fn with_schema(schema: &Schema) -> Self {
+    pub(crate) fn from_schema(schema: &Schema) -> Self {
         let t = schema.table("inbox_events");
         PgInbox {
             insert_sql: format!(
@@ -76,6 +77,7 @@ impl PgInbox {
                    SELECT ctid FROM {t} WHERE received_at < $1 ORDER BY received_at LIMIT $2)"
             ),
             dead_letter_sql: crate::dead_letters::insert_sql(schema),
+            schema: schema.clone(),
             prepare: true,
         }
     }
@@ -88,6 +90,16 @@ impl PgInbox {
     pub fn prepared_statements(mut self, on: bool) -> Self {
         self.prepare = on;
         self
+    }
+
+    /// The schema of this inbox.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// `true` when the inbox `INSERT` stays prepared on each connection.
+    pub fn prepares_statements(&self) -> bool {
+        self.prepare
     }
 
     /// Deletes up to `limit` entries received before `before`; returns how

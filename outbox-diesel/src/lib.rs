@@ -1,6 +1,8 @@
 //! PostgreSQL adapter of the `outbox` transactional outbox, on diesel and
 //! diesel-async: record events in your transaction, relay them with
-//! [`PgOutboxStore`], and deduplicate deliveries with [`PgInbox`].
+//! [`PgOutboxStore`], and deduplicate deliveries with [`PgInbox`]. An
+//! outbox in another schema, or behind a pooler, is configured once with
+//! [`PgSettings`], which hands out all three.
 //!
 //! ```no_run
 //! use diesel_async::{AsyncConnection, AsyncPgConnection};
@@ -162,9 +164,10 @@
 //! serves many outbox schemas from one pool should turn them off (below) or
 //! recycle connections. They work through any pool, including PgBouncer in transaction
 //! pooling mode from 1.21 with `max_prepared_statements` set; behind an
-//! older PgBouncer in transaction mode, turn prepared statements off with
-//! `prepared_statements(false)` on [`Outbox`], [`PgOutboxStoreBuilder`] and
-//! [`PgInbox`]. `LISTEN` does not work through transaction pooling: give
+//! older PgBouncer in transaction mode, turn prepared statements off once,
+//! on the [`PgSettings`] you take the recorder, the store and the inbox from
+//! (`PgSettings::new(schema)?.prepared_statements(false)`; each part also
+//! has its own `prepared_statements` setter). `LISTEN` does not work through transaction pooling: give
 //! [`PgOutboxStoreBuilder::listen`] a **direct** URL. Migrations use a
 //! transaction-scoped advisory lock and work through PgBouncer.
 //!
@@ -253,6 +256,7 @@ mod migrate;
 mod prepared;
 mod record;
 pub mod schema;
+mod settings;
 mod store;
 mod transaction;
 
@@ -264,6 +268,7 @@ pub use record::Outbox;
 pub use schema::{
     MIGRATIONS, Migration, Phase, Schema, Step, StepKind, ddl, inbox_events, outbox_events,
 };
+pub use settings::PgSettings;
 pub use store::{PgClaim, PgOutboxStore, PgOutboxStoreBuilder};
 pub use transaction::{PgTransaction, commit_top_level, in_top_level_transaction};
 

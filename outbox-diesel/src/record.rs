@@ -65,6 +65,14 @@ impl Outbox {
         Ok(Outbox::with_schema(Schema::new(schema)?, true))
     }
 
+    /// The recorder of [`PgSettings::outbox`](crate::PgSettings::outbox).
+    pub(crate) fn from_settings(schema: Schema, notify: bool, prepare: bool) -> Self {
+        Outbox {
+            prepare,
+            ..Outbox::with_schema(schema, notify)
+        }
+    }
+
     fn with_schema(schema: Schema, notify: bool) -> Self {
         let insert = format!(
             "INSERT INTO {table} (id, aggregate_type, aggregate_id, aggregate_version, \
@@ -138,6 +146,11 @@ impl Outbox {
     /// `true` when recording sends a `NOTIFY`.
     pub fn notifies(&self) -> bool {
         self.notify
+    }
+
+    /// `true` when the recording `INSERT` stays prepared on each connection.
+    pub fn prepares_statements(&self) -> bool {
+        self.prepare
     }
 
     /// The one `INSERT` for `envelopes` (validated first).
@@ -221,21 +234,13 @@ pub(crate) fn ids(envelopes: &[EventEnvelope]) -> Vec<Uuid> {
 
 /// Async recording (`diesel_async::AsyncPgConnection`, plain or pooled).
 mod async_pg {
-    use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, TransactionManager};
+    use diesel_async::{AsyncPgConnection, RunQueryDsl};
     use outbox_core::{DomainEvent, EventEnvelope};
     use uuid::Uuid;
 
     use super::{Outbox, envelopes, ids};
-    use crate::{Error, Result};
-
-    pub(crate) fn in_transaction(conn: &mut AsyncPgConnection) -> Result<()> {
-        let status =
-            <AsyncPgConnection as AsyncConnection>::TransactionManager::transaction_manager_status_mut(conn);
-        match status.transaction_depth()? {
-            Some(_) => Ok(()),
-            None => Err(Error::NoTransaction),
-        }
-    }
+    use crate::Result;
+    use crate::transaction::in_transaction;
 
     impl Outbox {
         /// Records `event` in the transaction open on `conn`; returns its id.
@@ -289,8 +294,6 @@ mod async_pg {
         }
     }
 }
-
-pub(crate) use async_pg::in_transaction;
 
 /// Sync recording (`diesel::PgConnection`), feature `sync`.
 #[cfg(feature = "sync")]

@@ -221,6 +221,23 @@ impl PgTransaction {
     }
 }
 
+/// `Ok` if a transaction (diesel-managed, any depth) is open on `conn`:
+/// what recording and the inbox require, so that they never autocommit.
+///
+/// # Errors
+/// [`Error::NoTransaction`] when none is open; [`Error::Database`] when
+/// diesel's transaction manager is broken.
+pub(crate) fn in_transaction(conn: &mut AsyncPgConnection) -> Result<()> {
+    let status =
+        <AsyncPgConnection as AsyncConnection>::TransactionManager::transaction_manager_status_mut(
+            conn,
+        );
+    match status.transaction_depth()? {
+        Some(_) => Ok(()),
+        None => Err(Error::NoTransaction),
+    }
+}
+
 /// `true` if exactly one transaction is open on `conn` as diesel counts
 /// (no nested transaction, i.e. savepoint, left open and the transaction
 /// manager not broken): only then does a `ROLLBACK` through diesel end the

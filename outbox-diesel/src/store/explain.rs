@@ -45,7 +45,7 @@ impl PgOutboxStore {
                     .get_result::<OrderRow>(conn)
                     .await?
                     .delivery_order,
-            );
+            )?;
             let (sql, types, args) = if order == DeliveryOrder::Unordered {
                 (
                     self.sql.claim_unordered.as_str(),

@@ -237,7 +237,7 @@ impl OutboxStore for PgOutboxStore {
             .prepared(self.sql.prepare)
             .get_result(&mut *conn)
             .await?;
-        let ordered = order_from_db(&row.delivery_order) == DeliveryOrder::PerAggregate;
+        let ordered = order_from_db(&row.delivery_order)? == DeliveryOrder::PerAggregate;
         Ok(OutboxStats {
             backlog: u64::try_from(row.backlog).unwrap_or(0),
             oldest_unsent_age: row

@@ -16,11 +16,9 @@ use crate::prepared::PreparedExt;
 /// How long a claim trusts the delivery order it read last.
 const ORDER_CACHE_TTL: Duration = Duration::from_secs(1);
 
-pub(super) fn order_from_db(value: &str) -> DeliveryOrder {
-    match value {
-        "unordered" => DeliveryOrder::Unordered,
-        _ => DeliveryOrder::PerAggregate,
-    }
+/// The delivery order stored as `value` (its [`DeliveryOrder::as_str`]).
+pub(super) fn order_from_db(value: &str) -> Result<DeliveryOrder> {
+    Ok(value.parse::<DeliveryOrder>()?)
 }
 
 impl PgOutboxStore {
@@ -37,7 +35,7 @@ impl PgOutboxStore {
             .prepared(self.sql.prepare)
             .get_result(&mut *conn)
             .await?;
-        Ok(order_from_db(&row.delivery_order))
+        order_from_db(&row.delivery_order)
     }
 
     /// Changes the delivery order of this outbox (for every relay on it).
@@ -48,13 +46,9 @@ impl PgOutboxStore {
     /// [`Error::Database`]: crate::Error::Database
     /// [`Error::Pool`]: crate::Error::Pool
     pub async fn set_delivery_order(&self, order: DeliveryOrder) -> Result<()> {
-        let value = match order {
-            DeliveryOrder::Unordered => "unordered",
-            _ => "per_aggregate",
-        };
         let mut conn = self.conn().await?;
         diesel::sql_query(&self.sql.set_order)
-            .bind::<Text, _>(value)
+            .bind::<Text, _>(order.as_str())
             .execute(&mut *conn)
             .await?;
         if order == DeliveryOrder::Unordered {
@@ -87,7 +81,7 @@ impl PgOutboxStore {
             .prepared(self.sql.prepare)
             .get_result(conn)
             .await?;
-        let order = order_from_db(&row.delivery_order);
+        let order = order_from_db(&row.delivery_order)?;
         *self
             .order_cache
             .lock()
