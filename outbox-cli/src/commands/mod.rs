@@ -3,7 +3,7 @@
 use std::io::{BufRead as _, IsTerminal as _, Write as _};
 
 use outbox_core::admin::{Admin, Caller};
-use outbox_diesel::{PgDeadLetters, PgOutboxStore};
+use outbox_diesel::{PgDeadLetters, PgOutboxStore, PgSettings};
 
 use crate::cli::{Cli, Command, Global};
 use crate::error::{Error, Result};
@@ -63,10 +63,9 @@ impl Context {
         // with a hint, not a pool timeout later.
         drop(outbox_diesel::connect(url).await.map_err(Error::Connect)?);
         let pool = outbox_diesel::pool(url, 2)?;
-        let dead_letters = PgDeadLetters::with_schema(pool.clone(), &global.schema)?;
-        let store = PgOutboxStore::builder(pool)
-            .schema(&global.schema)
-            .build()?;
+        let settings = PgSettings::new(&global.schema)?;
+        let dead_letters = settings.dead_letters(pool.clone());
+        let store = settings.store(pool).build()?;
         let admin = Admin::new(store)
             .chunk_size(global.chunk_size)
             .dedup_window(global.dedup_window);
