@@ -96,7 +96,7 @@ pub use consumer::{
     ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError,
     HandlerFn, HandlerFuture, InboxConsumer, InboxConsumerBuilder, LAST_ERROR_HEADER,
     ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, handler_fn,
-    metrics as consumer_metrics,
+    metric_names as consumer_metrics,
 };
 pub use dlq::{DeadLetterQueue, DeadLetterQueues, REPLAYED_REASON_HEADER};
 pub use error::{Error, Result};

@@ -1,8 +1,8 @@
 //! The depth of the consumer's dead-letter queue, exported as the gauge
-//! [`DEAD_LETTERS`](super::metrics::DEAD_LETTERS).
+//! [`DEAD_LETTERS`](super::metric_names::DEAD_LETTERS).
 //!
 //! The consumer republishes what it gives up on to its dead-letter exchange
-//! and counts that ([`DEAD_LETTERED_TOTAL`](super::metrics::DEAD_LETTERED_TOTAL)),
+//! and counts that ([`DEAD_LETTERED_TOTAL`](super::metric_names::DEAD_LETTERED_TOTAL)),
 //! but only the queue knows how many are still waiting for an operator: a
 //! counter does not go down when someone replays or purges them. So while
 //! a session is connected, a task reads the queue's message count with a
@@ -23,7 +23,7 @@ use lapin::{Channel, Connection};
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
-use super::metrics;
+use super::metric_names;
 use crate::Result;
 use crate::connection::bounded;
 use crate::topology::short_string;
@@ -53,7 +53,7 @@ impl Drop for DepthPoller {
 }
 
 async fn poll(connection: Arc<Connection>, queue: String, consumer: String) {
-    let gauge = ::metrics::gauge!(metrics::DEAD_LETTERS, "consumer" => consumer.clone());
+    let gauge = ::metrics::gauge!(metric_names::DEAD_LETTERS, "consumer" => consumer.clone());
     let mut channel = None;
     let mut ticks = tokio::time::interval(INTERVAL);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);

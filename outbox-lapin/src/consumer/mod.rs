@@ -23,7 +23,7 @@ mod dead_letter;
 mod depth;
 mod dispatch;
 mod handler;
-pub mod metrics;
+pub mod metric_names;
 pub(crate) mod republish;
 mod run;
 mod session;
@@ -189,7 +189,7 @@ pub const DEAD_LETTER_ID_HEADER: &str = "x-outbox-dead-letter-id";
 /// republishing, until the database answers (or shutdown returns the
 /// message to the queue). A database failover therefore never
 /// dead-letters messages; the counter
-/// [`DATABASE_UNAVAILABLE_TOTAL`](metrics::DATABASE_UNAVAILABLE_TOTAL)
+/// [`DATABASE_UNAVAILABLE_TOTAL`](metric_names::DATABASE_UNAVAILABLE_TOTAL)
 /// shows the outage. A database that fails *inside* the handler or at
 /// commit spends one attempt per worker.
 ///
@@ -241,7 +241,7 @@ pub const DEAD_LETTER_ID_HEADER: &str = "x-outbox-dead-letter-id";
 /// # Observability
 /// Each delivery runs in a `tracing` span `outbox.consume` (consumer, event
 /// id and type, aggregate, attempt). Counters are listed in [`metrics`], as
-/// is the gauge [`DEAD_LETTERS`](metrics::DEAD_LETTERS): the depth of the
+/// is the gauge [`DEAD_LETTERS`](metric_names::DEAD_LETTERS): the depth of the
 /// dead-letter queue, read every 15 s when the consumer
 /// [declares](InboxConsumerBuilder::declare) a topology with one.
 ///

@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use super::dispatch::consume;
 use super::session::{Ended, SESSION_TIMEOUT, open_session};
 use super::worker::{self, Shared};
-use super::{EventHandler, InboxConsumer, metrics};
+use super::{EventHandler, InboxConsumer, metric_names};
 use crate::error::redact_url;
 use crate::{Error, Result};
 
@@ -94,7 +94,7 @@ where
                         }
                         Ended::Lost(reason) => {
                             ::metrics::counter!(
-                                metrics::CONNECTION_LOST_TOTAL,
+                                metric_names::CONNECTION_LOST_TOTAL,
                                 "consumer" => settings.name.clone()
                             )
                             .increment(1);

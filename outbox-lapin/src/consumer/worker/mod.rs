@@ -26,7 +26,7 @@ use tracing::Instrument;
 use super::republish::{Republisher, text, with_headers};
 use super::{
     ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError,
-    ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, Settings, metrics,
+    ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, Settings, metric_names,
 };
 use crate::wire::header_i64;
 use crate::{DecodeError, IncomingEvent};
@@ -206,12 +206,12 @@ where
             loop {
                 match self.handle(&event).await {
                     Ok(InboxOutcome::FirstTime) => {
-                        self.count(metrics::PROCESSED_TOTAL);
+                        self.count(metric_names::PROCESSED_TOTAL);
                         tracing::debug!("handled and committed");
                         ack(&delivery).await;
                     }
                     Ok(InboxOutcome::Duplicate) => {
-                        self.count(metrics::DUPLICATES_TOTAL);
+                        self.count(metric_names::DUPLICATES_TOTAL);
                         tracing::info!(
                             "already processed: acknowledged without running the handler"
                         );
@@ -221,7 +221,7 @@ where
                         // A database outage is not the message's fault: wait
                         // and try the same delivery again, without spending
                         // an attempt, until the database answers or shutdown.
-                        self.count(metrics::DATABASE_UNAVAILABLE_TOTAL);
+                        self.count(metric_names::DATABASE_UNAVAILABLE_TOTAL);
                         tracing::warn!(
                             %error,
                             retry_in = ?self.settings.retry_delay,

@@ -17,7 +17,7 @@ use crate::consumer::dead_letter::dead_letter;
 use crate::consumer::republish::{Republisher, text, with_headers};
 use crate::consumer::{
     ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError,
-    LAST_ERROR_HEADER, QUEUE_HEADER, metrics,
+    LAST_ERROR_HEADER, QUEUE_HEADER, metric_names,
 };
 
 impl<D, H> Shared<D, H>
@@ -84,7 +84,7 @@ where
                 .publish("", &settings.queue, &delivery.data, properties)
                 .await
                 .map_err(|e| e.to_string());
-            self.settle(delivery, result, metrics::RETRIED_TOTAL, stop)
+            self.settle(delivery, result, metric_names::RETRIED_TOTAL, stop)
                 .await;
         }
     }
@@ -139,7 +139,7 @@ where
                 ),
             }
         }
-        self.settle(delivery, result, metrics::DEAD_LETTERED_TOTAL, stop)
+        self.settle(delivery, result, metric_names::DEAD_LETTERED_TOTAL, stop)
             .await;
     }
 
