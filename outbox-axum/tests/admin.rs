@@ -59,7 +59,12 @@ async fn kill(store: &InMemoryStore, ids: &[Uuid]) {
     let failures: Vec<FailedAttempt> = ids
         .iter()
         .map(|id| FailedAttempt {
-            id: *id,
+            seq: claim
+                .records()
+                .iter()
+                .find(|r| r.id() == *id)
+                .expect("the event is part of the claim")
+                .seq,
             attempts: 5,
             error: "NOT_FOUND - no exchange 'shop'".to_owned(),
             next: NextStep::Dead,
@@ -836,7 +841,12 @@ mod postgres {
         let failures: Vec<FailedAttempt> = ids
             .iter()
             .map(|id| FailedAttempt {
-                id: *id,
+                seq: claim
+                    .records()
+                    .iter()
+                    .find(|r| r.id() == *id)
+                    .expect("the event is part of the claim")
+                    .seq,
                 attempts: 5,
                 error: "NOT_FOUND - no exchange 'shop'".into(),
                 next: NextStep::Dead,

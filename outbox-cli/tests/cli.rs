@@ -232,7 +232,14 @@ async fn purge_sent_deletes_old_sent_events_with_yes() {
         use outbox_core::Claim as _;
         let store = db.store();
         let mut claim = store.claim(10).await.unwrap().unwrap();
-        claim.mark_sent(&ids[..2]).await.unwrap();
+        let seqs: Vec<i64> = claim
+            .records()
+            .iter()
+            .filter(|r| ids[..2].contains(&r.id()))
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(seqs.len(), 2);
+        claim.mark_sent(&seqs).await.unwrap();
         claim.finish().await.unwrap();
     }
     db.execute("UPDATE {schema}.outbox_events SET published_at = now() - interval '1 hour' WHERE published_at IS NOT NULL");

@@ -29,7 +29,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::Error;
+use chrono::{DateTime, Utc};
+
+use crate::{Error, NextStep};
 
 /// Where an outbox event is in its life.
 ///
@@ -102,6 +104,34 @@ impl Transition {
             Transition::Skip => EventStatus::Skipped,
             Transition::Hold => EventStatus::Held,
             Transition::Release => EventStatus::Pending,
+        }
+    }
+}
+
+impl NextStep {
+    /// The transition a failed attempt with this next step makes:
+    /// [`Transition::Retry`] or [`Transition::Kill`]; its
+    /// [`to`](Transition::to) is the status to store.
+    ///
+    /// ```
+    /// use outbox_core::{EventStatus, NextStep, Transition};
+    ///
+    /// assert_eq!(NextStep::Dead.transition(), Transition::Kill);
+    /// assert_eq!(NextStep::Dead.transition().to(), EventStatus::Dead);
+    /// ```
+    pub const fn transition(self) -> Transition {
+        match self {
+            NextStep::RetryAt(_) => Transition::Retry,
+            NextStep::Dead => Transition::Kill,
+        }
+    }
+
+    /// When the event is tried again: `Some` for [`NextStep::RetryAt`],
+    /// `None` for [`NextStep::Dead`].
+    pub const fn next_attempt_at(self) -> Option<DateTime<Utc>> {
+        match self {
+            NextStep::RetryAt(at) => Some(at),
+            NextStep::Dead => None,
         }
     }
 }
@@ -240,6 +270,25 @@ mod tests {
         }
         assert!(EventStatus::Dead.apply(Transition::Publish).is_err());
         assert!(EventStatus::Dead.apply(Transition::Retry).is_err());
+    }
+
+    #[test]
+    fn next_steps_lead_to_retry_and_dead() {
+        let at = Utc::now();
+        assert_eq!(NextStep::RetryAt(at).transition(), Transition::Retry);
+        assert_eq!(NextStep::RetryAt(at).transition().to(), EventStatus::Retry);
+        assert_eq!(NextStep::RetryAt(at).next_attempt_at(), Some(at));
+        assert_eq!(NextStep::Dead.transition(), Transition::Kill);
+        assert_eq!(NextStep::Dead.transition().to(), EventStatus::Dead);
+        assert_eq!(NextStep::Dead.next_attempt_at(), None);
+        for step in [NextStep::RetryAt(at), NextStep::Dead] {
+            for from in [EventStatus::Pending, EventStatus::Retry] {
+                assert_eq!(
+                    from.apply(step.transition()).ok(),
+                    Some(step.transition().to())
+                );
+            }
+        }
     }
 
     #[test]

@@ -161,8 +161,9 @@ impl RelayControl {
 /// A failed publish attempt, ready to be stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailedAttempt {
-    /// The event.
-    pub id: Uuid,
+    /// The event, by its key: the record's [`seq`](OutboxRecord::seq), as in
+    /// [`Claim::records`].
+    pub seq: i64,
     /// Attempts spent so far, this one included.
     pub attempts: u32,
     /// Why it failed (stored as `last_error`).
@@ -347,10 +348,17 @@ pub trait Claim: Send {
     }
 
     /// Marks events of this claim `Sent` (broker-confirmed), in one statement.
-    fn mark_sent(&mut self, ids: &[Uuid]) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    ///
+    /// Events are named by their key, the record's
+    /// [`seq`](OutboxRecord::seq), as in [`records`](Self::records) (so are
+    /// those of [`mark_suspect`](Self::mark_suspect) and
+    /// [`mark_failed`](Self::mark_failed)). A seq that is not part of this
+    /// claim is refused with an error and nothing is marked: a claim never
+    /// marks another claim's event.
+    fn mark_sent(&mut self, seqs: &[i64]) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Counts the connection's death against each of these events of the
-    /// claim (they were in flight when the broker connection died, see
+    /// claim, by their [`seq`](OutboxRecord::seq) (they were in flight when the broker connection died, see
     /// [`PublishOutcome::ConnectionDied`](crate::PublishOutcome::ConnectionDied)):
     /// `suspect_count + 1` and `last_error = reason`, nothing else (status,
     /// attempts and retry time unchanged). The count is kept in the row so
@@ -358,11 +366,13 @@ pub trait Claim: Send {
     /// [`mark_failed`](Self::mark_failed) in the same claim.
     fn mark_suspect(
         &mut self,
-        ids: &[Uuid],
+        seqs: &[i64],
         reason: &str,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
-    /// Stores failed attempts: `Retry` with its next attempt time, or `Dead`.
+    /// Stores failed attempts: `Retry` with its next attempt time, or `Dead`
+    /// (see [`NextStep::transition`]); each names its event by
+    /// [`FailedAttempt::seq`].
     fn mark_failed(
         &mut self,
         failures: &[FailedAttempt],

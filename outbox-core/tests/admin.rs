@@ -45,7 +45,7 @@ async fn kill(store: &InMemoryStore, ids: &[Uuid], error: &str) {
     let failures: Vec<FailedAttempt> = ids
         .iter()
         .map(|id| FailedAttempt {
-            id: *id,
+            seq: seq_of(&claim, *id),
             attempts: 5,
             error: error.to_owned(),
             next: NextStep::Dead,
@@ -54,6 +54,16 @@ async fn kill(store: &InMemoryStore, ids: &[Uuid], error: &str) {
         .collect();
     claim.mark_failed(&failures).await.unwrap();
     claim.finish().await.unwrap();
+}
+
+/// The seq (the claim's key for marks) of the claimed event `id`.
+fn seq_of(claim: &impl Claim, id: Uuid) -> i64 {
+    claim
+        .records()
+        .iter()
+        .find(|r| r.id() == id)
+        .expect("event is part of the claim")
+        .seq
 }
 
 fn operator() -> Caller {
@@ -277,7 +287,7 @@ async fn retry_now_makes_waiting_retries_due() {
     let mut claim = store.claim(10).await.unwrap().unwrap();
     claim
         .mark_failed(&[FailedAttempt {
-            id,
+            seq: seq_of(&claim, id),
             attempts: 1,
             error: "unroutable".into(),
             next: NextStep::RetryAt(chrono::Utc::now() + chrono::Duration::hours(1)),
@@ -310,10 +320,11 @@ async fn purge_deletes_old_sent_events_but_never_dead_ones() {
     let sent: Vec<Uuid> = (0..3).map(|i| record(&store, &format!("s{i}"))).collect();
     let dead = record(&store, "d");
     let mut claim = store.claim(10).await.unwrap().unwrap();
-    claim.mark_sent(&sent).await.unwrap();
+    let sent_seqs: Vec<i64> = sent.iter().map(|id| seq_of(&claim, *id)).collect();
+    claim.mark_sent(&sent_seqs).await.unwrap();
     claim
         .mark_failed(&[FailedAttempt {
-            id: dead,
+            seq: seq_of(&claim, dead),
             attempts: 5,
             error: "x".into(),
             next: NextStep::Dead,
@@ -620,7 +631,7 @@ async fn fail_for_an_hour(store: &InMemoryStore, id: Uuid) {
     let mut claim = store.claim(1_000).await.unwrap().expect("claimable");
     claim
         .mark_failed(&[FailedAttempt {
-            id,
+            seq: seq_of(&claim, id),
             attempts: 1,
             error: "unroutable".into(),
             next: NextStep::RetryAt(chrono::Utc::now() + chrono::Duration::hours(1)),

@@ -1023,3 +1023,55 @@ async fn unroutable_policies_spend_attempts_or_accept_when_told_to() {
     .await;
     assert_eq!(row.attempts, 0);
 }
+
+/// Marks name events by their seq, and a claim refuses a seq that is not
+/// one of its records (another claim's, or none at all) with
+/// `NotInClaim`, marking nothing of the call.
+#[tokio::test]
+async fn the_in_memory_store_refuses_a_seq_not_in_the_claim_and_marks_nothing() {
+    use outbox_core::testing::StoreError;
+    use outbox_core::{Claim, FailedAttempt, NextStep};
+    let store = InMemoryStore::new();
+    let a = record(&store, "a", 0);
+    let b = record(&store, "b", 0);
+    let mut mine = store.claim(1).await.unwrap().unwrap();
+    let other = store.claim(1).await.unwrap().unwrap();
+    assert_eq!(mine.records()[0].id(), a);
+    assert_eq!(other.records()[0].id(), b);
+    let own = mine.records()[0].seq;
+    let foreign = other.records()[0].seq;
+    assert!(matches!(
+        mine.mark_sent(&[own, foreign]).await,
+        Err(StoreError::NotInClaim { seq }) if seq == foreign
+    ));
+    assert!(matches!(
+        mine.mark_suspect(&[foreign], "died").await,
+        Err(StoreError::NotInClaim { seq }) if seq == foreign
+    ));
+    let failure = |seq| FailedAttempt {
+        seq,
+        attempts: 1,
+        error: "nack".into(),
+        next: NextStep::Dead,
+        unroutable_since: None,
+    };
+    assert!(matches!(
+        mine.mark_failed(&[failure(own), failure(foreign)]).await,
+        Err(StoreError::NotInClaim { seq }) if seq == foreign
+    ));
+    assert!(matches!(
+        mine.mark_sent(&[foreign + 1_000]).await,
+        Err(StoreError::NotInClaim { .. })
+    ));
+    for id in [a, b] {
+        let record = store.get(id).unwrap();
+        assert_eq!(record.status, EventStatus::Pending);
+        assert_eq!((record.attempts, record.suspect_count), (0, 0));
+    }
+    // The claim's own seq is marked as usual.
+    mine.mark_failed(&[failure(own)]).await.unwrap();
+    mine.finish().await.unwrap();
+    other.finish().await.unwrap();
+    assert_eq!(store.get(a).unwrap().status, EventStatus::Dead);
+    assert_eq!(store.get(b).unwrap().status, EventStatus::Pending);
+}

@@ -406,8 +406,15 @@ async fn suspects_go_first_and_wait_for_a_later_batch_after_one_is_not_confirmed
         .collect();
     // Both are suspects already (the connection died under them before).
     let mut claim = store.claim(100).await.unwrap().unwrap();
+    let suspects: Vec<i64> = claim
+        .records()
+        .iter()
+        .filter(|r| r.id() == s1 || r.id() == s2)
+        .map(|r| r.seq)
+        .collect();
+    assert_eq!(suspects.len(), 2);
     claim
-        .mark_suspect(&[s1, s2], "earlier death")
+        .mark_suspect(&suspects, "earlier death")
         .await
         .unwrap();
     claim.finish().await.unwrap();

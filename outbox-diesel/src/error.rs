@@ -54,6 +54,23 @@ pub enum Error {
         /// What is wrong and what to do.
         reason: String,
     },
+    /// A claim was asked to mark an event (by its `seq`) that is not one of
+    /// its records: the whole mark was refused and nothing was changed, so a
+    /// claim never marks another relay's row.
+    #[error(
+        "outbox event seq {seq} is not part of this claim, nothing was marked: mark only the \
+         seqs of the claim's own records()"
+    )]
+    NotInClaim {
+        /// The seq that was refused.
+        seq: i64,
+    },
+    /// A claim was used after it was finished (its transaction is gone).
+    #[error(
+        "outbox claim already finished: its transaction is committed, so it can mark nothing \
+         more; take a new claim"
+    )]
+    ClaimFinished,
     /// A setting is invalid (e.g. a schema name PostgreSQL cannot hold).
     #[error("invalid outbox configuration: {0}")]
     Config(String),

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use chrono::Utc;
-use common::{TestDb, record};
+use common::{TestDb, record, seq_of, seqs_of};
 use outbox_core::admin::{
     Admin, AdminError, AttemptOutcome, Caller, EventFilter, OutboxAdmin, PurgeTarget,
 };
@@ -33,7 +33,7 @@ async fn fail_with(store: &PgOutboxStore, ids: &[Uuid], error: &str, next: NextS
     let failures: Vec<FailedAttempt> = ids
         .iter()
         .map(|id| FailedAttempt {
-            id: *id,
+            seq: seq_of(&claim, *id),
             attempts: 5,
             error: format!("{error} ({id})"),
             next,
@@ -294,10 +294,10 @@ async fn purges_delete_old_sent_events_and_inbox_entries_never_dead_ones() {
     )
     .await;
     let mut claim = store.claim(10).await.unwrap().unwrap();
-    claim.mark_sent(&ids[..4]).await.unwrap();
+    claim.mark_sent(&seqs_of(&claim, &ids[..4])).await.unwrap();
     claim
         .mark_failed(&[FailedAttempt {
-            id: ids[4],
+            seq: seq_of(&claim, ids[4]),
             attempts: 5,
             error: "x".into(),
             next: NextStep::Dead,
@@ -479,7 +479,7 @@ async fn sent_events_take_their_history_along_and_skipped_ones_are_kept_from_the
         "the normalized error is stored with the error"
     );
     let mut claim = store.claim(10).await.unwrap().unwrap();
-    claim.mark_sent(&ids[..1]).await.unwrap();
+    claim.mark_sent(&seqs_of(&claim, &ids[..1])).await.unwrap();
     claim.finish().await.unwrap();
     assert_eq!(
         db.count("outbox_attempts", ""),

@@ -10,7 +10,7 @@ mod common;
 use std::collections::HashSet;
 
 use chrono::Utc;
-use common::{TestDb, record};
+use common::{TestDb, record, seq_of, seqs_of};
 use outbox_core::{Claim, DeadSelector, FailedAttempt, NextStep, OutboxStore};
 use outbox_diesel::{Error, PgOutboxStore};
 use uuid::Uuid;
@@ -54,7 +54,7 @@ async fn drain_healthy(store: &PgOutboxStore, want: usize, max_claims: usize) ->
                 record.envelope.aggregate_id
             );
         }
-        claim.mark_sent(&ids).await.unwrap();
+        claim.mark_sent(&seqs_of(&claim, &ids)).await.unwrap();
         claim.finish().await.unwrap();
         taken.extend(ids);
     }
@@ -136,7 +136,7 @@ async fn dead_head(db: &TestDb, store: &PgOutboxStore) -> Vec<Uuid> {
     assert_eq!(claim.records().len(), 3);
     claim
         .mark_failed(&[FailedAttempt {
-            id: ids[0],
+            seq: seq_of(&claim, ids[0]),
             attempts: 10,
             error: "nack".into(),
             next: NextStep::Dead,
@@ -226,7 +226,7 @@ async fn a_retry_sent_releases_what_waited_behind_it() {
     let mut claim = store.claim(100).await.unwrap().unwrap();
     claim
         .mark_failed(&[FailedAttempt {
-            id: ids[0],
+            seq: seq_of(&claim, ids[0]),
             attempts: 1,
             error: "nack".into(),
             next: NextStep::RetryAt(Utc::now()),
@@ -240,7 +240,7 @@ async fn a_retry_sent_releases_what_waited_behind_it() {
     let mut claim = store.claim(100).await.unwrap().unwrap();
     assert_eq!(claim.records().len(), 1, "only the due retry");
     assert_eq!(claim.records()[0].id(), ids[0]);
-    claim.mark_sent(&[ids[0]]).await.unwrap();
+    claim.mark_sent(&[seq_of(&claim, ids[0])]).await.unwrap();
     claim.finish().await.unwrap();
     let claim = store.claim(100).await.unwrap().unwrap();
     let got: Vec<Uuid> = claim.records().iter().map(|r| r.id()).collect();
@@ -269,7 +269,7 @@ async fn malformed_rows_end_dead_with_a_reason_and_the_rest_flow() {
         "the healthy events flow; m's event after its malformed one waits behind it"
     );
     let ids: Vec<Uuid> = claim.records().iter().map(|r| r.id()).collect();
-    claim.mark_sent(&ids).await.unwrap();
+    claim.mark_sent(&seqs_of(&claim, &ids)).await.unwrap();
     claim.finish().await.unwrap();
     assert_eq!(
         db.count(

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use common::{TestDb, moved, record};
+use common::{TestDb, moved, record, seq_of, seqs_of};
 use diesel_async::AsyncConnection as _;
 use outbox_core::testing::RecordingPublisher;
 use outbox_core::{
@@ -57,7 +57,7 @@ async fn four_concurrent_claimers_take_each_event_exactly_once() {
                         *claimed.entry(*id).or_default() += 1;
                     }
                 }
-                claim.mark_sent(&ids).await.unwrap();
+                claim.mark_sent(&seqs_of(&claim, &ids)).await.unwrap();
                 claim.finish().await.unwrap();
             }
         }));
@@ -151,7 +151,7 @@ async fn a_claimer_killed_mid_claim_loses_nothing() {
     .expect("the killed claimer's events are claimable again");
     assert_eq!(ids_of(&again), held, "same events, same order");
     // The dead claimer cannot mark anything any more.
-    assert!(dying.mark_sent(&held).await.is_err());
+    assert!(dying.mark_sent(&seqs_of(&dying, &held)).await.is_err());
     again.finish().await.unwrap();
     assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 0);
 }
@@ -280,14 +280,14 @@ async fn dead_event_blocks_only_its_aggregate_until_replayed_or_skipped() {
     claim
         .mark_failed(&[
             FailedAttempt {
-                id: a0,
+                seq: seq_of(&claim, a0),
                 attempts: 3,
                 error: "NO_ROUTE".into(),
                 next: NextStep::Dead,
                 unroutable_since: None,
             },
             FailedAttempt {
-                id: b0,
+                seq: seq_of(&claim, b0),
                 attempts: 1,
                 error: "nack".into(),
                 next: NextStep::RetryAt(Utc::now() + chrono::Duration::hours(1)),
@@ -335,7 +335,7 @@ async fn dead_event_blocks_only_its_aggregate_until_replayed_or_skipped() {
         claimed.contains(&b1) && !claimed.contains(&b0),
         "{claimed:?}"
     );
-    claim.mark_sent(&claimed).await.unwrap();
+    claim.mark_sent(&seqs_of(&claim, &claimed)).await.unwrap();
     claim.finish().await.unwrap();
     assert_eq!(db.count("outbox_events", "WHERE status = 'skipped'"), 1);
     let stats = store.stats().await.unwrap();
@@ -369,7 +369,7 @@ async fn an_event_waiting_for_a_retry_holds_back_the_later_events_of_its_aggrega
         [a0, b0],
         "a2 must wait for a1, which waits for its retry"
     );
-    claim.mark_sent(&[a0, b0]).await.unwrap();
+    claim.mark_sent(&seqs_of(&claim, &[a0, b0])).await.unwrap();
     claim.finish().await.unwrap();
     assert!(store.claim(100).await.unwrap().is_none());
     assert_eq!(
@@ -387,7 +387,7 @@ async fn an_event_waiting_for_a_retry_holds_back_the_later_events_of_its_aggrega
     ));
     let mut claim = store.claim(100).await.unwrap().unwrap();
     assert_eq!(ids_of(&claim), [a1]);
-    claim.mark_sent(&[a1]).await.unwrap();
+    claim.mark_sent(&seqs_of(&claim, &[a1])).await.unwrap();
     claim.finish().await.unwrap();
     let claim = store.claim(100).await.unwrap().unwrap();
     assert_eq!(ids_of(&claim), [a2]);
@@ -401,7 +401,7 @@ async fn a_due_retry_is_claimed_again_with_its_attempts() {
     let mut claim = store.claim(10).await.unwrap().unwrap();
     claim
         .mark_failed(&[FailedAttempt {
-            id: ids[0],
+            seq: seq_of(&claim, ids[0]),
             attempts: 1,
             error: "nack".into(),
             next: NextStep::RetryAt(Utc::now()),
@@ -421,7 +421,7 @@ async fn a_due_retry_is_claimed_again_with_its_attempts() {
     assert_eq!(head.status, EventStatus::Retry);
     assert_eq!(head.attempts, 1);
     assert_eq!(head.last_error.as_deref(), Some("nack"));
-    claim.mark_sent(&[ids[0]]).await.unwrap();
+    claim.mark_sent(&[seq_of(&claim, ids[0])]).await.unwrap();
     claim.finish().await.unwrap();
     let claim = store.claim(10).await.unwrap().unwrap();
     assert_eq!(ids_of(&claim), [ids[1]], "released once the retry was sent");
@@ -434,7 +434,7 @@ async fn dropping_a_claim_releases_it_and_marks_need_the_claim() {
     let ids = record(&db, &[("a".into(), 0), ("b".into(), 0)]).await;
     let store = db.store();
     let mut claim = store.claim(10).await.unwrap().unwrap();
-    claim.mark_sent(&ids).await.unwrap();
+    claim.mark_sent(&seqs_of(&claim, &ids)).await.unwrap();
     drop(claim); // never finished: the marks roll back
     let claim = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
@@ -448,10 +448,60 @@ async fn dropping_a_claim_releases_it_and_marks_need_the_claim() {
     .expect("released at once");
     assert_eq!(ids_of(&claim), ids);
     let mut claim = claim;
-    let stranger = Uuid::now_v7();
+    let stranger = claim.records().iter().map(|r| r.seq).max().unwrap() + 1_000;
     assert!(
-        claim.mark_sent(&[stranger]).await.is_err(),
+        matches!(
+            claim.mark_sent(&[stranger]).await,
+            Err(Error::NotInClaim { seq }) if seq == stranger
+        ),
         "fenced to the claim's events"
+    );
+}
+
+/// A seq of another relay's claim is refused with `NotInClaim` by every
+/// mark, in a call with the claim's own seqs too, and that call marks
+/// nothing: neither the other claim's row nor the claim's own.
+#[tokio::test]
+async fn marking_a_seq_not_in_the_claim_fails_with_not_in_claim_and_changes_nothing() {
+    let db = TestDb::new("claim_not_in_claim").await;
+    let ids = record(&db, &[("a".into(), 0), ("b".into(), 0)]).await;
+    let store = db.store();
+    let mut mine = store.claim(1).await.unwrap().unwrap();
+    let other = store.claim(1).await.unwrap().unwrap();
+    assert_eq!(ids_of(&mine), [ids[0]]);
+    assert_eq!(ids_of(&other), [ids[1]]);
+    let own = mine.records()[0].seq;
+    let foreign = other.records()[0].seq;
+    assert!(matches!(
+        mine.mark_sent(&[own, foreign]).await,
+        Err(Error::NotInClaim { seq }) if seq == foreign
+    ));
+    assert!(matches!(
+        mine.mark_suspect(&[foreign], "died").await,
+        Err(Error::NotInClaim { seq }) if seq == foreign
+    ));
+    let failure = |seq| FailedAttempt {
+        seq,
+        attempts: 1,
+        error: "nack".into(),
+        next: NextStep::Dead,
+        unroutable_since: None,
+    };
+    assert!(matches!(
+        mine.mark_failed(&[failure(own), failure(foreign)]).await,
+        Err(Error::NotInClaim { seq }) if seq == foreign
+    ));
+    let message = Error::NotInClaim { seq: foreign }.to_string();
+    assert!(message.contains(&foreign.to_string()), "{message}");
+    mine.finish().await.unwrap();
+    other.finish().await.unwrap();
+    assert_eq!(
+        db.count(
+            "outbox_events",
+            "WHERE status = 'pending' AND suspect_count = 0 AND attempts = 0"
+        ),
+        2,
+        "nothing was marked"
     );
 }
 
@@ -520,10 +570,10 @@ async fn keep_sent_false_deletes_confirmed_events_only() {
         .build()
         .unwrap();
     let mut claim = store.claim(10).await.unwrap().unwrap();
-    claim.mark_sent(&ids[..1]).await.unwrap();
+    claim.mark_sent(&seqs_of(&claim, &ids[..1])).await.unwrap();
     claim
         .mark_failed(&[FailedAttempt {
-            id: ids[1],
+            seq: seq_of(&claim, ids[1]),
             attempts: 1,
             error: "nack".into(),
             next: NextStep::Dead,
@@ -583,7 +633,7 @@ async fn recording_claiming_and_marking_work_without_prepared_statements() {
         .build()
         .unwrap();
     let mut claim = store.claim(10).await.unwrap().unwrap();
-    claim.mark_sent(&ids).await.unwrap();
+    claim.mark_sent(&seqs_of(&claim, &ids)).await.unwrap();
     claim.finish().await.unwrap();
     assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 3);
     assert_eq!(store.stats().await.unwrap().backlog, 0);
@@ -667,7 +717,10 @@ async fn mark_suspect_counts_in_the_row_and_every_claim_sees_it() {
         let mut claim = store.claim(100).await.unwrap().unwrap();
         assert_eq!(ids_of(&claim), ids);
         claim
-            .mark_suspect(&[a0, b0], &format!("connection died ({round})"))
+            .mark_suspect(
+                &seqs_of(&claim, &[a0, b0]),
+                &format!("connection died ({round})"),
+            )
             .await
             .unwrap();
         claim.finish().await.unwrap();
@@ -712,10 +765,13 @@ async fn mark_suspect_counts_in_the_row_and_every_claim_sees_it() {
 
     // Parked dead, then replayed: the count starts again.
     let mut claim = store.claim(100).await.unwrap().unwrap();
-    claim.mark_suspect(&[a0], "died alone").await.unwrap();
+    claim
+        .mark_suspect(&seqs_of(&claim, &[a0]), "died alone")
+        .await
+        .unwrap();
     claim
         .mark_failed(&[FailedAttempt {
-            id: a0,
+            seq: seq_of(&claim, a0),
             attempts: 0,
             error: "the connection died 3 times".into(),
             next: NextStep::Dead,

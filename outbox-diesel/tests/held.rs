@@ -9,7 +9,7 @@
 mod common;
 
 use chrono::{Duration, Utc};
-use common::{TestDb, record};
+use common::{TestDb, record, seq_of, seqs_of};
 use outbox_core::{Claim, DeliveryOrder, FailedAttempt, NextStep, OutboxStore};
 use uuid::Uuid;
 
@@ -33,7 +33,7 @@ async fn a_pending_event_is_not_claimed_before_a_due_retry_outside_the_window() 
     let mut claim = store.claim(100).await.unwrap().unwrap();
     claim
         .mark_failed(&[FailedAttempt {
-            id: a[0],
+            seq: seq_of(&claim, a[0]),
             attempts: 1,
             error: "nack".into(),
             next: NextStep::RetryAt(Utc::now() - Duration::seconds(1)),
@@ -83,7 +83,7 @@ async fn an_event_recorded_after_orphaned_held_events_does_not_overtake_them() {
     let mut claim = store.claim(100).await.unwrap().unwrap();
     claim
         .mark_failed(&[FailedAttempt {
-            id: ids[0],
+            seq: seq_of(&claim, ids[0]),
             attempts: 1,
             error: "nack".into(),
             next: NextStep::RetryAt(Utc::now() + Duration::hours(1)),
@@ -135,7 +135,7 @@ async fn due_retries_behind_dead_events_do_not_starve_healthy_aggregates() {
             .map(|r| {
                 let first = ids.iter().position(|id| *id == r.id()).unwrap() % 2 == 0;
                 FailedAttempt {
-                    id: r.id(),
+                    seq: r.seq,
                     attempts: if first { 10 } else { 1 },
                     error: "unroutable".into(),
                     next: if first {
@@ -169,7 +169,7 @@ async fn due_retries_behind_dead_events_do_not_starve_healthy_aggregates() {
     for _ in 0..5 {
         if let Some(mut claim) = store.claim(100).await.unwrap() {
             let ids = claimed(&claim);
-            claim.mark_sent(&ids).await.unwrap();
+            claim.mark_sent(&seqs_of(&claim, &ids)).await.unwrap();
             claim.finish().await.unwrap();
             got.extend(ids);
         }

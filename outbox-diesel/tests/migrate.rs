@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{database_url, moved};
+use common::{database_url, moved, seqs_of};
 use diesel::{Connection as _, PgConnection, RunQueryDsl as _};
 use diesel_async::{AsyncConnection as _, SimpleAsyncConnection as _};
 use outbox_core::{Claim as _, OutboxStore as _};
@@ -100,7 +100,7 @@ async fn assert_outbox_works(url: &str, schema: &str) {
         .expect("the event is claimable");
     let ids: Vec<_> = claim.records().iter().map(|r| r.id()).collect();
     assert_eq!(ids, vec![id]);
-    claim.mark_sent(&ids).await.unwrap();
+    claim.mark_sent(&seqs_of(&claim, &ids)).await.unwrap();
     claim.finish().await.unwrap();
     assert!(
         store.claim(10).await.unwrap().is_none(),

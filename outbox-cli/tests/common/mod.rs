@@ -124,7 +124,12 @@ impl TestDb {
         let failures: Vec<FailedAttempt> = ids
             .iter()
             .map(|id| FailedAttempt {
-                id: *id,
+                seq: claim
+                    .records()
+                    .iter()
+                    .find(|r| r.id() == *id)
+                    .expect("the event is part of the claim")
+                    .seq,
                 attempts: 5,
                 error: format!("{error} ({id})"),
                 next,

@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use chrono::Utc;
 use tracing::{debug, warn};
-use uuid::Uuid;
 
 use super::metrics;
 use super::suspect::publish_calls;
@@ -58,12 +57,12 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     async fn process(&self, mut claim: S::Claim) -> Result<BatchReport, S::Error> {
         let started = Instant::now();
         let mut report = BatchReport::default();
-        let mut sent: Vec<Uuid> = Vec::new();
+        let mut sent: Vec<i64> = Vec::new();
         let mut failures: Vec<FailedAttempt> = Vec::new();
         // Events in flight when the connection died: (batch index, whether
         // it was alone, what happened to the connection).
         let mut died: Vec<(usize, bool, String)> = Vec::new();
-        let suspects: Option<(Vec<Uuid>, String)>;
+        let suspects: Option<(Vec<i64>, String)>;
         {
             let records = claim.records();
             let deadline = claim.valid_until();
@@ -165,7 +164,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         let (reason, hopeless) = match outcome {
                             PublishOutcome::Acked => {
                                 self.breakers.confirmed(destination);
-                                sent.push(record.id());
+                                sent.push(record.seq);
                                 if record.status == crate::EventStatus::Retry {
                                     report.sent_retries += 1;
                                 }
@@ -191,7 +190,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                                     UnroutablePolicy::Accept => {
                                         ::metrics::counter!(metrics::UNROUTABLE_ACCEPTED_TOTAL)
                                             .increment(1);
-                                        sent.push(record.id());
+                                        sent.push(record.seq);
                                         continue;
                                     }
                                     UnroutablePolicy::Hold {
@@ -257,7 +256,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                             report.dead += 1;
                         }
                         failures.push(FailedAttempt {
-                            id: record.id(),
+                            seq: record.seq,
                             attempts,
                             error: reason,
                             next,
@@ -288,8 +287,8 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             claim.mark_sent(&sent).await?;
         }
         failpoints::hit(failpoints::DURING_MARK);
-        if let Some((ids, reason)) = &suspects {
-            claim.mark_suspect(ids, reason).await?;
+        if let Some((seqs, reason)) = &suspects {
+            claim.mark_suspect(seqs, reason).await?;
         }
         if !failures.is_empty() {
             claim.mark_failed(&failures).await?;
@@ -387,7 +386,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
 /// Releases `record` until `at` without spending an attempt.
 fn held(record: &crate::OutboxRecord, at: chrono::DateTime<Utc>, error: String) -> FailedAttempt {
     FailedAttempt {
-        id: record.id(),
+        seq: record.seq,
         attempts: record.attempts,
         error,
         next: NextStep::RetryAt(at),

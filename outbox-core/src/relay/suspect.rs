@@ -5,7 +5,6 @@
 use std::time::Instant;
 
 use tracing::{info, warn};
-use uuid::Uuid;
 
 use super::Relay;
 use super::batch::BatchReport;
@@ -48,7 +47,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// Counts the events that were in flight when the connection died
     /// (`died`: batch index, whether it was alone, the cause) as suspects;
     /// one that was alone and reaches the suspect limit is parked `Dead`
-    /// with the reason (no attempt spent). Returns the ids for
+    /// with the reason (no attempt spent). Returns the seqs for
     /// [`Claim::mark_suspect`] and the reason to store, if any died.
     ///
     /// [`Claim::mark_suspect`]: crate::Claim::mark_suspect
@@ -58,15 +57,15 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         died: Vec<(usize, bool, String)>,
         report: &mut BatchReport,
         failures: &mut Vec<FailedAttempt>,
-    ) -> Option<(Vec<Uuid>, String)> {
+    ) -> Option<(Vec<i64>, String)> {
         let cause = died.first().map(|(_, _, reason)| reason.clone())?;
         let limit = self.suspect_limit;
         ::metrics::counter!(metrics::SUSPECT_EVENTS_TOTAL).increment(died.len() as u64);
-        let mut ids = Vec::with_capacity(died.len());
+        let mut seqs = Vec::with_capacity(died.len());
         for (i, alone, reason) in died {
             let record = &records[i];
             let count = record.suspect_count.saturating_add(1);
-            ids.push(record.id());
+            seqs.push(record.seq);
             if alone && count >= limit {
                 let error = format!(
                     "the connection to the broker died {count} times while this event was in \
@@ -85,7 +84,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 report.dead += 1;
                 report.parked += 1;
                 failures.push(FailedAttempt {
-                    id: record.id(),
+                    seq: record.seq,
                     attempts: record.attempts,
                     error,
                     next: NextStep::Dead,
@@ -109,7 +108,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
              ({cause}); it is published alone from now on and parked dead once the connection \
              dies with it alone {limit} times in all (no attempt spent)"
         );
-        Some((ids, reason))
+        Some((seqs, reason))
     }
 }
 

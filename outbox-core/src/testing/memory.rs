@@ -22,9 +22,16 @@ pub use claim::InMemoryClaim;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// A mark for an event this claim does not hold (fencing).
-    #[error("event {0} is not held by this claim")]
-    NotClaimed(Uuid),
+    /// A mark for an event (by its `seq`) this claim does not hold
+    /// (fencing): nothing of the call was marked.
+    #[error(
+        "event seq {seq} is not part of this claim, nothing was marked: mark only the seqs of \
+         the claim's own records()"
+    )]
+    NotInClaim {
+        /// The seq that was refused.
+        seq: i64,
+    },
     /// An illegal status change.
     #[error(transparent)]
     Transition(#[from] Error),

@@ -2,7 +2,6 @@
 //! [`PgClaim`], the claimed batch marked sent, suspect or failed and
 //! finished in it, holding the followers of failed events.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,10 +9,7 @@ use chrono::{DateTime, Utc};
 use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_core::admin::normalize_error;
-use outbox_core::{
-    Claim, Claimed, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxRecord,
-};
-use uuid::Uuid;
+use outbox_core::{Claim, Claimed, DeliveryOrder, FailedAttempt, OutboxRecord};
 
 use super::PgOutboxStore;
 use super::pick::ClaimedRows;
@@ -68,7 +64,6 @@ impl PgOutboxStore {
         }
         Ok(Claimed::Batch(PgClaim {
             tx: Some(tx),
-            seq_of: records.iter().map(|r| (r.id(), r.seq)).collect(),
             records,
             window,
             order,
@@ -120,7 +115,6 @@ pub struct PgClaim {
     records: Vec<OutboxRecord>,
     /// The ordered claim's window (empty when unordered).
     window: Vec<WindowSlot>,
-    seq_of: HashMap<Uuid, i64>,
     order: DeliveryOrder,
     sql: Arc<Sql>,
     valid_until: Instant,
@@ -140,17 +134,17 @@ impl std::fmt::Debug for PgClaim {
 
 impl PgClaim {
     fn connection(&mut self) -> Result<&mut AsyncPgConnection> {
-        self.tx
-            .as_deref_mut()
-            .ok_or_else(|| Error::Config("claim already finished".into()))
+        self.tx.as_deref_mut().ok_or(Error::ClaimFinished)
     }
 
-    fn seqs(&self, ids: impl Iterator<Item = Uuid>) -> Result<Vec<i64>> {
-        ids.map(|id| {
-            self.seq_of
-                .get(&id)
-                .copied()
-                .ok_or_else(|| Error::Config(format!("event {id} is not part of this claim")))
+    /// `seqs`, once each is known to be one of the claim's records (which
+    /// are in seq order), or [`Error::NotInClaim`] for the first that is not.
+    fn seqs(&self, seqs: impl Iterator<Item = i64>) -> Result<Vec<i64>> {
+        seqs.map(|seq| {
+            self.records
+                .binary_search_by_key(&seq, |r| r.seq)
+                .map(|_| seq)
+                .map_err(|_| Error::NotInClaim { seq })
         })
         .collect()
     }
@@ -171,10 +165,10 @@ impl Claim for PgClaim {
         Some(self.valid_until)
     }
 
-    async fn mark_sent(&mut self, ids: &[Uuid]) -> Result<()> {
+    async fn mark_sent(&mut self, seqs: &[i64]) -> Result<()> {
         // Events held behind a sent retry are released by the table's
         // trigger, in this transaction (see the module docs).
-        let seqs = self.seqs(ids.iter().copied())?;
+        let seqs = self.seqs(seqs.iter().copied())?;
         let sql = Arc::clone(&self.sql);
         diesel::sql_query(&sql.mark_sent)
             .bind::<Array<BigInt>, _>(seqs)
@@ -184,8 +178,8 @@ impl Claim for PgClaim {
         Ok(())
     }
 
-    async fn mark_suspect(&mut self, ids: &[Uuid], reason: &str) -> Result<()> {
-        let seqs = self.seqs(ids.iter().copied())?;
+    async fn mark_suspect(&mut self, seqs: &[i64], reason: &str) -> Result<()> {
+        let seqs = self.seqs(seqs.iter().copied())?;
         let sql = Arc::clone(&self.sql);
         diesel::sql_query(&sql.mark_suspect)
             .bind::<Array<BigInt>, _>(seqs)
@@ -200,7 +194,7 @@ impl Claim for PgClaim {
     }
 
     async fn mark_failed(&mut self, failures: &[FailedAttempt]) -> Result<()> {
-        let seqs = self.seqs(failures.iter().map(|f| f.id))?;
+        let seqs = self.seqs(failures.iter().map(|f| f.seq))?;
         let mut statuses = Vec::with_capacity(failures.len());
         let mut attempts = Vec::with_capacity(failures.len());
         let mut next_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(failures.len());
@@ -209,13 +203,9 @@ impl Claim for PgClaim {
         let unroutable: Vec<Option<DateTime<Utc>>> =
             failures.iter().map(|f| f.unroutable_since).collect();
         for failure in failures {
-            let (status, at) = match failure.next {
-                NextStep::RetryAt(at) => (EventStatus::Retry, Some(at)),
-                NextStep::Dead => (EventStatus::Dead, None),
-            };
-            statuses.push(status.as_str());
+            statuses.push(failure.next.transition().to().as_str());
             attempts.push(i32::try_from(failure.attempts).unwrap_or(i32::MAX));
-            next_at.push(at);
+            next_at.push(failure.next.next_attempt_at());
             // PostgreSQL text cannot hold NUL.
             let error = failure.error.replace('\0', "\u{FFFD}");
             groups.push(normalize_error(&error));

@@ -166,3 +166,19 @@ pub async fn record(db: &TestDb, events: &[(String, u32)]) -> Vec<uuid::Uuid> {
     }
     ids
 }
+
+/// The seqs (the claim's keys for marks) of the claimed events `ids`, in
+/// the order of `ids`.
+pub fn seqs_of(claim: &impl outbox_core::Claim, ids: &[uuid::Uuid]) -> Vec<i64> {
+    ids.iter().map(|id| seq_of(claim, *id)).collect()
+}
+
+/// The seq (the claim's key for marks) of the claimed event `id`.
+pub fn seq_of(claim: &impl outbox_core::Claim, id: uuid::Uuid) -> i64 {
+    claim
+        .records()
+        .iter()
+        .find(|r| r.id() == id)
+        .expect("the event is part of the claim")
+        .seq
+}

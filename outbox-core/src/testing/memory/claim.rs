@@ -6,9 +6,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Utc};
-use uuid::Uuid;
 
-use super::{InMemoryStore, Row, State, StoreError};
+use super::{InMemoryStore, State, StoreError};
 use crate::admin::AttemptOutcome;
 use crate::{Claim, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxRecord, Transition};
 
@@ -87,38 +86,39 @@ impl InMemoryClaim {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Applies `f` to the rows of `ids`, all or nothing: every id must be held
-    /// by this claim and every transition legal.
+    /// Applies `f` to the rows of `seqs`, all or nothing: every seq must be
+    /// one of [`records`](Claim::records) (found by binary search, they are
+    /// in seq order), still held by this claim, and every transition legal.
     fn update(
         &self,
-        ids: impl Iterator<Item = Uuid> + Clone,
+        seqs: impl Iterator<Item = i64>,
         f: impl Fn(&mut OutboxRecord, usize) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let mut state = self.lock();
         InMemoryStore::injected(&mut state)?;
-        let wanted: Vec<Uuid> = ids.collect();
-        let mut rows: Vec<(usize, &mut Row)> = Vec::with_capacity(wanted.len());
-        for row in state.rows.values_mut() {
-            if let Some(pos) = wanted.iter().position(|id| *id == row.record.id()) {
-                rows.push((pos, row));
-            }
-        }
-        if let Some(missing) = wanted.iter().find(|id| {
-            !rows
-                .iter()
-                .any(|(_, r)| r.record.id() == **id && r.claimed_by == Some(self.id))
+        let wanted: Vec<i64> = seqs.collect();
+        if let Some(&seq) = wanted.iter().find(|&&seq| {
+            self.records.binary_search_by_key(&seq, |r| r.seq).is_err()
+                || state
+                    .rows
+                    .get(&seq)
+                    .is_none_or(|row| row.claimed_by != Some(self.id))
         }) {
-            return Err(StoreError::NotClaimed(*missing));
+            return Err(StoreError::NotInClaim { seq });
         }
         // Validate every transition before changing anything.
-        let mut updated = Vec::with_capacity(rows.len());
-        for (pos, row) in &rows {
-            let mut record = row.record.clone();
-            f(&mut record, *pos)?;
-            updated.push(record);
+        let mut updated = Vec::with_capacity(wanted.len());
+        for (pos, seq) in wanted.iter().enumerate() {
+            if let Some(row) = state.rows.get(seq) {
+                let mut record = row.record.clone();
+                f(&mut record, pos)?;
+                updated.push((*seq, record));
+            }
         }
-        for ((_, row), record) in rows.into_iter().zip(updated) {
-            row.record = record;
+        for (seq, record) in updated {
+            if let Some(row) = state.rows.get_mut(&seq) {
+                row.record = record;
+            }
         }
         Ok(())
     }
@@ -147,40 +147,34 @@ impl Claim for InMemoryClaim {
         self.valid_until
     }
 
-    async fn mark_sent(&mut self, ids: &[Uuid]) -> Result<(), StoreError> {
+    async fn mark_sent(&mut self, seqs: &[i64]) -> Result<(), StoreError> {
         let now = Utc::now();
-        self.update(ids.iter().copied(), |record, _| {
+        self.update(seqs.iter().copied(), |record, _| {
             record.status = record.status.apply(Transition::Publish)?;
             record.published_at = Some(now);
             Ok(())
         })
     }
 
-    async fn mark_suspect(&mut self, ids: &[Uuid], reason: &str) -> Result<(), StoreError> {
-        self.update(ids.iter().copied(), |record, _| {
+    async fn mark_suspect(&mut self, seqs: &[i64], reason: &str) -> Result<(), StoreError> {
+        self.update(seqs.iter().copied(), |record, _| {
             record.suspect_count = record.suspect_count.saturating_add(1);
             record.last_error = Some(reason.to_owned());
             Ok(())
         })?;
         let mut state = self.lock();
-        for id in ids {
-            if let Some(seq) = state.seq_of(*id) {
-                state.record_attempt(seq, AttemptOutcome::Suspect, reason);
-            }
+        for &seq in seqs {
+            state.record_attempt(seq, AttemptOutcome::Suspect, reason);
         }
         Ok(())
     }
 
     async fn mark_failed(&mut self, failures: &[FailedAttempt]) -> Result<(), StoreError> {
-        self.update(failures.iter().map(|f| f.id), |record, pos| {
+        self.update(failures.iter().map(|f| f.seq), |record, pos| {
             let failure = &failures[pos];
-            let (transition, next_at) = match failure.next {
-                NextStep::RetryAt(at) => (Transition::Retry, Some(at)),
-                NextStep::Dead => (Transition::Kill, None),
-            };
-            record.status = record.status.apply(transition)?;
+            record.status = record.status.apply(failure.next.transition())?;
             record.attempts = failure.attempts;
-            record.next_attempt_at = next_at;
+            record.next_attempt_at = failure.next.next_attempt_at();
             record.last_error = Some(failure.error.clone());
             record.unroutable_since = failure.unroutable_since;
             Ok(())
@@ -191,9 +185,7 @@ impl Claim for InMemoryClaim {
                 NextStep::RetryAt(_) => AttemptOutcome::Retry,
                 NextStep::Dead => AttemptOutcome::Dead,
             };
-            if let Some(seq) = state.seq_of(failure.id) {
-                state.record_attempt(seq, outcome, &failure.error);
-            }
+            state.record_attempt(failure.seq, outcome, &failure.error);
         }
         Ok(())
     }
