@@ -5,10 +5,11 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use futures_util::Stream;
 use uuid::Uuid;
 
 use crate::admin::DeadLetter;
-use crate::{NextStep, OutboxRecord, RelayHandle};
+use crate::{NextStep, OutboxRecord};
 
 /// Whether events of one aggregate must be published in sequence order.
 ///
@@ -311,14 +312,19 @@ pub trait OutboxStore: Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
-    /// Runs for as long as the relay does, calling [`RelayHandle::notify`]
-    /// whenever new events may have been recorded (e.g. on PostgreSQL
-    /// `NOTIFY`, and once after each reconnect so the backlog is rescanned).
-    /// The default never wakes the relay, which then relies on polling and
-    /// in-process notifications.
-    fn wakeups(&self, relay: RelayHandle) -> impl Future<Output = ()> + Send {
-        let _ = relay;
-        std::future::pending()
+    /// A stream with an item whenever new events may have been recorded
+    /// (e.g. on PostgreSQL `NOTIFY`, and once after each (re)connect so the
+    /// backlog is rescanned). The relay takes it once when it starts, wakes
+    /// itself on each item and drops the stream when it stops: dropping must
+    /// release what the stream holds (e.g. close its `LISTEN` connection).
+    ///
+    /// Items may be coalesced or spurious: each only makes the relay claim
+    /// sooner. If the stream ends, the relay logs it once and relies on
+    /// polling and in-process notifications
+    /// ([`RelayHandle::notify`](crate::RelayHandle::notify)). The default
+    /// never yields (and never ends).
+    fn wakeups(&self) -> impl Stream<Item = ()> + Send + 'static {
+        futures_util::stream::pending()
     }
 }
 

@@ -1075,3 +1075,121 @@ async fn the_in_memory_store_refuses_a_seq_not_in_the_claim_and_marks_nothing() 
     assert_eq!(store.get(a).unwrap().status, EventStatus::Dead);
     assert_eq!(store.get(b).unwrap().status, EventStatus::Pending);
 }
+
+/// The in-memory store with a wakeup stream fed by the test, counting claims.
+#[derive(Clone)]
+struct WakeupsFromTest {
+    inner: InMemoryStore,
+    wakeups: Arc<Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<()>>>>,
+    claims: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl OutboxStore for WakeupsFromTest {
+    type Error = <InMemoryStore as OutboxStore>::Error;
+    type Claim = <InMemoryStore as OutboxStore>::Claim;
+
+    async fn claim(&self, limit: usize) -> Result<Option<Self::Claim>, Self::Error> {
+        self.claims
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.claim(limit).await
+    }
+
+    async fn stats(&self) -> Result<outbox_core::OutboxStats, Self::Error> {
+        self.inner.stats().await
+    }
+
+    async fn purge_sent(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> Result<u64, Self::Error> {
+        self.inner.purge_sent(before, limit).await
+    }
+
+    async fn replay_dead(&self, selector: DeadSelector) -> Result<u64, Self::Error> {
+        self.inner.replay_dead(selector).await
+    }
+
+    async fn skip_dead(&self, id: Uuid) -> Result<bool, Self::Error> {
+        self.inner.skip_dead(id).await
+    }
+
+    fn wakeups(&self) -> impl futures_util::Stream<Item = ()> + Send + 'static {
+        let rx = self.wakeups.lock().unwrap().take().expect("taken once");
+        futures_util::stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.map(|()| ((), rx)) },
+        )
+    }
+}
+
+/// Each item of the store's wakeup stream wakes the relay; when the stream
+/// ends the relay neither stops nor spins, it polls; when the relay stops it
+/// drops the stream.
+#[tokio::test(start_paused = true)]
+async fn store_wakeups_wake_the_relay_and_after_they_end_polling_goes_on() {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let store = WakeupsFromTest {
+        inner: InMemoryStore::new(),
+        wakeups: Arc::new(Mutex::new(Some(rx))),
+        claims: Arc::default(),
+    };
+    let publisher = RecordingPublisher::new();
+    let relay = Relay::builder(store.clone(), publisher.clone())
+        .concurrency(1)
+        .poll_interval(Duration::from_secs(3600))
+        .stats_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Woken by the stream (polling is an hour away).
+    record(&store.inner, "a", 0);
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(1), publisher.wait_for(1))
+        .await
+        .expect("a wakeup from the store's stream wakes the relay");
+
+    // The stream ends: no spin, no stop, and the next poll publishes.
+    let ended = tx.clone();
+    drop(tx);
+    assert!(!ended.is_closed(), "the relay holds the stream");
+    drop(ended);
+    let claims = store.claims.load(std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let idle_claims = store.claims.load(std::sync::atomic::Ordering::SeqCst) - claims;
+    assert!(
+        idle_claims <= 2,
+        "{idle_claims} claims in a minute after the stream ended"
+    );
+    record(&store.inner, "a", 1);
+    tokio::time::timeout(Duration::from_secs(3600), publisher.wait_for(2))
+        .await
+        .expect("polling publishes once the store's wakeups ended");
+    assert!(!task.is_finished(), "the relay runs on");
+    handle.shutdown();
+    task.await.unwrap();
+}
+
+/// A stopped relay has dropped its store wakeup stream.
+#[tokio::test(start_paused = true)]
+async fn a_stopped_relay_drops_the_store_wakeup_stream() {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let store = WakeupsFromTest {
+        inner: InMemoryStore::new(),
+        wakeups: Arc::new(Mutex::new(Some(rx))),
+        claims: Arc::default(),
+    };
+    let relay = Relay::builder(store, RecordingPublisher::new())
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!tx.is_closed(), "the running relay holds the stream");
+    handle.shutdown();
+    task.await.unwrap();
+    assert!(tx.is_closed(), "the stopped relay dropped the stream");
+}

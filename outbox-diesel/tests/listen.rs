@@ -1,7 +1,9 @@
 //! The relay's `LISTEN` connection: a committed event wakes the relay through
 //! `NOTIFY` (polling is an hour here), and after the listener session is
 //! killed it reconnects and rescans the backlog, so an event whose `NOTIFY`
-//! was lost meanwhile is still published promptly.
+//! was lost meanwhile is still published promptly. The store's wakeup
+//! stream owns its connection: dropping it (as a stopping relay does) ends
+//! the listener session.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -11,8 +13,9 @@ use std::time::{Duration, Instant};
 use common::{TestDb, moved};
 use diesel::{PgConnection, RunQueryDsl as _};
 use diesel_async::{AsyncConnection as _, AsyncPgConnection};
+use futures_util::StreamExt as _;
 use outbox_core::testing::RecordingPublisher;
-use outbox_core::{Relay, RelayHandle};
+use outbox_core::{OutboxStore as _, Relay, RelayHandle};
 use outbox_diesel::{Error, PgOutboxStore};
 use outbox_testkit::eventually::eventually;
 use outbox_testkit::pg;
@@ -233,4 +236,89 @@ async fn longest_schema_name_records_and_wakes_the_relay() {
     assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 3);
     let channel = db.outbox.schema().channel();
     assert!(channel.len() <= 63, "{channel}");
+}
+
+/// How many listener sessions of this schema there are (any state).
+fn listener_count(db: &TestDb) -> i64 {
+    pg::count_sync(
+        &mut db.sync_conn(),
+        &format!(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'outbox_listener:{}'",
+            db.schema
+        ),
+    )
+}
+
+/// The stream wakes once on connect and once per `NOTIFY`; dropping it
+/// closes its `LISTEN` connection (no task lives on without it).
+#[tokio::test(flavor = "multi_thread")]
+async fn dropping_the_wakeup_stream_closes_the_listen_connection() {
+    let db = TestDb::new("listen_drop").await;
+    let store = PgOutboxStore::builder(db.pool.clone())
+        .schema(&db.schema)
+        .listen(&db.url)
+        .build()
+        .unwrap();
+    let mut wakeups = Box::pin(store.wakeups());
+    tokio::time::timeout(PUBLISH_BOUND, wakeups.next())
+        .await
+        .expect("a wakeup once connected")
+        .expect("the stream does not end");
+    wait_for_listener(&db, None).await;
+
+    let mut conn = db.conn().await;
+    record(&db, &mut conn, 1).await;
+    tokio::time::timeout(PUBLISH_BOUND, wakeups.next())
+        .await
+        .expect("a wakeup on NOTIFY")
+        .expect("the stream does not end");
+    assert_eq!(listener_count(&db), 1, "one listener session");
+
+    drop(wakeups);
+    eventually("the listener session ended after the stream was dropped")
+        .equals(0, || std::future::ready(listener_count(&db)))
+        .await;
+    // The store itself (and its pool) is still usable.
+    assert_eq!(store.schema().name(), db.schema);
+}
+
+/// After the listener session is killed the stream reconnects and wakes
+/// once more (so the relay rescans the backlog), without a `NOTIFY`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_wakeup_stream_wakes_again_after_a_reconnect() {
+    let db = TestDb::new("listen_rewake").await;
+    let store = PgOutboxStore::builder(db.pool.clone())
+        .schema(&db.schema)
+        .listen(&db.url)
+        .build()
+        .unwrap();
+    let mut wakeups = Box::pin(store.wakeups());
+    tokio::time::timeout(PUBLISH_BOUND, wakeups.next())
+        .await
+        .expect("a wakeup once connected")
+        .expect("the stream does not end");
+    let pid = wait_for_listener(&db, None).await;
+    db.execute(&format!("SELECT pg_terminate_backend({pid})"));
+    tokio::time::timeout(Duration::from_secs(10), wakeups.next())
+        .await
+        .expect("a wakeup after the reconnect")
+        .expect("the stream does not end");
+    let new_pid = wait_for_listener(&db, Some(pid)).await;
+    assert_ne!(new_pid, pid);
+    drop(wakeups);
+    eventually("the reconnected listener session ended after the stream was dropped")
+        .equals(0, || std::future::ready(listener_count(&db)))
+        .await;
+}
+
+/// A relay that stops drops its wakeup stream: its `LISTEN` session ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_relay_leaves_no_listen_session() {
+    let db = TestDb::new("listen_stop").await;
+    let (handle, _publisher, task) = start_relay(&db);
+    wait_for_listener(&db, None).await;
+    stop_relay(handle, task).await;
+    eventually("the listener session ended with the relay")
+        .equals(0, || std::future::ready(listener_count(&db)))
+        .await;
 }

@@ -36,6 +36,7 @@ mod waves;
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use tracing::{info, warn};
 
 pub use builder::RelayBuilder;
@@ -96,8 +97,9 @@ use pause::Pause;
 /// the broker's confirms. They never share an aggregate (the store's claims
 /// exclude each other), so per-aggregate order holds as with several relays.
 ///
-/// It wakes up on [`RelayHandle::notify`], on store wakeups
-/// ([`OutboxStore::wakeups`], e.g. PostgreSQL `NOTIFY`) and by polling:
+/// It wakes up on [`RelayHandle::notify`], on each item of the store's
+/// wakeup stream ([`OutboxStore::wakeups`], e.g. PostgreSQL `NOTIFY`; held
+/// while the relay runs, dropped when it stops) and by polling:
 /// each loop polls at a fixed rate of once per `poll_interval`, and the
 /// loops' polls are spread evenly over the interval, so without any wakeup
 /// an event waits at most `poll_interval` / `concurrency` to be claimed. It
@@ -226,7 +228,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         tokio::select! {
             biased;
             _ = loops => {}
-            () = forever(self.store.wakeups(self.handle.clone())) => {}
+            () = forever(self.store_wakeups()) => {}
             () = forever(self.stats_loop()) => {}
             () = forever(self.heartbeat_loop(registered)) => {}
         }
@@ -239,6 +241,19 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             Err(_) => warn!(relay = %name, "outbox relay: deregistering timed out"),
         }
         info!(relay = %name, "outbox relay stopped");
+    }
+
+    /// Wakes the relay on each item of [`OutboxStore::wakeups`]; returns when
+    /// the stream ends (after a warning: the relay then relies on polling).
+    async fn store_wakeups(&self) {
+        let mut wakeups = std::pin::pin!(self.store.wakeups());
+        while let Some(()) = wakeups.next().await {
+            self.handle.notify();
+        }
+        warn!(
+            relay = %self.registration.name,
+            "outbox relay: store wakeups ended, relying on polling"
+        );
     }
 }
 

@@ -57,7 +57,9 @@ impl PgOutboxStoreBuilder {
     /// connection to `url` (not through PgBouncer in transaction pooling,
     /// where `LISTEN` does not work). After that connection drops and
     /// returns, the relay rescans the whole backlog, since notifications sent
-    /// meanwhile are lost.
+    /// meanwhile are lost. The connection belongs to the stream of
+    /// [`OutboxStore::wakeups`](outbox_core::OutboxStore::wakeups), opened
+    /// when a relay starts and closed when it stops (drops the stream).
     pub fn listen(mut self, url: impl Into<String>) -> Self {
         self.listen_url = Some(url.into());
         self

@@ -1,37 +1,86 @@
 //! `LISTEN` wakeups on a direct connection, with reconnects.
 
-use std::pin::pin;
 use std::time::Duration;
 
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use futures_util::StreamExt;
-use outbox_core::{Backoff, RelayHandle};
+use futures_util::{Stream, StreamExt};
+use outbox_core::Backoff;
 
 use crate::schema::Schema;
 use crate::{Error, Result};
 
-/// Listens until the relay stops, reconnecting with backoff. After every
-/// (re)connect the relay is woken once, so it rescans the backlog for events
-/// whose notifications were sent while nobody listened.
-pub(crate) async fn run(url: &str, schema: &Schema, relay: &RelayHandle) {
-    // Jittered: after a database restart, relays reconnect spread out.
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    loop {
-        let mut listened = false;
-        let result = listen_once(url, schema, relay, &mut listened).await;
-        if listened {
-            // The connection worked: a later drop starts the backoff afresh.
-            backoff.reset();
+/// The store's wakeups: an item after every (re)connect, so the relay rescans
+/// the backlog for events whose notifications were sent while nobody
+/// listened, and one per notification. Reconnects with backoff, forever; the
+/// stream owns the connection, so dropping it closes the `LISTEN` session.
+pub(crate) fn wakeups(url: String, schema: Schema) -> impl Stream<Item = ()> + Send + 'static {
+    let listener = Listener {
+        url,
+        schema,
+        // Jittered: after a database restart, relays reconnect spread out.
+        backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
+        conn: None,
+    };
+    futures_util::stream::unfold(listener, |mut listener| async move {
+        listener.next().await;
+        Some(((), listener))
+    })
+}
+
+/// The state of [`wakeups`]: the `LISTEN` connection, if there is one.
+struct Listener {
+    url: String,
+    schema: Schema,
+    backoff: Backoff,
+    conn: Option<AsyncPgConnection>,
+}
+
+impl Listener {
+    /// Waits for the next wakeup: a (re)connect or a notification.
+    async fn next(&mut self) {
+        loop {
+            let Some(conn) = &mut self.conn else {
+                match listen(&self.url, &self.schema).await {
+                    Ok(conn) => {
+                        tracing::debug!(schema = self.schema.name(), "outbox LISTEN connected");
+                        // The connection worked: a later drop starts the
+                        // backoff afresh.
+                        self.backoff.reset();
+                        self.conn = Some(conn);
+                        return;
+                    }
+                    Err(err) => self.retry(Err(err)).await,
+                }
+                continue;
+            };
+            // Each call takes the next notification from the connection's
+            // queue, so a fresh stream per item loses none.
+            let notification = std::pin::pin!(conn.notifications_stream()).next().await;
+            match notification {
+                Some(Ok(_)) => return,
+                Some(Err(err)) => {
+                    self.conn = None;
+                    self.retry(Err(Error::Database(err))).await;
+                }
+                None => {
+                    self.conn = None;
+                    self.retry(Ok(())).await;
+                }
+            }
         }
-        let retry_in = backoff.next_delay();
+    }
+
+    /// Logs why there is no connection and sleeps before the next attempt.
+    async fn retry(&mut self, result: Result<()>) {
+        let retry_in = self.backoff.next_delay();
         match result {
             Ok(()) => tracing::warn!(
-                schema = schema.name(),
+                schema = self.schema.name(),
                 ?retry_in,
                 "outbox LISTEN connection closed; reconnecting"
             ),
             Err(err) => tracing::warn!(
-                schema = schema.name(),
+                schema = self.schema.name(),
                 error = %err,
                 ?retry_in,
                 "outbox LISTEN connection failed; relying on polling until it is back"
@@ -41,12 +90,9 @@ pub(crate) async fn run(url: &str, schema: &Schema, relay: &RelayHandle) {
     }
 }
 
-async fn listen_once(
-    url: &str,
-    schema: &Schema,
-    relay: &RelayHandle,
-    listened: &mut bool,
-) -> Result<()> {
+/// Connects, names the session `outbox_listener:<schema>` and `LISTEN`s on
+/// the schema's channel.
+async fn listen(url: &str, schema: &Schema) -> Result<AsyncPgConnection> {
     let mut conn: AsyncPgConnection = crate::connect(url).await?;
     let name = format!("outbox_listener:{}", schema.name());
     diesel::sql_query("SELECT set_config('application_name', $1, false)")
@@ -56,13 +102,5 @@ async fn listen_once(
     diesel::sql_query(format!("LISTEN {}", schema.quoted_channel()))
         .execute(&mut conn)
         .await?;
-    tracing::debug!(schema = schema.name(), "outbox LISTEN connected");
-    *listened = true;
-    relay.notify();
-    let mut notifications = pin!(conn.notifications_stream());
-    while let Some(notification) = notifications.next().await {
-        notification.map_err(Error::Database)?;
-        relay.notify();
-    }
-    Ok(())
+    Ok(conn)
 }

@@ -91,7 +91,7 @@
 //!   malformed rows, per-aggregate runs);
 //! - `plan.rs`, `row.rs`, `sql.rs`: the runs kept per aggregate, the rows
 //!   read, and the statements;
-//! - `listen.rs`: `LISTEN`/`NOTIFY` wakeups;
+//! - `listen.rs`: `LISTEN`/`NOTIFY` wakeups, a stream owning its connection;
 //! - `admin/`: the admin store (`outbox_core::admin`).
 //!
 //! [`EventStatus::Held`]: outbox_core::EventStatus::Held
@@ -114,10 +114,10 @@ use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Integer, Text, Timestamptz};
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use futures_util::{Stream, StreamExt as _};
 
 use outbox_core::{
-    Claimed, DeadSelector, DeliveryOrder, OutboxStats, OutboxStore, RelayControl, RelayHandle,
-    RelayRegistration,
+    Claimed, DeadSelector, DeliveryOrder, OutboxStats, OutboxStore, RelayControl, RelayRegistration,
 };
 use uuid::Uuid;
 
@@ -382,10 +382,10 @@ impl OutboxStore for PgOutboxStore {
         Ok(())
     }
 
-    async fn wakeups(&self, relay: RelayHandle) {
+    fn wakeups(&self) -> impl Stream<Item = ()> + Send + 'static {
         match &self.listen_url {
-            Some(url) => listen::run(url, &self.schema, &relay).await,
-            None => std::future::pending().await,
+            Some(url) => listen::wakeups(url.clone(), self.schema.clone()).left_stream(),
+            None => futures_util::stream::pending().right_stream(),
         }
     }
 }
