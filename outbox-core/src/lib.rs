@@ -38,7 +38,7 @@
 //! | [`InboxStore`], [`InboxDatabase`] | consumer-side deduplication, and transactions for consumers |
 //! | [`Relay`], [`RelayHandle`] | the engine that moves committed events to the broker |
 //! | [`context`] | headers (correlation, causation, trace) inherited by events recorded in a scope |
-//! | [`relay::metrics`] | names of the metrics it emits |
+//! | [`relay::metric_names`] | names of the metrics it emits |
 //! | [`failpoints`] | named points where fault tests can stop the relay |
 //! | `testing` | in-memory store, inbox and recording publisher (feature `test-util`) |
 //!

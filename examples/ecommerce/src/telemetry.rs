@@ -13,7 +13,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use outbox::OutboxStore;
 use outbox::postgres::PgOutboxStore;
-use outbox::relay::metrics as names;
+use outbox::relay::metric_names as names;
 
 use crate::shutdown::Shutdown;
 

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::OutboxAdmin;
 use crate::RelayHandle;
-use crate::relay::metrics;
+use crate::relay::metric_names;
 
 /// Purges on a schedule what an outbox no longer needs: `sent` and
 /// `skipped` events older than [`sent_retention`](Self::sent_retention)
@@ -180,9 +180,9 @@ impl<S: OutboxAdmin> Janitor<S> {
         let stale =
             super::service::ago(self.stale_relays).unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
         report.relays = self.store.purge_stale_relays(stale).await?;
-        ::metrics::counter!(metrics::PURGED_TOTAL, "table" => "outbox_events")
+        ::metrics::counter!(metric_names::PURGED_TOTAL, "table" => "outbox_events")
             .increment(report.sent);
-        ::metrics::counter!(metrics::PURGED_TOTAL, "table" => "inbox_events")
+        ::metrics::counter!(metric_names::PURGED_TOTAL, "table" => "inbox_events")
             .increment(report.inbox);
         Ok(report)
     }
@@ -214,7 +214,7 @@ impl<S: OutboxAdmin> Janitor<S> {
                     ),
                     Ok(_) => {}
                     Err(error) => {
-                        ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                        ::metrics::counter!(metric_names::STORE_ERRORS_TOTAL).increment(1);
                         tracing::warn!(%error, "outbox janitor: purge failed; trying again next run");
                     }
                 },

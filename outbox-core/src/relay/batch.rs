@@ -6,7 +6,7 @@ use std::time::Instant;
 use chrono::Utc;
 use tracing::{debug, warn};
 
-use super::metrics;
+use super::metric_names;
 use super::suspect::publish_calls;
 use super::waves::Waves;
 use super::{Relay, UnroutablePolicy};
@@ -188,8 +188,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                             PublishOutcome::Unroutable { reason } => {
                                 match self.unroutable.policy(&record.envelope.event_type) {
                                     UnroutablePolicy::Accept => {
-                                        ::metrics::counter!(metrics::UNROUTABLE_ACCEPTED_TOTAL)
-                                            .increment(1);
+                                        ::metrics::counter!(
+                                            metric_names::UNROUTABLE_ACCEPTED_TOTAL
+                                        )
+                                        .increment(1);
                                         sent.push(record.seq);
                                         continue;
                                     }
@@ -302,12 +304,12 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         let span = tracing::Span::current();
         span.record("sent", report.sent);
         span.record("failed", report.failed);
-        ::metrics::counter!(metrics::PUBLISHED_TOTAL).increment(report.sent as u64);
-        ::metrics::counter!(metrics::FAILED_TOTAL).increment(report.failed as u64);
-        ::metrics::counter!(metrics::DEAD_TOTAL).increment(report.dead as u64);
-        ::metrics::counter!(metrics::HELD_TOTAL).increment(report.held as u64);
-        ::metrics::histogram!(metrics::BATCH_SIZE).record(claimed as f64);
-        ::metrics::histogram!(metrics::BATCH_DURATION_SECONDS)
+        ::metrics::counter!(metric_names::PUBLISHED_TOTAL).increment(report.sent as u64);
+        ::metrics::counter!(metric_names::FAILED_TOTAL).increment(report.failed as u64);
+        ::metrics::counter!(metric_names::DEAD_TOTAL).increment(report.dead as u64);
+        ::metrics::counter!(metric_names::HELD_TOTAL).increment(report.held as u64);
+        ::metrics::histogram!(metric_names::BATCH_SIZE).record(claimed as f64);
+        ::metrics::histogram!(metric_names::BATCH_DURATION_SECONDS)
             .record(started.elapsed().as_secs_f64());
         debug!(
             sent = report.sent,
@@ -342,7 +344,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         if unconfirmed.is_empty() {
             return;
         }
-        ::metrics::counter!(metrics::UNCONFIRMED_TOTAL).increment(unconfirmed.len() as u64);
+        ::metrics::counter!(metric_names::UNCONFIRMED_TOTAL).increment(unconfirmed.len() as u64);
         let destinations: std::collections::HashSet<&str> =
             unconfirmed.iter().map(|(_, d, _)| *d).collect();
         if unconfirmed.len() == sent && destinations.len() > 1 {

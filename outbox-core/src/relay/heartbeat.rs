@@ -7,7 +7,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::Relay;
-use super::metrics;
+use super::metric_names;
 use crate::{OutboxStore, Publisher};
 
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
@@ -27,7 +27,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 .await
                 .is_err()
             {
-                ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                ::metrics::counter!(metric_names::STORE_ERRORS_TOTAL).increment(1);
                 warn!(
                     relay = %self.registration.name,
                     timeout = ?HEARTBEAT_TIMEOUT,
@@ -45,7 +45,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             match self.store.register_relay(&self.registration).await {
                 Ok(()) => *registered = true,
                 Err(err) => {
-                    ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                    ::metrics::counter!(metric_names::STORE_ERRORS_TOTAL).increment(1);
                     warn!(error = %err, relay = %name, "outbox relay: registering failed");
                     return;
                 }
@@ -55,7 +55,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         match self.store.heartbeat(name, in_flight).await {
             Ok(control) => self.operator_paused(control.paused),
             Err(err) => {
-                ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                ::metrics::counter!(metric_names::STORE_ERRORS_TOTAL).increment(1);
                 warn!(error = %err, relay = %name, "outbox relay: heartbeat failed");
             }
         }
@@ -68,7 +68,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     pub(super) fn operator_paused(&self, paused: bool) {
         let name = &self.registration.name;
         let was = self.paused.swap(paused, Ordering::SeqCst);
-        ::metrics::gauge!(metrics::OPERATOR_PAUSED).set(u8::from(paused));
+        ::metrics::gauge!(metric_names::OPERATOR_PAUSED).set(u8::from(paused));
         if was != paused {
             if paused {
                 warn!(relay = %name, "outbox relay: paused by an operator; claiming nothing until resumed");

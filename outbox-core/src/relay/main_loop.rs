@@ -9,7 +9,7 @@ use std::time::Duration;
 use tracing::{Instrument, error, warn};
 
 use super::Relay;
-use super::metrics;
+use super::metric_names;
 use super::pause::Pause;
 use super::poll::PollGrid;
 use crate::Backoff;
@@ -135,7 +135,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 }
                 Err(err) => {
                     self.busy.fetch_sub(1, Ordering::SeqCst);
-                    ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                    ::metrics::counter!(metric_names::STORE_ERRORS_TOTAL).increment(1);
                     let delay = store_backoff.next_delay();
                     error!(error = %err, retry_in = ?delay, "outbox relay: claim failed");
                     self.sleep_unless_shutdown(delay).await;
@@ -158,12 +158,12 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 Some(Ok(report)) => {
                     store_backoff.reset();
                     if let Some(reason) = report.connection_lost {
-                        ::metrics::counter!(metrics::CONNECTION_LOST_TOTAL).increment(1);
+                        ::metrics::counter!(metric_names::CONNECTION_LOST_TOTAL).increment(1);
                         let delay = pause.start();
                         warn!(%reason, pause = ?delay, "outbox relay: broker connection lost; pausing (no attempts spent)");
-                        ::metrics::gauge!(metrics::PAUSED).set(1.0);
+                        ::metrics::gauge!(metric_names::PAUSED).set(1.0);
                         self.sleep_unless_shutdown(delay).await;
-                        ::metrics::gauge!(metrics::PAUSED).set(0.0);
+                        ::metrics::gauge!(metric_names::PAUSED).set(0.0);
                         wait = false;
                     } else {
                         pause.reset();
@@ -173,7 +173,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     }
                 }
                 Some(Err(err)) => {
-                    ::metrics::counter!(metrics::STORE_ERRORS_TOTAL).increment(1);
+                    ::metrics::counter!(metric_names::STORE_ERRORS_TOTAL).increment(1);
                     let delay = store_backoff.next_delay();
                     error!(error = %err, retry_in = ?delay, "outbox relay: marking the batch failed; its events stay unsent and will be published again");
                     self.sleep_unless_shutdown(delay).await;

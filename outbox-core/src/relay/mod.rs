@@ -17,7 +17,7 @@
 //! - `pause.rs`: the relay-wide pause after a lost connection (on the
 //!   crate's jittered [`Backoff`](crate::Backoff));
 //! - `poll.rs`: the loops' fixed-rate poll times;
-//! - `builder.rs`, `handle.rs`, [`metrics`]: [`RelayBuilder`],
+//! - `builder.rs`, `handle.rs`, [`metric_names`]: [`RelayBuilder`],
 //!   [`RelayHandle`] and the metric names.
 
 mod batch;
@@ -26,7 +26,7 @@ mod builder;
 mod handle;
 mod heartbeat;
 mod main_loop;
-pub mod metrics;
+pub mod metric_names;
 mod pause;
 mod poll;
 mod stats;

@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use super::Relay;
 use super::batch::BatchReport;
-use super::metrics;
+use super::metric_names;
 use crate::{EventEnvelope, FailedAttempt, NextStep, OutboxStore, PublishOutcome, Publisher};
 
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
@@ -60,7 +60,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     ) -> Option<(Vec<i64>, String)> {
         let cause = died.first().map(|(_, _, reason)| reason.clone())?;
         let limit = self.suspect_limit;
-        ::metrics::counter!(metrics::SUSPECT_EVENTS_TOTAL).increment(died.len() as u64);
+        ::metrics::counter!(metric_names::SUSPECT_EVENTS_TOTAL).increment(died.len() as u64);
         let mut seqs = Vec::with_capacity(died.len());
         for (i, alone, reason) in died {
             let record = &records[i];
