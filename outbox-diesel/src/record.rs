@@ -246,10 +246,10 @@ mod async_pg {
         /// Records `event` in the transaction open on `conn`; returns its id.
         ///
         /// # Errors
-        /// [`Error::NoTransaction`] if no transaction is open (nothing is
-        /// written), [`Error::Event`] if the event is invalid or fails to
+        /// [`Error::NoTransaction`](crate::Error::NoTransaction) if no transaction is open (nothing is
+        /// written), [`Error::Event`](crate::Error::Event) if the event is invalid or fails to
         /// serialize (nothing is written; the transaction stays usable, roll
-        /// it back), [`Error::Database`] if the insert fails.
+        /// it back), [`Error::Database`](crate::Error::Database) if the insert fails.
         pub async fn record<E: DomainEvent + Sync>(
             &self,
             conn: &mut AsyncPgConnection,
