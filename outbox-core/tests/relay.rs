@@ -1114,12 +1114,17 @@ impl OutboxStore for WakeupsFromTest {
         self.inner.skip_dead(id).await
     }
 
+    /// The test's channel, or (none given) a stream that is always ready
+    /// and never touches tokio's budget.
     fn wakeups(&self) -> impl futures_util::Stream<Item = ()> + Send + 'static {
-        let rx = self.wakeups.lock().unwrap().take().expect("taken once");
-        futures_util::stream::unfold(
-            rx,
-            |mut rx| async move { rx.recv().await.map(|()| ((), rx)) },
-        )
+        use futures_util::StreamExt as _;
+        match self.wakeups.lock().unwrap().take() {
+            Some(rx) => futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|()| ((), rx))
+            })
+            .left_stream(),
+            None => futures_util::stream::repeat(()).right_stream(),
+        }
     }
 }
 
@@ -1192,4 +1197,34 @@ async fn a_stopped_relay_drops_the_store_wakeup_stream() {
     handle.shutdown();
     task.await.unwrap();
     assert!(tx.is_closed(), "the stopped relay dropped the stream");
+}
+
+/// A store whose wakeup stream is always ready (a faulty or very chatty
+/// store) does not starve the relay's claim loops: events are still
+/// published.
+#[tokio::test]
+async fn an_always_ready_wakeup_stream_does_not_starve_the_relay() {
+    let store = WakeupsFromTest {
+        inner: InMemoryStore::new(),
+        wakeups: Arc::new(Mutex::new(None)),
+        claims: Arc::default(),
+    };
+    let publisher = RecordingPublisher::new();
+    let relay = Relay::builder(store.clone(), publisher.clone())
+        .concurrency(1)
+        .poll_interval(Duration::from_millis(50))
+        .stats_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    record(&store.inner, "a", 0);
+    tokio::time::timeout(Duration::from_secs(10), publisher.wait_for(1))
+        .await
+        .expect("the relay publishes although its store wakes it without pause");
+    handle.shutdown();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the relay stops")
+        .unwrap();
 }

@@ -249,6 +249,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         let mut wakeups = std::pin::pin!(self.store.wakeups());
         while let Some(()) = wakeups.next().await {
             self.handle.notify();
+            // A stream that is always ready must not starve the claim
+            // loops running beside this one in the relay's `select!`.
+            tokio::task::coop::consume_budget().await;
         }
         warn!(
             relay = %self.registration.name,
