@@ -95,7 +95,9 @@
 //! stdout for scripts, on every command), `--as NAME`, `--chunk-size N`
 //! (default 500), `--yes`, `--dedup-window` (default `14d`: replaying older
 //! events warns), `--amqp-url` (env `AMQP_URL`, used by `dlq replay` and
-//! `dlq purge`; its password is never printed).
+//! `dlq purge`; its password is never printed), `--no-prepared-statements`
+//! (env `OUTBOX_NO_PREPARED_STATEMENTS`: every statement sent unprepared, for
+//! a PgBouncer in transaction pooling mode older than 1.21).
 //!
 //! A mutation that selects more than one event (and every purge) needs
 //! `--yes`, or a `y` on a terminal; without a terminal it is refused with

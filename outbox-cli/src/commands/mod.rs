@@ -63,7 +63,8 @@ impl Context {
         // with a hint, not a pool timeout later.
         drop(outbox_diesel::connect(url).await.map_err(Error::Connect)?);
         let pool = outbox_diesel::pool(url, 2)?;
-        let settings = PgSettings::new(&global.schema)?;
+        let settings =
+            PgSettings::new(&global.schema)?.prepared_statements(!global.no_prepared_statements);
         let dead_letters = settings.dead_letters(pool.clone());
         let store = settings.store(pool).build()?;
         let admin = Admin::new(store)

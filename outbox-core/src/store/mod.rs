@@ -1,5 +1,16 @@
-//! The storage side: [`OutboxStore`] (what a relay needs), [`Claim`] (a
-//! batch a relay holds) and [`InboxStore`] (consumer-side dedup).
+//! The storage side: [`OutboxStore`] (what a relay needs) and [`Claim`] (a
+//! batch a relay holds) here, [`DeliveryOrder`] in `order`, what a relay
+//! registers and learns in `relays`, [`InboxStore`] and [`InboxDatabase`]
+//! (consumer-side dedup) in `inbox`.
+
+mod inbox;
+mod order;
+mod relays;
+
+pub use inbox::{InboxDatabase, InboxOutcome, InboxStore};
+pub use order::DeliveryOrder;
+pub(crate) use relays::host_name;
+pub use relays::{RelayControl, RelayRegistration};
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -8,64 +19,7 @@ use chrono::{DateTime, Utc};
 use futures_util::Stream;
 use uuid::Uuid;
 
-use crate::admin::DeadLetter;
 use crate::{NextStep, OutboxRecord};
-
-/// Whether events of one aggregate must be published in sequence order.
-///
-/// A property of the outbox table, not of one relay: every relay working on
-/// the same table obeys the store's setting, which is reported on each
-/// [`Claim`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum DeliveryOrder {
-    /// Events of one aggregate (same type and id) are published in `seq`
-    /// order; a failing or `Dead` event holds back the later events of its
-    /// own aggregate only. The default.
-    #[default]
-    PerAggregate,
-    /// No order: every claimable event is published as soon as possible.
-    Unordered,
-}
-
-impl DeliveryOrder {
-    /// Every delivery order.
-    pub const ALL: [DeliveryOrder; 2] = [DeliveryOrder::PerAggregate, DeliveryOrder::Unordered];
-
-    /// The name stored in the database and shown to operators
-    /// (`"per_aggregate"`, `"unordered"`); [`FromStr`](std::str::FromStr)
-    /// reads it back. The one place this text is spelled.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            DeliveryOrder::PerAggregate => "per_aggregate",
-            DeliveryOrder::Unordered => "unordered",
-        }
-    }
-}
-
-impl std::fmt::Display for DeliveryOrder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for DeliveryOrder {
-    type Err = crate::Error;
-
-    /// ```
-    /// use outbox_core::DeliveryOrder;
-    ///
-    /// assert_eq!("unordered".parse::<DeliveryOrder>()?, DeliveryOrder::Unordered);
-    /// assert!("Unordered".parse::<DeliveryOrder>().is_err());
-    /// # Ok::<(), outbox_core::Error>(())
-    /// ```
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DeliveryOrder::ALL
-            .into_iter()
-            .find(|order| order.as_str() == s)
-            .ok_or_else(|| crate::Error::UnknownDeliveryOrder(s.to_owned()))
-    }
-}
 
 /// Numbers an operator watches; the relay exports them as gauges.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -88,49 +42,6 @@ pub struct OutboxStats {
     pub relays_live: u64,
 }
 
-/// A relay as it registers itself with its store when it starts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RelayRegistration {
-    /// Unique per outbox (see [`RelayBuilder::name`](crate::RelayBuilder::name)).
-    pub name: String,
-    /// The host it runs on.
-    pub host: String,
-    /// Its process id.
-    pub pid: u32,
-    /// The library version.
-    pub version: String,
-    /// When it started.
-    pub started_at: DateTime<Utc>,
-    /// How often it heartbeats (its stats interval, at most 5 s).
-    pub heartbeat_interval: Duration,
-}
-
-impl RelayRegistration {
-    /// A registration for this process: host from `HOSTNAME` or
-    /// `/etc/hostname`, this pid and library version, started now.
-    pub fn new(name: impl Into<String>, heartbeat_interval: Duration) -> Self {
-        RelayRegistration {
-            name: name.into(),
-            host: host_name(),
-            pid: std::process::id(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            started_at: Utc::now(),
-            heartbeat_interval,
-        }
-    }
-}
-
-/// This machine's name, or `unknown`.
-pub(crate) fn host_name() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown".to_owned())
-}
-
 /// What [`OutboxStore::claim_for`] found.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -141,22 +52,6 @@ pub enum Claimed<C> {
     Empty,
     /// An operator paused the claiming relay: nothing was claimed.
     Paused,
-}
-
-/// What a relay learns from its heartbeat (a pause also from its claims,
-/// see [`OutboxStore::claim_for`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RelayControl {
-    /// An operator paused it: claim nothing until resumed.
-    pub paused: bool,
-}
-
-impl RelayControl {
-    /// Running, or paused.
-    pub fn new(paused: bool) -> Self {
-        RelayControl { paused }
-    }
 }
 
 /// A failed publish attempt, ready to be stored.
@@ -386,85 +281,4 @@ pub trait Claim: Send {
 
     /// Makes the marks durable and releases every event not marked.
     fn finish(self) -> impl Future<Output = Result<(), Self::Error>> + Send;
-}
-
-/// Whether a consumer sees a message for the first time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InboxOutcome {
-    /// Not seen before: run the handler (in the same transaction).
-    FirstTime,
-    /// Already processed and committed: skip the handler, acknowledge.
-    Duplicate,
-}
-
-/// Consumer-side deduplication (the inbox).
-///
-/// [`receive`](Self::receive) runs inside the consumer's transaction, before
-/// its handler: if that transaction rolls back, the inbox entry goes with it
-/// and a redelivery is `FirstTime` again.
-pub trait InboxStore: Send + Sync {
-    /// The connection (inside an open transaction) the entry is written on.
-    type Connection: Send;
-    /// The store's error.
-    type Error: std::error::Error + Send + Sync + 'static;
-
-    /// Records that `consumer` received `event_id`.
-    fn receive(
-        &self,
-        conn: &mut Self::Connection,
-        consumer: &str,
-        event_id: Uuid,
-    ) -> impl Future<Output = Result<InboxOutcome, Self::Error>> + Send;
-}
-
-/// Transactions for consumers: begin one, record the inbox entry in it, run
-/// the handler on it, commit. Lets a broker adapter (the RabbitMQ
-/// `InboxConsumer`) run handlers in database transactions without depending
-/// on a database crate.
-///
-/// Dropping a [`Tx`](Self::Tx) without [`commit`](Self::commit) must roll
-/// it back. Implementations: `outbox-diesel`'s `PgInboxDatabase` and, for
-/// tests, `testing::InMemoryInbox`.
-pub trait InboxDatabase: Send + Sync + 'static {
-    /// An open transaction; the handler works on it.
-    type Tx: Send;
-    /// The database's error.
-    type Error: std::error::Error + Send + Sync + 'static;
-
-    /// Opens a transaction.
-    fn begin(&self) -> impl Future<Output = Result<Self::Tx, Self::Error>> + Send;
-
-    /// Records in `tx` that `consumer` received `event_id` (see
-    /// [`InboxStore::receive`]).
-    fn receive(
-        &self,
-        tx: &mut Self::Tx,
-        consumer: &str,
-        event_id: Uuid,
-    ) -> impl Future<Output = Result<InboxOutcome, Self::Error>> + Send;
-
-    /// Commits `tx`.
-    fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Self::Error>> + Send;
-
-    /// Rolls `tx` back. The default drops it (which must roll back);
-    /// implementations override it when an explicit rollback is cheaper
-    /// (e.g. keeps a pooled connection).
-    fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Self::Error>> + Send {
-        drop(tx);
-        std::future::ready(Ok(()))
-    }
-
-    /// Records a message the consumer dead-lettered, once the broker
-    /// confirmed its copy in the dead-letter exchange and before the
-    /// consumer acks the delivery. Outside any handler transaction (its own
-    /// short statement). The broker's copy is the truth, this the index
-    /// operators list and group: the consumer logs a failure and acks
-    /// anyway. The default records nothing.
-    fn record_dead_letter(
-        &self,
-        letter: &DeadLetter,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
-        let _ = letter;
-        std::future::ready(Ok(()))
-    }
 }

@@ -1,0 +1,225 @@
+//! The end of a scenario: [`Scenario::verify`] checks every guarantee
+//! against the ground truth (the `orders` table), the tap and the inbox
+//! consumer's effects, and returns its [`Summary`].
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use super::Scenario;
+
+impl Scenario {
+    /// Waits (up to `limit`) until the outbox holds no unsent row, the tap
+    /// has received and the inbox consumer has applied every committed
+    /// event; then checks every guarantee and prints the scenario's summary
+    /// line. Panics, with what is missing, when a guarantee does not hold.
+    ///
+    /// The checks: every committed event delivered at least once; nothing
+    /// delivered that was not committed (`rolled_back` are the ids of
+    /// transactions the producers rolled back on purpose); per aggregate,
+    /// first deliveries in commit order; each committed event applied
+    /// exactly once by the inbox consumer and nothing else applied; no
+    /// unsent row left.
+    pub async fn verify(
+        &self,
+        tap: &crate::Tap,
+        produced: &crate::Produced,
+        limit: Duration,
+    ) -> Summary {
+        let deadline = Instant::now() + limit;
+        let mut last_report = Instant::now();
+        let committed = loop {
+            let state = async {
+                let committed = self.committed().await?;
+                let unsent = self.unsent().await?;
+                let effects = self.effects().await?;
+                Ok::<_, String>((committed, unsent, effects))
+            }
+            .await;
+            let pending = match &state {
+                Ok((committed, unsent, effects)) => {
+                    let received = tap.unique_ids();
+                    let missing = committed
+                        .iter()
+                        .filter(|c| !received.contains(&c.event_id))
+                        .count();
+                    let unapplied = committed
+                        .iter()
+                        .filter(|c| !effects.contains_key(&c.event_id))
+                        .count();
+                    if *unsent == 0 && missing == 0 && unapplied == 0 {
+                        break state.map(|(c, _, _)| c).unwrap_or_default();
+                    }
+                    format!(
+                        "{} committed, {unsent} unsent in the outbox, {missing} not received, \
+                         {unapplied} not applied by the inbox consumer",
+                        committed.len()
+                    )
+                }
+                Err(e) => format!("database not answering: {e}"),
+            };
+            if last_report.elapsed() >= Duration::from_secs(5) {
+                last_report = Instant::now();
+                tracing::info!(scenario = %self.name, "draining: {pending}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: not drained within {limit:?} of verifying ({:.1} s after the last fault): \
+                 {pending}",
+                self.name,
+                self.last_fault().elapsed().as_secs_f64()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let drain = self.last_fault().elapsed();
+        // Late duplicates (a publish confirmed after its relay died) would
+        // still be in flight; give them a moment to land, then read the
+        // effects and the outbox again: the final checks see late ones.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let effects = self
+            .effects()
+            .await
+            .unwrap_or_else(|e| panic!("{}: reading the effects: {e}", self.name));
+        let unsent = self
+            .unsent()
+            .await
+            .unwrap_or_else(|e| panic!("{}: reading the outbox: {e}", self.name));
+        assert_eq!(
+            unsent, 0,
+            "{}: unsent rows appeared after draining",
+            self.name
+        );
+
+        let deliveries = tap.deliveries();
+        let committed_ids: HashSet<Uuid> = committed.iter().map(|c| c.event_id).collect();
+        let phantom: Vec<&crate::Delivery> = deliveries
+            .iter()
+            .filter(|d| !committed_ids.contains(&d.id))
+            .collect();
+        assert!(
+            phantom.is_empty(),
+            "{}: {} deliveries of events never committed, e.g. {:?}",
+            self.name,
+            phantom.len(),
+            <[_]>::first(&phantom)
+        );
+        let delivered = tap.unique_ids();
+        let rolled_back_delivered = produced
+            .rolled_back
+            .iter()
+            .filter(|id| delivered.contains(id))
+            .count();
+        assert_eq!(
+            rolled_back_delivered, 0,
+            "{}: events of rolled-back transactions were delivered",
+            self.name
+        );
+
+        // Per-aggregate order of first deliveries.
+        let mut seen = HashSet::new();
+        let mut last_seq: HashMap<&str, i32> = HashMap::new();
+        let mut duplicates = 0;
+        let mut redeliveries = 0;
+        for d in &deliveries {
+            if !seen.insert(d.id) {
+                if d.redelivered {
+                    redeliveries += 1;
+                } else {
+                    duplicates += 1;
+                }
+                continue;
+            }
+            if let Some(previous) = last_seq.insert(d.aggregate.as_str(), d.seq) {
+                assert!(
+                    previous < d.seq,
+                    "{}: aggregate {} delivered seq {} after {previous}",
+                    self.name,
+                    d.aggregate,
+                    d.seq
+                );
+            }
+        }
+
+        // Inbox: each committed event applied exactly once, nothing else.
+        let twice: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
+        assert!(
+            twice.is_empty(),
+            "{}: {} events applied more than once by the inbox consumer, e.g. {:?}",
+            self.name,
+            twice.len(),
+            <[_]>::first(&twice)
+        );
+        assert!(
+            effects.keys().all(|id| committed_ids.contains(id)),
+            "{}: the inbox consumer applied an event never committed",
+            self.name
+        );
+
+        let summary = Summary {
+            scenario: self.name.clone(),
+            events: committed.len(),
+            rolled_back: produced.rolled_back.len(),
+            failed_transactions: produced.failed,
+            faults: self.faults(),
+            deliveries: deliveries.len(),
+            duplicates,
+            redeliveries,
+            drain_after_last_fault: drain,
+        };
+        let line = summary.to_string();
+        tracing::info!("{line}");
+        // The summary line is the suite's report: shown with --nocapture
+        // and kept in the captured output of a failing test.
+        #[allow(clippy::print_stdout)]
+        {
+            println!("{line}");
+        }
+        summary
+    }
+}
+
+/// What a scenario measured; printed as one line.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Scenario name.
+    pub scenario: String,
+    /// Committed events.
+    pub events: usize,
+    /// Events of transactions rolled back on purpose (never delivered).
+    pub rolled_back: usize,
+    /// Producer transactions that failed (e.g. the database went away);
+    /// their events count as committed only if the `orders` row is there.
+    pub failed_transactions: usize,
+    /// Faults injected.
+    pub faults: usize,
+    /// Messages the tap received, duplicates included.
+    pub deliveries: usize,
+    /// Events published more than once (a relay died between publish and
+    /// mark).
+    pub duplicates: usize,
+    /// Messages the broker delivered again to the tap (flagged
+    /// `redelivered`: the tap's own connection was lost before its ack).
+    pub redeliveries: usize,
+    /// From the last fault until everything was delivered and applied.
+    pub drain_after_last_fault: Duration,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "FAULT SUMMARY {}: events={} rolled_back={} failed_tx={} faults={} deliveries={} \
+             duplicates={} redeliveries={} drain_after_last_fault={:.2}s",
+            self.scenario,
+            self.events,
+            self.rolled_back,
+            self.failed_transactions,
+            self.faults,
+            self.deliveries,
+            self.duplicates,
+            self.redeliveries,
+            self.drain_after_last_fault.as_secs_f64()
+        )
+    }
+}

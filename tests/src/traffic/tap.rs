@@ -1,0 +1,154 @@
+//! The verifying tap: records every message the relay got to the broker.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use super::Tick;
+use crate::Scenario;
+
+/// One message received by the [`Tap`].
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The event id (`message_id`).
+    pub id: Uuid,
+    /// From the payload.
+    pub aggregate: String,
+    /// From the payload.
+    pub seq: i32,
+    /// The broker's `redelivered` flag: the tap saw it before but its ack
+    /// was lost with its connection.
+    pub redelivered: bool,
+}
+
+/// The verifying consumer: records every message on the scenario's tap
+/// queue, in arrival order, acking each after recording it; reconnects when
+/// its connection is lost (a broker outage).
+#[derive(Debug)]
+pub struct Tap {
+    received: Arc<Mutex<Vec<Delivery>>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Tap {
+    /// Starts consuming the scenario's tap queue.
+    pub fn start(scenario: &Scenario) -> Tap {
+        let received: Arc<Mutex<Vec<Delivery>>> = Arc::default();
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let url = scenario.servers.amqp_url.clone();
+        let queue = scenario.tap_queue.clone();
+        let name = format!("{}.tap", scenario.name);
+        let sink = Arc::clone(&received);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return,
+                    () = consume(&url, &queue, &name, &sink) => {}
+                }
+                tokio::select! {
+                    _ = &mut stopped => return,
+                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+            }
+        });
+        Tap {
+            received,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Every message so far, in arrival order.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.received.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// The distinct event ids so far.
+    pub fn unique_ids(&self) -> HashSet<Uuid> {
+        self.received
+            .lock()
+            .map(|r| r.iter().map(|d| d.id).collect())
+            .unwrap_or_default()
+    }
+
+    /// Stops consuming.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Tap {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Consumes until the connection or the consumer ends.
+async fn consume(url: &str, queue: &str, name: &str, sink: &Mutex<Vec<Delivery>>) {
+    // Bounded: a broker that is starting may accept TCP and not answer.
+    let connecting = Connection::connect(
+        url,
+        ConnectionProperties::default().with_connection_name(name.into()),
+    );
+    let Ok(Ok(conn)) = tokio::time::timeout(Duration::from_secs(5), connecting).await else {
+        return;
+    };
+    let Ok(channel) = conn.create_channel().await else {
+        return;
+    };
+    if channel
+        .basic_qos(500, BasicQosOptions::default())
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let Ok(mut consumer) = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+    else {
+        return;
+    };
+    while let Some(Ok(delivery)) = consumer.next().await {
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .and_then(|id| Uuid::parse_str(id.as_str()).ok());
+        let tick: Option<Tick> = serde_json::from_slice(&delivery.data).ok();
+        let (Some(id), Some(tick)) = (id, tick) else {
+            panic!(
+                "the tap got a message that is not a Tick with an event id: {:?}",
+                String::from_utf8_lossy(&delivery.data)
+            );
+        };
+        if let Ok(mut sink) = sink.lock() {
+            sink.push(Delivery {
+                id,
+                aggregate: tick.aggregate,
+                seq: tick.seq,
+                redelivered: delivery.redelivered,
+            });
+        }
+        if delivery.ack(BasicAckOptions::default()).await.is_err() {
+            return;
+        }
+    }
+}
