@@ -20,51 +20,23 @@ use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeleteOptions};
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, ExchangeKind};
 use outbox_core::testing::{InMemoryInbox, InboxTx};
-use outbox_core::{DomainEvent, EventEnvelope};
 use outbox_lapin::consumer_metrics::DEAD_LETTERS;
 use outbox_lapin::wire::{self, header_i64, header_str};
 use outbox_lapin::{
     ATTEMPT_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError, InboxConsumer,
     InboxConsumerBuilder, IncomingEvent, ORIGINAL_ROUTING_KEY_HEADER, QueueTopology, handler_fn,
 };
-use serde::Serialize;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use common::{Broker, Running, WAIT, amqp_url};
+use common::{Broker, Running, WAIT, amqp_url, placed};
 use outbox_testkit::amqp::{close_connection, connect, connection_pid};
 
 /// This test's broker objects: an exchange and a queue bound with `order.*`
 /// and `inventory.#`, with its dead-letter exchange and queue.
 async fn broker(test: &str) -> Broker {
     Broker::new("test_consumer", test, &["order.*", "inventory.#"]).await
-}
-
-#[derive(Serialize)]
-struct Placed {
-    order: String,
-    n: u32,
-}
-
-impl DomainEvent for Placed {
-    fn aggregate_type(&self) -> &'static str {
-        "order"
-    }
-    fn event_type(&self) -> &'static str {
-        "order.placed"
-    }
-    fn aggregate_id(&self) -> String {
-        self.order.clone()
-    }
-}
-
-fn placed(order: &str, n: u32) -> EventEnvelope {
-    EventEnvelope::from_event(&Placed {
-        order: order.into(),
-        n,
-    })
-    .unwrap()
 }
 
 /// What a handler saw.
@@ -146,15 +118,10 @@ async fn malformed_messages_are_dead_lettered_and_the_consumer_keeps_going() {
     let broker = broker("malformed").await;
     let inbox = InMemoryInbox::new();
     let calls = Calls::default();
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
-        broker.queue(),
-        broker.consumer_name(),
-        inbox.clone(),
-        recording(&calls, |_, _| Ok(())),
-    )
-    .build()
-    .unwrap();
+    let consumer = broker
+        .consumer(inbox.clone(), recording(&calls, |_, _| Ok(())))
+        .build()
+        .unwrap();
     let running = Running::start(consumer);
 
     let valid = placed("o-1", 1);
@@ -238,17 +205,15 @@ async fn a_handler_that_always_fails_is_dead_lettered_after_max_attempts() {
     let inbox = InMemoryInbox::new();
     let calls = Calls::default();
     let delay = Duration::from_millis(300);
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
-        broker.queue(),
-        broker.consumer_name(),
-        inbox.clone(),
-        recording(&calls, |n, _| Err(HandlerError::new(format!("boom #{n}")))),
-    )
-    .max_attempts(3)
-    .retry_delay(delay)
-    .build()
-    .unwrap();
+    let consumer = broker
+        .consumer(
+            inbox.clone(),
+            recording(&calls, |n, _| Err(HandlerError::new(format!("boom #{n}")))),
+        )
+        .max_attempts(3)
+        .retry_delay(delay)
+        .build()
+        .unwrap();
     let running = Running::start(consumer);
 
     let event = placed("o-1", 1);
@@ -321,16 +286,11 @@ async fn a_handler_that_fails_twice_then_succeeds_takes_effect_once() {
             })
         })
     };
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
-        broker.queue(),
-        broker.consumer_name(),
-        inbox.clone(),
-        handler,
-    )
-    .retry_delay(Duration::from_millis(100))
-    .build()
-    .unwrap();
+    let consumer = broker
+        .consumer(inbox.clone(), handler)
+        .retry_delay(Duration::from_millis(100))
+        .build()
+        .unwrap();
     let running = Running::start(consumer);
 
     broker.publish(&event).await;
@@ -371,18 +331,16 @@ async fn a_handler_that_fails_twice_then_succeeds_takes_effect_once() {
 async fn a_permanent_error_is_dead_lettered_at_once() {
     let broker = broker("permanent").await;
     let calls = Calls::default();
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
-        broker.queue(),
-        broker.consumer_name(),
-        InMemoryInbox::new(),
-        recording(&calls, |_, _| {
-            Err(HandlerError::permanent("unknown product"))
-        }),
-    )
-    .retry_delay(Duration::from_millis(100))
-    .build()
-    .unwrap();
+    let consumer = broker
+        .consumer(
+            InMemoryInbox::new(),
+            recording(&calls, |_, _| {
+                Err(HandlerError::permanent("unknown product"))
+            }),
+        )
+        .retry_delay(Duration::from_millis(100))
+        .build()
+        .unwrap();
     let running = Running::start(consumer);
 
     let event = placed("o-1", 1);
@@ -401,15 +359,10 @@ async fn the_same_message_twice_runs_the_handler_once() {
     let broker = broker("duplicate").await;
     let inbox = InMemoryInbox::new();
     let calls = Calls::default();
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
-        broker.queue(),
-        broker.consumer_name(),
-        inbox.clone(),
-        recording(&calls, |_, _| Ok(())),
-    )
-    .build()
-    .unwrap();
+    let consumer = broker
+        .consumer(inbox.clone(), recording(&calls, |_, _| Ok(())))
+        .build()
+        .unwrap();
     let running = Running::start(consumer);
 
     let event = placed("o-1", 1);
@@ -458,15 +411,7 @@ async fn graceful_shutdown_finishes_the_in_flight_delivery() {
             })
         })
     };
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
-        broker.queue(),
-        broker.consumer_name(),
-        inbox.clone(),
-        handler,
-    )
-    .build()
-    .unwrap();
+    let consumer = broker.consumer(inbox.clone(), handler).build().unwrap();
     let running = Running::start(consumer);
 
     let first = placed("o-1", 1);
@@ -539,17 +484,12 @@ async fn concurrency_keeps_each_aggregate_in_order() {
             })
         })
     };
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
-        broker.queue(),
-        broker.consumer_name(),
-        inbox.clone(),
-        handler,
-    )
-    .concurrency(4)
-    .prefetch(64)
-    .build()
-    .unwrap();
+    let consumer = broker
+        .consumer(inbox.clone(), handler)
+        .concurrency(4)
+        .prefetch(64)
+        .build()
+        .unwrap();
 
     // 10 aggregates × 6 events, interleaved, published before consuming (a
     // count that a round-robin spread would split across workers).
@@ -652,16 +592,14 @@ async fn a_missing_queue_or_dead_letter_exchange_stops_run_with_an_error() {
         .unwrap_err();
     assert!(err.to_string().contains(".nope"), "{err}");
 
-    let missing_dlx = InboxConsumer::builder(
-        amqp_url(),
-        broker.queue(),
-        broker.consumer_name(),
-        InMemoryInbox::new(),
-        recording(&Calls::default(), |_, _| Ok(())),
-    )
-    .dead_letter_exchange(format!("{}.no-dlx", broker.queue()))
-    .build()
-    .unwrap();
+    let missing_dlx = broker
+        .consumer(
+            InMemoryInbox::new(),
+            recording(&Calls::default(), |_, _| Ok(())),
+        )
+        .dead_letter_exchange(format!("{}.no-dlx", broker.queue()))
+        .build()
+        .unwrap();
     let err = tokio::time::timeout(WAIT, missing_dlx.run(std::future::pending()))
         .await
         .expect("run gives up")
@@ -825,17 +763,12 @@ async fn an_unavailable_database_spends_no_attempts_and_shutdown_requeues() {
     db.down.store(true, Ordering::SeqCst);
     let calls = Calls::default();
     let build = |db: &SwitchedInbox| {
-        InboxConsumer::builder(
-            amqp_url(),
-            broker.queue(),
-            broker.consumer_name(),
-            db.clone(),
-            recording(&calls, |_, _| Ok(())),
-        )
-        .max_attempts(2)
-        .retry_delay(Duration::from_millis(50))
-        .build()
-        .unwrap()
+        broker
+            .consumer(db.clone(), recording(&calls, |_, _| Ok(())))
+            .max_attempts(2)
+            .retry_delay(Duration::from_millis(50))
+            .build()
+            .unwrap()
     };
     let start = |consumer: InboxConsumer<SwitchedInbox, _>| {
         let (stop, stopped) = oneshot::channel::<()>();
@@ -893,16 +826,11 @@ async fn an_unavailable_database_spends_no_attempts_and_shutdown_requeues() {
 async fn a_queue_missing_while_reconnecting_is_waited_for_not_fatal() {
     let broker = broker("queue_gone").await;
     let calls = Calls::default();
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
-        broker.queue(),
-        broker.consumer_name(),
-        InMemoryInbox::new(),
-        recording(&calls, |_, _| Ok(())),
-    )
-    .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(200))
-    .build()
-    .unwrap();
+    let consumer = broker
+        .consumer(InMemoryInbox::new(), recording(&calls, |_, _| Ok(())))
+        .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(200))
+        .build()
+        .unwrap();
     let running = Running::start(consumer);
     let before = placed("o-1", 1);
     broker.publish(&before).await;
@@ -935,16 +863,14 @@ async fn an_original_routing_key_header_longer_than_amqp_allows_does_not_loop_fo
     let broker = broker("long_original_key").await;
     let inbox = InMemoryInbox::new();
     let calls = Calls::default();
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
-        broker.queue(),
-        broker.consumer_name(),
-        inbox.clone(),
-        recording(&calls, |_, _| Err(HandlerError::permanent("refused"))),
-    )
-    .retry_delay(Duration::from_millis(100))
-    .build()
-    .unwrap();
+    let consumer = broker
+        .consumer(
+            inbox.clone(),
+            recording(&calls, |_, _| Err(HandlerError::permanent("refused"))),
+        )
+        .retry_delay(Duration::from_millis(100))
+        .build()
+        .unwrap();
     let running = Running::start(consumer);
 
     // Another publisher's header: 300 bytes cannot be a routing key (AMQP

@@ -19,46 +19,20 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use outbox_core::admin::DeadLetterBroker;
 use outbox_core::testing::{InMemoryInbox, InboxTx};
-use outbox_core::{DomainEvent, EventEnvelope};
 use outbox_lapin::wire::header_str;
 use outbox_lapin::{
     ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, DeadLetterQueue, DeadLetterQueues,
-    HandlerError, InboxConsumer, IncomingEvent, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER,
-    REPLAYED_REASON_HEADER, StopCause, handler_fn,
+    HandlerError, IncomingEvent, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, REPLAYED_REASON_HEADER,
+    StopCause, handler_fn,
 };
-use serde::Serialize;
 use uuid::Uuid;
 
-use common::{Broker, Running, WAIT, amqp_url};
+use common::{Broker, Running, WAIT, amqp_url, placed};
 
 /// This test's broker objects: an exchange and a queue bound with
 /// `order.*`, with its dead-letter exchange and queue.
 async fn broker(test: &str) -> Broker {
     Broker::new("test_dlq", test, &["order.*"]).await
-}
-
-#[derive(Serialize)]
-struct Placed {
-    order: String,
-}
-
-impl DomainEvent for Placed {
-    fn aggregate_type(&self) -> &'static str {
-        "order"
-    }
-    fn event_type(&self) -> &'static str {
-        "order.placed"
-    }
-    fn aggregate_id(&self) -> String {
-        self.order.clone()
-    }
-}
-
-fn placed(order: &str) -> EventEnvelope {
-    EventEnvelope::from_event(&Placed {
-        order: order.into(),
-    })
-    .unwrap()
 }
 
 /// Successful handler calls per event id.
@@ -101,18 +75,13 @@ fn start_failing(
             Ok(())
         })
     });
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
-        broker.queue(),
-        broker.consumer_name(),
-        inbox.clone(),
-        handler,
-    )
-    .declare(broker.topology.clone())
-    .max_attempts(2)
-    .retry_delay(Duration::from_millis(20))
-    .build()
-    .unwrap();
+    let consumer = broker
+        .consumer(inbox.clone(), handler)
+        .declare(broker.topology.clone())
+        .max_attempts(2)
+        .retry_delay(Duration::from_millis(20))
+        .build()
+        .unwrap();
     Running::start(consumer)
 }
 
@@ -124,7 +93,7 @@ async fn dead_letter(broker: &Broker, inbox: &InMemoryInbox, n: usize) -> Vec<Uu
     let running = start_failing(broker, inbox, &failing, &Handled::default());
     let mut ids = Vec::new();
     for i in 0..n {
-        let event = placed(&format!("o-{i}"));
+        let event = placed(&format!("o-{i}"), 0);
         ids.push(event.id);
         broker.publish(&event).await;
     }
@@ -330,28 +299,16 @@ async fn a_message_that_cannot_go_back_stays_and_purge_empties_the_queue() {
     // An origin queue that no longer exists: unroutable, left, then the
     // next (good) message is not touched either.
     let gone = format!("{}.gone", broker.queue());
-    let mut headers = FieldTable::default();
-    headers.insert(
-        ShortString::from(QUEUE_HEADER),
-        AMQPValue::LongString(LongString::from(gone.as_str())),
-    );
-    let props = BasicProperties::default()
-        .with_message_id("to-gone".into())
-        .with_headers(headers);
-    broker
-        .publish_to(broker.dlx(), "order.placed", b"{}", props)
-        .await;
-    let mut headers = FieldTable::default();
-    headers.insert(
-        ShortString::from(QUEUE_HEADER),
-        AMQPValue::LongString(LongString::from(broker.queue())),
-    );
-    let props = BasicProperties::default()
-        .with_message_id("fine".into())
-        .with_headers(headers);
-    broker
-        .publish_to(broker.dlx(), "order.placed", b"{}", props)
-        .await;
+    for (id, origin) in [("to-gone", gone.as_str()), ("fine", broker.queue())] {
+        broker
+            .publish_to(
+                broker.dlx(),
+                "order.placed",
+                b"{}",
+                dead_letter_props(id, origin),
+            )
+            .await;
+    }
     let report = dlq.replay(None, &|_| {}).await.unwrap();
     assert_eq!(report.replayed, 0);
     let error = report.error.unwrap();

@@ -9,13 +9,14 @@ use std::time::Duration;
 use lapin::message::BasicGetMessage;
 use lapin::options::BasicGetOptions;
 use lapin::{BasicProperties, Channel};
-use outbox_core::EventEnvelope;
 use outbox_core::testing::{InMemoryInbox, InboxTx};
+use outbox_core::{DomainEvent, EventEnvelope, InboxDatabase};
 use outbox_lapin::wire;
-use outbox_lapin::{EventHandler, InboxConsumer, QueueTopology};
+use outbox_lapin::{EventHandler, InboxConsumer, InboxConsumerBuilder, QueueTopology};
 use outbox_testkit::amqp::TestBroker;
 use outbox_testkit::eventually::eventually;
 use outbox_testkit::names;
+use serde::Serialize;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -23,6 +24,34 @@ pub use outbox_testkit::urls::amqp_url;
 
 /// How long a consumer test waits for what must happen.
 pub const WAIT: Duration = Duration::from_secs(20);
+
+/// The event the consumer tests send: the `n`-th of an order.
+#[derive(Serialize)]
+pub struct Placed {
+    pub order: String,
+    pub n: u32,
+}
+
+impl DomainEvent for Placed {
+    fn aggregate_type(&self) -> &'static str {
+        "order"
+    }
+    fn event_type(&self) -> &'static str {
+        "order.placed"
+    }
+    fn aggregate_id(&self) -> String {
+        self.order.clone()
+    }
+}
+
+/// The envelope of the `n`-th `order.placed` of `order`.
+pub fn placed(order: &str, n: u32) -> EventEnvelope {
+    EventEnvelope::from_event(&Placed {
+        order: order.into(),
+        n,
+    })
+    .unwrap()
+}
 
 /// A running consumer and the switch that stops it.
 pub struct Running {
@@ -80,6 +109,22 @@ impl Broker {
             topology,
             kit,
         }
+    }
+
+    /// A consumer of this test's queue, named for the test, with `inbox`
+    /// and `handler`; the test sets the rest.
+    pub fn consumer<D: InboxDatabase, H: EventHandler<D::Tx>>(
+        &self,
+        inbox: D,
+        handler: H,
+    ) -> InboxConsumerBuilder<D, H> {
+        InboxConsumer::builder(
+            amqp_url(),
+            self.queue(),
+            self.consumer_name(),
+            inbox,
+            handler,
+        )
     }
 
     pub fn queue(&self) -> &str {
