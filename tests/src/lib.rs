@@ -50,6 +50,7 @@
 //! # }
 //! ```
 
+pub mod events;
 mod example;
 mod pipeline;
 pub mod proxy;

@@ -5,15 +5,15 @@
 
 use std::time::Duration;
 
-use diesel_async::AsyncPgConnection;
 use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection as _};
 use lapin::Channel;
 use outbox::postgres::{Outbox, PgOutboxStore};
 use outbox::rabbitmq::{LapinPublisher, LapinPublisherBuilder};
 use outbox::{Relay, RelayHandle, RetryPolicy, UnroutablePolicy};
 use outbox_testkit::amqp::TestBroker;
 use outbox_testkit::names;
-use outbox_testkit::pg::TestSchema;
+use outbox_testkit::pg::{self, TestSchema};
 use outbox_testkit::urls::{amqp_url, database_url};
 
 /// A schema (migrated), a durable topic exchange `<name>.x` and a durable
@@ -96,6 +96,26 @@ impl Pipeline {
     pub fn pause(mut self, first: Duration, max: Duration) -> Self {
         self.pause = Some((first, max));
         self
+    }
+
+    /// The number `sql` (a `SELECT count(*) AS n ...`) counts, with
+    /// `{schema}` standing for the quoted schema.
+    pub async fn count(&self, sql: &str) -> i64 {
+        let mut conn = self.pool.get().await.unwrap_or_else(|e| panic!("{e}"));
+        pg::count(&mut conn, &self.in_schema(sql)).await
+    }
+
+    /// Runs `sql` (`{schema}` stands for the quoted schema).
+    pub async fn run_sql(&self, sql: &str) {
+        let mut conn = self.pool.get().await.unwrap_or_else(|e| panic!("{e}"));
+        let sql = self.in_schema(sql);
+        conn.batch_execute(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    fn in_schema(&self, sql: &str) -> String {
+        sql.replace("{schema}", &format!("\"{}\"", self.schema))
     }
 
     /// A store on the schema.

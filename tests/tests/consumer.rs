@@ -31,19 +31,12 @@ use outbox::rabbitmq::{
     wire,
 };
 use outbox::{DomainEvent, EventEnvelope, Headers, InboxDatabase, InboxOutcome};
+use outbox_tests::events::OrderPlaced;
 use serde::Serialize;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-#[derive(Serialize, DomainEvent)]
-#[domain_event(aggregate = "order")]
-struct OrderPlaced {
-    #[aggregate_id]
-    order_id: Uuid,
-    total_cents: i64,
-}
 
 #[derive(Serialize, DomainEvent)]
 #[domain_event(aggregate = "loyalty")]

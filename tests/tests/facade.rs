@@ -5,16 +5,9 @@ use std::time::Duration;
 
 use outbox::testing::{InMemoryStore, RecordingPublisher};
 use outbox::{DomainEvent, EventStatus, Relay};
+use outbox_tests::events::OrderPlaced;
 use serde::Serialize;
 use uuid::Uuid;
-
-#[derive(Serialize, DomainEvent)]
-#[domain_event(aggregate = "order")]
-struct OrderPlaced {
-    #[aggregate_id]
-    order_id: Uuid,
-    total_cents: i64,
-}
 
 #[derive(Serialize, DomainEvent)]
 #[domain_event(aggregate = "order")]

@@ -16,14 +16,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use outbox_testkit::eventually::eventually;
-use outbox_testkit::pg;
 use outbox_testkit::urls::database_url;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use diesel::QueryableByName;
 use diesel::sql_types::{Integer, Text};
-use diesel_async::{AsyncConnection as _, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection as _, RunQueryDsl};
 use lapin::message::Delivery;
 use lapin::options::BasicGetOptions;
 use outbox::postgres::Error;
@@ -133,234 +132,209 @@ struct Stored {
 /// the recording transaction), an exchange, and a queue bound to it with
 /// `order.#`, relays with batches of 50; all removed on drop (also when
 /// the test panics).
-struct Env(Pipeline);
-
-impl std::ops::Deref for Env {
-    type Target = Pipeline;
-
-    fn deref(&self) -> &Pipeline {
-        &self.0
-    }
+async fn env(test: &str) -> Pipeline {
+    let pipeline = Pipeline::new("hostile", test, "order.#")
+        .await
+        .batch_size(50);
+    pipeline
+        .run_sql("CREATE TABLE {schema}.business (note text NOT NULL)")
+        .await;
+    pipeline
 }
 
-impl Env {
-    async fn new(test: &str) -> Env {
-        let pipeline = Pipeline::new("hostile", test, "order.#")
-            .await
-            .batch_size(50);
-        let env = Env(pipeline);
-        env.run_sql(&format!(
-            "CREATE TABLE \"{}\".business (note text NOT NULL)",
+/// In one transaction: a row in `business`, then `envelopes` recorded;
+/// committed if recording succeeds, rolled back otherwise. Returns the
+/// recording's error.
+async fn record(env: &Pipeline, envelopes: &[EventEnvelope]) -> Result<(), Error> {
+    let mut conn = outbox::postgres::connect(&database_url()).await.unwrap();
+    conn.transaction::<_, Error, _>(async |conn| {
+        diesel::sql_query(format!(
+            "INSERT INTO \"{}\".business (note) VALUES ('changed')",
             env.schema
         ))
-        .await;
-        env
-    }
+        .execute(conn)
+        .await?;
+        env.outbox.record_envelopes(conn, envelopes).await
+    })
+    .await
+}
 
-    /// In one transaction: a row in `business`, then `envelopes` recorded;
-    /// committed if recording succeeds, rolled back otherwise. Returns the
-    /// recording's error.
-    async fn record(&self, envelopes: &[EventEnvelope]) -> Result<(), Error> {
-        let mut conn = outbox::postgres::connect(&database_url()).await.unwrap();
-        conn.transaction::<_, Error, _>(async |conn| {
-            diesel::sql_query(format!(
-                "INSERT INTO \"{}\".business (note) VALUES ('changed')",
-                self.schema
-            ))
-            .execute(conn)
-            .await?;
-            self.outbox.record_envelopes(conn, envelopes).await
-        })
-        .await
-    }
+/// Records `events` with `Outbox::record`, one by one, in one
+/// committed transaction; returns their ids.
+async fn record_events(env: &Pipeline, events: &[Edge]) -> Vec<Uuid> {
+    let mut conn = outbox::postgres::connect(&database_url()).await.unwrap();
+    conn.transaction::<_, Error, _>(async |conn| {
+        let mut ids = Vec::new();
+        for event in events {
+            ids.push(env.outbox.record(conn, event).await?);
+        }
+        Ok(ids)
+    })
+    .await
+    .unwrap()
+}
 
-    /// Records `events` with `Outbox::record`, one by one, in one
-    /// committed transaction; returns their ids.
-    async fn record_events(&self, events: &[Edge]) -> Vec<Uuid> {
-        let mut conn = outbox::postgres::connect(&database_url()).await.unwrap();
-        conn.transaction::<_, Error, _>(async |conn| {
-            let mut ids = Vec::new();
-            for event in events {
-                ids.push(self.outbox.record(conn, event).await?);
+/// Outbox rows and business rows: what a transaction left behind.
+async fn footprint(env: &Pipeline) -> (i64, i64) {
+    (
+        env.count("SELECT count(*) AS n FROM {schema}.outbox_events")
+            .await,
+        env.count("SELECT count(*) AS n FROM {schema}.business")
+            .await,
+    )
+}
+
+async fn stored(env: &Pipeline, id: Uuid) -> Stored {
+    let mut conn = env.pool.get().await.unwrap();
+    diesel::sql_query(format!(
+        "SELECT payload::text AS payload, aggregate_id, status, attempts \
+         FROM \"{}\".outbox_events WHERE id = $1",
+        env.schema
+    ))
+    .bind::<diesel::sql_types::Uuid, _>(id)
+    .get_result(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// Takes messages from the queue until one arrived for each of `ids`;
+/// returns them by message id.
+async fn receive(env: &Pipeline, ids: &[Uuid]) -> HashMap<Uuid, Delivery> {
+    let mut received = HashMap::new();
+    let deadline = Instant::now() + WAIT;
+    while ids.iter().any(|id| !received.contains_key(id)) {
+        let got = env
+            .channel
+            .basic_get(env.queue.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap();
+        match got {
+            Some(message) => {
+                let delivery = message.delivery;
+                let id: Uuid = delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .expect("every message has a message_id")
+                    .as_str()
+                    .parse()
+                    .unwrap();
+                assert!(
+                    received.insert(id, delivery).is_none(),
+                    "event {id} delivered twice without a fault"
+                );
             }
-            Ok(ids)
-        })
-        .await
-        .unwrap()
-    }
-
-    async fn count(&self, sql: &str) -> i64 {
-        let mut conn = self.pool.get().await.unwrap();
-        let sql = sql.replace("{schema}", &format!("\"{}\"", self.schema));
-        pg::count(&mut conn, &sql).await
-    }
-
-    async fn run_sql(&self, sql: &str) {
-        let mut conn = self.pool.get().await.unwrap();
-        conn.batch_execute(sql).await.unwrap();
-    }
-
-    /// Outbox rows and business rows: what a transaction left behind.
-    async fn footprint(&self) -> (i64, i64) {
-        (
-            self.count("SELECT count(*) AS n FROM {schema}.outbox_events")
-                .await,
-            self.count("SELECT count(*) AS n FROM {schema}.business")
-                .await,
-        )
-    }
-
-    async fn stored(&self, id: Uuid) -> Stored {
-        let mut conn = self.pool.get().await.unwrap();
-        diesel::sql_query(format!(
-            "SELECT payload::text AS payload, aggregate_id, status, attempts \
-             FROM \"{}\".outbox_events WHERE id = $1",
-            self.schema
-        ))
-        .bind::<diesel::sql_types::Uuid, _>(id)
-        .get_result(&mut *conn)
-        .await
-        .unwrap()
-    }
-
-    /// Takes messages from the queue until one arrived for each of `ids`;
-    /// returns them by message id.
-    async fn receive(&self, ids: &[Uuid]) -> HashMap<Uuid, Delivery> {
-        let mut received = HashMap::new();
-        let deadline = Instant::now() + WAIT;
-        while ids.iter().any(|id| !received.contains_key(id)) {
-            let got = self
-                .channel
-                .basic_get(self.queue.as_str().into(), BasicGetOptions { no_ack: true })
-                .await
-                .unwrap();
-            match got {
-                Some(message) => {
-                    let delivery = message.delivery;
-                    let id: Uuid = delivery
-                        .properties
-                        .message_id()
-                        .as_ref()
-                        .expect("every message has a message_id")
-                        .as_str()
-                        .parse()
-                        .unwrap();
-                    assert!(
-                        received.insert(id, delivery).is_none(),
-                        "event {id} delivered twice without a fault"
-                    );
-                }
-                None => {
-                    let missing = ids.iter().filter(|id| !received.contains_key(*id)).count();
-                    assert!(
-                        Instant::now() < deadline,
-                        "{missing} of {} events not delivered within {WAIT:?}",
-                        ids.len()
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+            None => {
+                let missing = ids.iter().filter(|id| !received.contains_key(*id)).count();
+                assert!(
+                    Instant::now() < deadline,
+                    "{missing} of {} events not delivered within {WAIT:?}",
+                    ids.len()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        received
     }
+    received
+}
 
-    /// Messages ready in the queue.
-    async fn count_ready(&self) -> u32 {
-        self.broker.ready(&self.queue).await
-    }
+/// Messages ready in the queue.
+async fn count_ready(env: &Pipeline) -> u32 {
+    env.broker.ready(&env.queue).await
+}
 
-    /// Waits until `sql` (a count) is `n`.
-    async fn wait_count(&self, what: &str, sql: &str, n: i64) {
-        eventually(what)
-            .within(WAIT)
-            .equals(n, || self.count(sql))
-            .await;
-    }
-
-    /// Relays everything recorded and returns the deliveries of `ids`, once
-    /// every row is marked sent.
-    async fn relay(&self, ids: &[Uuid]) -> HashMap<Uuid, Delivery> {
-        let (handle, task) = self.start(self.publisher().build().unwrap(), RetryPolicy::default());
-        let received = self.receive(ids).await;
-        let total = self
-            .count("SELECT count(*) AS n FROM {schema}.outbox_events")
-            .await;
-        self.wait_count(
-            "rows marked sent",
-            "SELECT count(*) AS n FROM {schema}.outbox_events WHERE status = 'sent'",
-            total,
-        )
+/// Waits until `sql` (a count) is `n`.
+async fn wait_count(env: &Pipeline, what: &str, sql: &str, n: i64) {
+    eventually(what)
+        .within(WAIT)
+        .equals(n, || env.count(sql))
         .await;
-        handle.shutdown();
-        task.await.unwrap();
-        received
-    }
+}
 
-    /// Asserts that event `id`, recorded with `aggregate_id` and `payload`,
-    /// is stored as it was recorded and arrived as it was stored.
-    async fn assert_exact(
-        &self,
-        what: &str,
-        id: Uuid,
-        aggregate_id: &str,
-        payload: &str,
-        delivery: &Delivery,
-    ) {
-        let stored = self.stored(id).await;
-        assert!(stored.payload == payload, "{what}: stored payload differs");
-        assert!(
-            stored.aggregate_id == aggregate_id,
-            "{what}: stored aggregate id differs"
-        );
-        assert_eq!(stored.status, "sent", "{what}");
-        assert!(
-            delivery.data == payload.as_bytes(),
-            "{what}: the message body differs from the recorded payload ({} vs {} bytes)",
-            delivery.data.len(),
-            payload.len()
-        );
-        let headers = delivery.properties.headers().as_ref().unwrap();
-        assert_eq!(
-            wire::header_str(headers, wire::AGGREGATE_ID),
-            Some(aggregate_id),
-            "{what}: aggregate_id header"
-        );
-        assert_eq!(
-            wire::header_str(headers, wire::CE_SUBJECT),
-            Some(aggregate_id),
-            "{what}: cloudEvents:subject header"
-        );
-        assert_eq!(
-            delivery
-                .properties
-                .content_type()
-                .as_ref()
-                .unwrap()
-                .as_str(),
-            wire::CONTENT_TYPE,
-            "{what}"
-        );
-        // What an `InboxConsumer` hands its handler.
-        let incoming = wire::decode(
-            &delivery.properties,
-            delivery.routing_key.as_str(),
-            &delivery.data,
-        )
-        .unwrap_or_else(|e| panic!("{what}: a consumer cannot decode it: {e}"));
-        assert_eq!(incoming.id, id, "{what}");
-        assert!(
-            incoming.payload == payload,
-            "{what}: decoded payload differs"
-        );
-        assert_eq!(incoming.aggregate_id, aggregate_id, "{what}");
-    }
+/// Relays everything recorded and returns the deliveries of `ids`, once
+/// every row is marked sent.
+async fn relay(env: &Pipeline, ids: &[Uuid]) -> HashMap<Uuid, Delivery> {
+    let (handle, task) = env.start(env.publisher().build().unwrap(), RetryPolicy::default());
+    let received = receive(env, ids).await;
+    let total = env
+        .count("SELECT count(*) AS n FROM {schema}.outbox_events")
+        .await;
+    wait_count(
+        env,
+        "rows marked sent",
+        "SELECT count(*) AS n FROM {schema}.outbox_events WHERE status = 'sent'",
+        total,
+    )
+    .await;
+    handle.shutdown();
+    task.await.unwrap();
+    received
+}
+
+/// Asserts that event `id`, recorded with `aggregate_id` and `payload`,
+/// is stored as it was recorded and arrived as it was stored.
+async fn assert_exact(
+    env: &Pipeline,
+    what: &str,
+    id: Uuid,
+    aggregate_id: &str,
+    payload: &str,
+    delivery: &Delivery,
+) {
+    let stored = stored(env, id).await;
+    assert!(stored.payload == payload, "{what}: stored payload differs");
+    assert!(
+        stored.aggregate_id == aggregate_id,
+        "{what}: stored aggregate id differs"
+    );
+    assert_eq!(stored.status, "sent", "{what}");
+    assert!(
+        delivery.data == payload.as_bytes(),
+        "{what}: the message body differs from the recorded payload ({} vs {} bytes)",
+        delivery.data.len(),
+        payload.len()
+    );
+    let headers = delivery.properties.headers().as_ref().unwrap();
+    assert_eq!(
+        wire::header_str(headers, wire::AGGREGATE_ID),
+        Some(aggregate_id),
+        "{what}: aggregate_id header"
+    );
+    assert_eq!(
+        wire::header_str(headers, wire::CE_SUBJECT),
+        Some(aggregate_id),
+        "{what}: cloudEvents:subject header"
+    );
+    assert_eq!(
+        delivery
+            .properties
+            .content_type()
+            .as_ref()
+            .unwrap()
+            .as_str(),
+        wire::CONTENT_TYPE,
+        "{what}"
+    );
+    // What an `InboxConsumer` hands its handler.
+    let incoming = wire::decode(
+        &delivery.properties,
+        delivery.routing_key.as_str(),
+        &delivery.data,
+    )
+    .unwrap_or_else(|e| panic!("{what}: a consumer cannot decode it: {e}"));
+    assert_eq!(incoming.id, id, "{what}");
+    assert!(
+        incoming.payload == payload,
+        "{what}: decoded payload differs"
+    );
+    assert_eq!(incoming.aggregate_id, aggregate_id, "{what}");
 }
 
 /// Payloads of typed events (`Outbox::record`): what serde_json makes of
 /// them is stored, relayed and decoded unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edge_payloads_of_typed_events_are_stored_and_delivered_byte_exact() {
-    let env = Env::new("typed").await;
+    let env = env("typed").await;
 
     // A little over 1 MiB: 8,192 members, each 72 characters of mixed
     // scripts, emoji and characters JSON escapes.
@@ -410,13 +384,12 @@ async fn edge_payloads_of_typed_events_are_stored_and_delivered_byte_exact() {
         .enumerate()
         .map(|(i, (_, payload))| Edge::new(format!("typed-{i}"), payload.clone()))
         .collect();
-    let ids = env.record_events(&events).await;
-    let deliveries = env.relay(&ids).await;
+    let ids = record_events(&env, &events).await;
+    let deliveries = relay(&env, &ids).await;
 
     for (((what, payload), event), id) in cases.iter().zip(&events).zip(&ids) {
         let text = serde_json::to_string(payload).unwrap();
-        env.assert_exact(what, *id, &event.aggregate_id, &text, &deliveries[id])
-            .await;
+        assert_exact(&env, what, *id, &event.aggregate_id, &text, &deliveries[id]).await;
     }
 }
 
@@ -426,7 +399,7 @@ async fn edge_payloads_of_typed_events_are_stored_and_delivered_byte_exact() {
 /// number spelling, escapes, `\u0000`, lone surrogates, 10,000 levels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edge_payload_text_is_stored_and_delivered_byte_exact() {
-    let env = Env::new("text").await;
+    let env = env("text").await;
     // The column is `json`, which keeps the text; `jsonb` would reject
     // `\u0000` and normalize the rest.
     assert_eq!(
@@ -468,12 +441,13 @@ async fn edge_payload_text_is_stored_and_delivered_byte_exact() {
         .enumerate()
         .map(|(i, (_, payload))| raw(&format!("text-{i}"), payload.clone()))
         .collect();
-    env.record(&envelopes).await.unwrap();
+    record(&env, &envelopes).await.unwrap();
     let ids: Vec<Uuid> = envelopes.iter().map(|e| e.id).collect();
-    let deliveries = env.relay(&ids).await;
+    let deliveries = relay(&env, &ids).await;
 
     for ((what, payload), envelope) in cases.iter().zip(&envelopes) {
-        env.assert_exact(
+        assert_exact(
+            &env,
             what,
             envelope.id,
             &envelope.aggregate_id,
@@ -482,7 +456,7 @@ async fn edge_payload_text_is_stored_and_delivered_byte_exact() {
         )
         .await;
     }
-    assert_eq!(env.footprint().await, (9, 1));
+    assert_eq!(footprint(&env).await, (9, 1));
 }
 
 /// What PostgreSQL's `json` input cannot parse fails the `INSERT`: the
@@ -490,7 +464,7 @@ async fn edge_payload_text_is_stored_and_delivered_byte_exact() {
 /// transaction rolls back, business change included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_postgresql_cannot_parse_are_rejected_at_record_time_and_nothing_is_stored() {
-    let env = Env::new("unparsable").await;
+    let env = env("unparsable").await;
     let cases: Vec<(&str, String, &str)> = vec![
         // 1,000,000 levels exceed any `max_stack_depth` a platform allows
         // (the default 2 MB stops near 13,000 objects / 14,500 arrays).
@@ -525,8 +499,7 @@ async fn payloads_postgresql_cannot_parse_are_rejected_at_record_time_and_nothin
         let bad = raw("bad", payload);
         for envelopes in [vec![bad.clone()], vec![raw("fine", "{}".into()), bad]] {
             let n = envelopes.len();
-            let err = env
-                .record(&envelopes)
+            let err = record(&env, &envelopes)
                 .await
                 .expect_err(&format!("{what} is refused"));
             assert!(
@@ -535,22 +508,22 @@ async fn payloads_postgresql_cannot_parse_are_rejected_at_record_time_and_nothin
             );
             assert!(err.to_string().contains(reason), "{what}: {err}");
             assert_eq!(
-                env.footprint().await,
+                footprint(&env).await,
                 (0, 0),
                 "{what} ({n} events): nothing of the transaction is stored"
             );
         }
     }
     // The connection pool and the schema are fine afterwards.
-    env.record(&[raw("fine", "{}".into())]).await.unwrap();
-    assert_eq!(env.footprint().await, (1, 1));
+    record(&env, &[raw("fine", "{}".into())]).await.unwrap();
+    assert_eq!(footprint(&env).await, (1, 1));
 }
 
 /// Aggregate ids that would break string-built SQL, headers or logs are
 /// stored, relayed and decoded unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_aggregate_ids_are_stored_and_delivered_byte_exact() {
-    let env = Env::new("ids").await;
+    let env = env("ids").await;
     env.run_sql(&format!("CREATE TABLE \"{}\".x (n int)", env.schema))
         .await;
     let mut noise = Noise(0xD1B5_4A32_D192_ED03);
@@ -580,12 +553,13 @@ async fn hostile_aggregate_ids_are_stored_and_delivered_byte_exact() {
         .enumerate()
         .map(|(i, id)| Edge::new(id.clone(), json!({ "n": i })))
         .collect();
-    let recorded = env.record_events(&events).await;
-    let deliveries = env.relay(&recorded).await;
+    let recorded = record_events(&env, &events).await;
+    let deliveries = relay(&env, &recorded).await;
 
     for ((aggregate_id, event), id) in ids.iter().zip(&events).zip(&recorded) {
         let payload = serde_json::to_string(event).unwrap();
-        env.assert_exact(
+        assert_exact(
+            &env,
             &format!("aggregate id {aggregate_id:?}"),
             *id,
             aggregate_id,
@@ -617,7 +591,7 @@ async fn hostile_aggregate_ids_are_stored_and_delivered_byte_exact() {
 /// is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_and_nul_ids_are_rejected_at_record_time_and_nothing_is_stored() {
-    let env = Env::new("invalid").await;
+    let env = env("invalid").await;
 
     // Typed events: `Outbox::record` refuses them.
     for (aggregate_id, reason) in [
@@ -654,7 +628,7 @@ async fn empty_and_nul_ids_are_rejected_at_record_time_and_nothing_is_stored() {
             }
             other => panic!("{aggregate_id:?}: expected InvalidEvent, got {other:?}"),
         }
-        assert_eq!(env.footprint().await, (0, 0), "{aggregate_id:?}");
+        assert_eq!(footprint(&env).await, (0, 0), "{aggregate_id:?}");
     }
 
     // Envelopes built by hand bypass `from_event`: `record_envelopes`
@@ -672,15 +646,14 @@ async fn empty_and_nul_ids_are_rejected_at_record_time_and_nothing_is_stored() {
         ("a NUL in a header value", nul_header),
         ("an empty header name", empty_header),
     ] {
-        let err = env
-            .record(&[good.clone(), bad])
+        let err = record(&env, &[good.clone(), bad])
             .await
             .expect_err(&format!("{what} is refused"));
         assert!(
             matches!(err, Error::Event(outbox::Error::InvalidEvent { .. })),
             "{what}: {err:?}"
         );
-        assert_eq!(env.footprint().await, (0, 0), "{what}");
+        assert_eq!(footprint(&env).await, (0, 0), "{what}");
     }
 }
 
@@ -689,16 +662,16 @@ async fn empty_and_nul_ids_are_rejected_at_record_time_and_nothing_is_stored() {
 /// events of aggregate `%` replays exactly those.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wildcard_characters_in_aggregate_ids_match_only_themselves() {
-    let env = Env::new("wildcards").await;
+    let env = env("wildcards").await;
     let aggregates = ["%", "_", "o_1", "o%"];
-    let first = env
-        .record_events(
-            &aggregates
-                .iter()
-                .map(|a| Edge::new(*a, json!({ "first": a })))
-                .collect::<Vec<_>>(),
-        )
-        .await;
+    let first = record_events(
+        &env,
+        &aggregates
+            .iter()
+            .map(|a| Edge::new(*a, json!({ "first": a })))
+            .collect::<Vec<_>>(),
+    )
+    .await;
 
     // Unroutable (the queue binds `order.#`), spending attempts: one, then
     // dead.
@@ -712,7 +685,8 @@ async fn wildcard_characters_in_aggregate_ids_match_only_themselves() {
         RetryPolicy::default().max_attempts(1),
         outbox::UnroutablePolicy::SpendAttempts,
     );
-    env.wait_count(
+    wait_count(
+        &env,
         "every first event dead",
         "SELECT count(*) AS n FROM {schema}.outbox_events WHERE status = 'dead'",
         4,
@@ -723,24 +697,27 @@ async fn wildcard_characters_in_aggregate_ids_match_only_themselves() {
 
     // Aggregates whose ids the dead ones would match as LIKE patterns, and
     // a second event of `%`, which its dead first event holds back.
-    let second = env
-        .record_events(&[
+    let second = record_events(
+        &env,
+        &[
             Edge::new("zzz", json!({})),
             Edge::new("o11", json!({})),
             Edge::new("o%x", json!({})),
             Edge::new("%", json!({ "second": "%" })),
-        ])
-        .await;
+        ],
+    )
+    .await;
     let (handle, task) = env.start(env.publisher().build().unwrap(), RetryPolicy::default());
-    let delivered = env.receive(&second[..3]).await;
-    env.wait_count(
+    let delivered = receive(&env, &second[..3]).await;
+    wait_count(
+        &env,
         "the three unblocked events sent",
         "SELECT count(*) AS n FROM {schema}.outbox_events WHERE status = 'sent'",
         3,
     )
     .await;
     assert_eq!(delivered.len(), 3);
-    let held = env.stored(second[3]).await;
+    let held = stored(&env, second[3]).await;
     assert_eq!(
         (held.status.as_str(), held.attempts),
         ("held", 0),
@@ -801,7 +778,7 @@ async fn wildcard_characters_in_aggregate_ids_match_only_themselves() {
     assert_eq!(order, [first[0], second[3]], "aggregate `%` in order");
     for (aggregate, id) in aggregates.iter().zip(&first).skip(1) {
         assert_eq!(
-            env.stored(*id).await.status,
+            stored(&env, *id).await.status,
             "dead",
             "{aggregate} stays dead"
         );
@@ -817,7 +794,7 @@ async fn wildcard_characters_in_aggregate_ids_match_only_themselves() {
 /// with a typed error, before any SQL runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_longest_aggregate_id_ends_dead_when_unroutable_and_a_longer_one_is_refused() {
-    let env = Env::new("long_id").await;
+    let env = env("long_id").await;
     let max = outbox::EventEnvelope::MAX_AGGREGATE_ID_BYTES;
     let mut noise = Noise(0x2545_F491_4F6C_DD1D);
     let cjk: Vec<char> = ('\u{4E00}'..='\u{9FFF}').collect();
@@ -827,8 +804,7 @@ async fn the_longest_aggregate_id_ends_dead_when_unroutable_and_a_longer_one_is_
 
     let mut over = raw("x", "{}".into());
     over.aggregate_id = format!("{longest}c");
-    let err = env
-        .record(&[over])
+    let err = record(&env, &[over])
         .await
         .expect_err("one byte over the limit is refused");
     match err {
@@ -840,11 +816,11 @@ async fn the_longest_aggregate_id_ends_dead_when_unroutable_and_a_longer_one_is_
         }
         other => panic!("expected InvalidEvent, got {other:?}"),
     }
-    assert_eq!(env.footprint().await, (0, 0));
+    assert_eq!(footprint(&env).await, (0, 0));
 
     let poison = raw(&longest, "{}".into());
     let bystander = raw("bystander", "{}".into());
-    env.record(&[poison.clone(), bystander.clone()])
+    record(&env, &[poison.clone(), bystander.clone()])
         .await
         .expect("the longest id is recorded");
     // The long id's event is unroutable; the bystander is not.
@@ -866,26 +842,26 @@ async fn the_longest_aggregate_id_ends_dead_when_unroutable_and_a_longer_one_is_
     let (handle, task) = env.start_with(publisher, retry, outbox::UnroutablePolicy::SpendAttempts);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let stored = env.stored(poison.id).await;
-        if stored.status == "dead" {
-            assert_eq!(stored.attempts, 2);
+        let poisoned = stored(&env, poison.id).await;
+        if poisoned.status == "dead" {
+            assert_eq!(poisoned.attempts, 2);
             break;
         }
-        let delivered = env.count_ready().await;
+        let delivered = count_ready(&env).await;
         assert!(
             Instant::now() < deadline,
             "after 30 s the long id's event is still {} with {} attempts, and the \
              bystander ({}) was delivered {delivered} times",
-            stored.status,
-            stored.attempts,
-            env.stored(bystander.id).await.status,
+            poisoned.status,
+            poisoned.attempts,
+            stored(&env, bystander.id).await.status,
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     handle.shutdown();
     task.await.unwrap();
-    assert_eq!(env.stored(bystander.id).await.status, "sent");
-    assert_eq!(env.count_ready().await, 1, "the bystander delivered once");
+    assert_eq!(stored(&env, bystander.id).await.status, "sent");
+    assert_eq!(count_ready(&env).await, 1, "the bystander delivered once");
 }
 
 /// AMQP short strings hold at most 255 bytes, and the correlation id
@@ -894,9 +870,9 @@ async fn the_longest_aggregate_id_ends_dead_when_unroutable_and_a_longer_one_is_
 /// stored event can ever stop the relay).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_correlation_id_of_255_bytes_is_delivered_and_a_longer_one_is_refused() {
-    let env = Env::new("long_corr").await;
+    let env = env("long_corr").await;
     let too_long = raw("o-1", "{}".into()).with_correlation_id("c".repeat(256));
-    match env.record(std::slice::from_ref(&too_long)).await {
+    match record(&env, std::slice::from_ref(&too_long)).await {
         Err(Error::Event(outbox::Error::InvalidEvent { reason, .. })) => {
             assert!(
                 reason.contains("correlation_id is 256 bytes long"),
@@ -905,21 +881,21 @@ async fn a_correlation_id_of_255_bytes_is_delivered_and_a_longer_one_is_refused(
         }
         other => panic!("expected InvalidEvent, got {other:?}"),
     }
-    assert_eq!(env.footprint().await, (0, 0));
+    assert_eq!(footprint(&env).await, (0, 0));
 
     let correlation = "c".repeat(255);
     let event = raw("o-1", "{}".into()).with_correlation_id(correlation.as_str());
-    env.record(std::slice::from_ref(&event)).await.unwrap();
+    record(&env, std::slice::from_ref(&event)).await.unwrap();
     let (handle, task) = env.start(env.publisher().build().unwrap(), RetryPolicy::default());
     let deadline = Instant::now() + Duration::from_secs(30);
-    while env.count_ready().await == 0 {
+    while count_ready(&env).await == 0 {
         assert!(!task.is_finished(), "the relay stopped (panicked)");
         assert!(Instant::now() < deadline, "not delivered within 30 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     handle.shutdown();
     task.await.unwrap();
-    let delivery = env.receive(&[event.id]).await.remove(&event.id).unwrap();
+    let delivery = receive(&env, &[event.id]).await.remove(&event.id).unwrap();
     assert_eq!(
         delivery
             .properties
