@@ -257,6 +257,7 @@ mod prepared;
 mod record;
 pub mod schema;
 mod settings;
+mod sql;
 mod store;
 mod transaction;
 

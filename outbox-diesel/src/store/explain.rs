@@ -8,11 +8,11 @@ use diesel_async::{
 use outbox_core::DeliveryOrder;
 
 use super::PgOutboxStore;
-use super::claim::CLAIM_BEGIN;
 use super::order::order_from_db;
 use super::row::OrderRow;
 use crate::Result;
 use crate::prepared::PreparedExt;
+use crate::sql::CLAIM_BEGIN;
 
 impl PgOutboxStore {
     /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of the one statement a claim
@@ -40,8 +40,9 @@ impl PgOutboxStore {
         AnsiTransactionManager::begin_transaction_sql(conn, CLAIM_BEGIN).await?;
         let result: Result<serde_json::Value> = async {
             let order = order_from_db(
+                &self.schema,
                 &diesel::sql_query(&self.sql.get_order)
-                    .prepared(self.sql.prepare)
+                    .prepared(self.prepare)
                     .get_result::<OrderRow>(conn)
                     .await?
                     .delivery_order,
