@@ -210,6 +210,20 @@ mod tests {
     }
 
     #[test]
+    fn the_store_shares_the_rendering_unless_its_schema_changes() -> Result<()> {
+        // The pool connects lazily: nothing here needs a server.
+        let pool = crate::pool("postgres://postgres@127.0.0.1:1/none", 1)?;
+        let settings = PgSettings::new("billing")?;
+        let store = settings.store(pool.clone()).build()?;
+        assert!(Arc::ptr_eq(settings.sql(), store.shared_sql()));
+        assert_eq!(store.schema().name(), "billing");
+        let other = settings.store(pool).schema("other").build()?;
+        assert_eq!(other.schema().name(), "other");
+        assert_eq!(other.shared_sql().schema.name(), "other");
+        Ok(())
+    }
+
+    #[test]
     fn invalid_schema_is_refused() {
         assert!(matches!(PgSettings::new(""), Err(crate::Error::Config(_))));
     }

@@ -17,6 +17,13 @@
 //!   replays), which also depend on
 //!   [`keep_sent`](crate::PgOutboxStoreBuilder::keep_sent): rendered once,
 //!   when the store is built, and shared with its claims.
+//! - Fixed text: how a claim's and an admin chunk's transactions begin
+//!   ([`CLAIM_BEGIN`], [`ADMIN_BEGIN`]) and the checked commit's probe
+//!   ([`PROBE_AND_COMMIT`]).
+//!
+//! `explain_claim`'s statements ([`ExplainSql`]) are the only ones rendered
+//! per call: they carry the explained claim's limits as literals (a
+//! diagnostic, run by hand).
 //!
 //! Each field documents the statement's binds (`$1`, …) and what it
 //! returns; the code that runs it binds exactly those. Only the admin's
@@ -42,6 +49,7 @@ mod listen;
 mod record;
 mod relays;
 mod store;
+mod transaction;
 
 use std::sync::{Arc, OnceLock};
 
@@ -56,7 +64,8 @@ pub(crate) use inbox::InboxSql;
 pub(crate) use listen::ListenSql;
 pub(crate) use record::RecordSql;
 pub(crate) use relays::RelaysSql;
-pub(crate) use store::{CLAIM_BEGIN, COLUMNS, StoreSql};
+pub(crate) use store::{CLAIM_BEGIN, COLUMNS, ExplainSql, StoreSql};
+pub(crate) use transaction::{PROBE, PROBE_AND_COMMIT};
 
 /// The SQL of every part of one schema's outbox but the relay store's
 /// claims and marks ([`StoreSql`]), rendered once.

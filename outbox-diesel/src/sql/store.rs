@@ -26,6 +26,48 @@ use crate::schema::Schema;
 pub(crate) const CLAIM_BEGIN: &str =
     "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL work_mem = '64MB'";
 
+/// `explain_claim`'s statements for one claim statement: prepared under a
+/// session-level name (so that it runs with the generic plan, as the
+/// relay's claims do), explained with literal arguments (as a claim of no
+/// relay, with a 60 s timeout), and deallocated.
+#[derive(Debug)]
+pub(crate) struct ExplainSql {
+    pub(crate) prepare: String,
+    pub(crate) explain: String,
+    pub(crate) deallocate: &'static str,
+}
+
+impl ExplainSql {
+    /// For the unordered claim `claim` of `limit` events.
+    pub(crate) fn unordered(claim: &str, limit: i64) -> Self {
+        ExplainSql::new(
+            claim,
+            "int8, text, text",
+            &format!("{limit}, '60000', NULL"),
+        )
+    }
+
+    /// For the ordered claim `claim` of `limit` events in a window of
+    /// `window`.
+    pub(crate) fn ordered(claim: &str, window: i64, limit: i64) -> Self {
+        ExplainSql::new(
+            claim,
+            "int8, int8, text, text",
+            &format!("{window}, {limit}, '60000', NULL"),
+        )
+    }
+
+    fn new(claim: &str, types: &str, args: &str) -> Self {
+        ExplainSql {
+            prepare: format!("PREPARE outbox_explain_claim ({types}) AS {claim}"),
+            explain: format!(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE outbox_explain_claim ({args})"
+            ),
+            deallocate: "DEALLOCATE outbox_explain_claim",
+        }
+    }
+}
+
 /// The columns of an outbox row, as the store's `EventRow` reads them.
 pub(crate) const COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, aggregate_version, \
     event_type, schema_version, payload::text AS payload, headers::text AS headers, occurred_at, \

@@ -89,10 +89,14 @@
 //!   marked and finished in it (holding the followers of failed events);
 //! - `pick.rs`: the claim statement chosen, run and read (version check,
 //!   malformed rows, per-aggregate runs);
-//! - `plan.rs`, `row.rs`, `sql.rs`: the runs kept per aggregate, the rows
-//!   read, and the statements;
+//! - `plan.rs`, `row.rs`: the runs kept per aggregate, and the rows read;
 //! - `listen.rs`: `LISTEN`/`NOTIFY` wakeups, a stream owning its connection;
 //! - `admin/`: the admin store (`outbox_core::admin`).
+//!
+//! The statements are in the crate's `sql` module: the store's own
+//! ([`StoreSql`], claims and marks) rendered when the store is built, the
+//! rest (admin, relay registry, audit, `LISTEN`) shared with the other parts
+//! of its [`PgSettings`](crate::PgSettings).
 //!
 //! [`EventStatus::Held`]: outbox_core::EventStatus::Held
 
@@ -200,6 +204,12 @@ impl PgOutboxStore {
     /// The schema of this outbox.
     pub fn schema(&self) -> &Schema {
         &self.schema
+    }
+
+    /// The schema's shared SQL (tests check that it is shared).
+    #[cfg(test)]
+    pub(crate) fn shared_sql(&self) -> &Arc<Sql> {
+        &self.shared
     }
 
     async fn conn(&self) -> Result<Object<AsyncPgConnection>> {
