@@ -25,11 +25,20 @@ pub(crate) const ERROR_KEY: &str = "coalesce(error_group, last_error)";
 
 /// A statement with the filter's conditions between `head` and `tail`.
 #[derive(Debug)]
-pub(crate) struct ChunkSql {
+pub(crate) struct FilteredSql {
     /// Up to the filter's conditions.
     pub(crate) head: String,
     /// After them.
     pub(crate) tail: String,
+}
+
+/// One chunk of a mutation of the events a filter selects.
+#[derive(Debug)]
+pub(crate) struct ChunkSql {
+    /// The statuses it changes (the filter is restricted to them).
+    pub(crate) from: &'static [EventStatus],
+    /// The statement.
+    pub(crate) sql: FilteredSql,
 }
 
 /// The admin's statements.
@@ -44,20 +53,20 @@ pub(crate) struct AdminSql {
     pub(crate) status_done: String,
     /// A page of events: `$1` after this seq, `$2` limit; the filter's
     /// binds from `$3`.
-    pub(crate) list: ChunkSql,
+    pub(crate) list: FilteredSql,
     /// The event with id `$1`.
     pub(crate) show: String,
     /// The attempt history of the event with seq `$1`.
     pub(crate) attempts: String,
     /// How many events the filter selects (`n`); its binds from `$1`.
-    pub(crate) count: ChunkSql,
+    pub(crate) count: FilteredSql,
     /// The largest seq (`last`).
     pub(crate) last_seq: String,
     /// The first `retry` or `dead` event of aggregate (`$1`, `$2`).
     pub(crate) head: String,
     /// Failure groups' rows (`$1`: rows read at most); the filter's binds
     /// from `$2`.
-    pub(crate) groups: ChunkSql,
+    pub(crate) groups: FilteredSql,
     /// One chunk of a replay: `$1` after this seq, `$2` limit, `$3` audit
     /// row; the filter's binds from `$4`. Returns `last`, `changed`.
     pub(crate) replay_chunk: ChunkSql,
@@ -90,16 +99,19 @@ impl AdminSql {
         // short and bounded by the claim timeout) instead of skipping it,
         // which would leave it unchanged without a word; `lock_timeout`
         // bounds the wait. After the wait the row's status is checked again.
-        let chunk = |set: &str, from: &[EventStatus], extra: &str| ChunkSql {
-            head: format!("WITH c AS (SELECT seq FROM {t} WHERE seq > $1"),
-            tail: format!(
-                " ORDER BY seq LIMIT $2 FOR UPDATE), \
+        let chunk = |set: &str, from: &'static [EventStatus], extra: &str| ChunkSql {
+            from,
+            sql: FilteredSql {
+                head: format!("WITH c AS (SELECT seq FROM {t} WHERE seq > $1"),
+                tail: format!(
+                    " ORDER BY seq LIMIT $2 FOR UPDATE), \
                  u AS (UPDATE {t} SET {set} WHERE seq IN (SELECT seq FROM c) \
                    AND status IN ({from}){extra} RETURNING seq), \
                  x AS (UPDATE {a} SET count = count + (SELECT count(*) FROM u) WHERE id = $3) \
                  SELECT (SELECT max(seq) FROM c) AS last, (SELECT count(*) FROM u) AS changed",
-                from = literals(from),
-            ),
+                    from = literals(from),
+                ),
+            },
         };
         AdminSql {
             // One query per status, each on its own partial index (a list of
@@ -127,7 +139,7 @@ impl AdminSql {
                      JOIN pg_namespace n ON n.oid = c.relnamespace \
                      WHERE n.nspname = $2 AND c.relname = 'outbox_events'), 0) AS estimate"
             ),
-            list: ChunkSql {
+            list: FilteredSql {
                 head: format!("SELECT {cols} FROM {t} WHERE seq > $1"),
                 tail: " ORDER BY seq LIMIT $2".to_owned(),
             },
@@ -135,7 +147,7 @@ impl AdminSql {
             attempts: format!(
                 "SELECT at, relay, outcome, error FROM {at} WHERE event_seq = $1 ORDER BY id"
             ),
-            count: ChunkSql {
+            count: FilteredSql {
                 head: format!("SELECT count(*) AS n FROM {t} WHERE true"),
                 tail: String::new(),
             },
@@ -150,7 +162,7 @@ impl AdminSql {
                      AND aggregate_type = $1 AND aggregate_id = $2)",
                 heads = literals(&[EventStatus::Retry, EventStatus::Dead]),
             ),
-            groups: ChunkSql {
+            groups: FilteredSql {
                 head: format!(
                     "SELECT event_type, {ERROR_KEY} AS last_error, status, count(*) AS n, \
                        min(occurred_at) AS first, max(occurred_at) AS last \

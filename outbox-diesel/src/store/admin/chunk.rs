@@ -3,7 +3,6 @@
 //! bounded), changed and counted in its audit row, in one statement.
 
 use diesel_async::RunQueryDsl;
-use outbox_core::EventStatus;
 use outbox_core::admin::{Chunk, EventFilter};
 
 use super::PgOutboxStore;
@@ -13,20 +12,20 @@ use crate::sql::{ADMIN_BEGIN, ADMIN_LOCK_TIMEOUT, ChunkSql};
 use crate::{Error, Result};
 
 impl PgOutboxStore {
-    /// One chunk of an `UPDATE` of the rows `filter` selects (restricted to
-    /// `from`, the statuses `sql` changes): `sql` is the verb's statement.
+    /// One chunk of the mutation `chunk` of the rows `filter` selects
+    /// (restricted to the statuses it changes).
     pub(super) async fn change_chunk(
         &self,
+        chunk: &ChunkSql,
         filter: &EventFilter,
-        from: &[EventStatus],
-        sql: &ChunkSql,
         after: Option<i64>,
         limit: usize,
         audit: i64,
     ) -> Result<Chunk> {
-        let Some(filter) = filter.restricted_to(from) else {
+        let Some(filter) = filter.restricted_to(chunk.from) else {
             return Ok(Chunk::default());
         };
+        let sql = &chunk.sql;
         let mut q = Query::new(
             &sql.head,
             vec![

@@ -38,7 +38,6 @@ use outbox_core::admin::{
     AuditEntry, AuditRecord, Chunk, EventDetail, EventFilter, EventSummary, FailureGroup,
     OutboxAdmin, Page, RelayInfo, StatusReport,
 };
-use outbox_core::{EventStatus, Transition};
 use uuid::Uuid;
 
 use super::PgOutboxStore;
@@ -109,15 +108,8 @@ impl OutboxAdmin for PgOutboxStore {
     ) -> Result<Chunk> {
         // The table's trigger releases, in the same statement, the events
         // the replayed ones held back.
-        self.change_chunk(
-            filter,
-            Transition::Replay.from(),
-            &self.admin_sql().replay_chunk,
-            after,
-            limit,
-            audit,
-        )
-        .await
+        let chunk = &self.admin_sql().replay_chunk;
+        self.change_chunk(chunk, filter, after, limit, audit).await
     }
 
     async fn skip_chunk(
@@ -127,15 +119,8 @@ impl OutboxAdmin for PgOutboxStore {
         limit: usize,
         audit: i64,
     ) -> Result<Chunk> {
-        self.change_chunk(
-            filter,
-            Transition::Skip.from(),
-            &self.admin_sql().skip_chunk,
-            after,
-            limit,
-            audit,
-        )
-        .await
+        let chunk = &self.admin_sql().skip_chunk;
+        self.change_chunk(chunk, filter, after, limit, audit).await
     }
 
     async fn retry_now_chunk(
@@ -145,15 +130,8 @@ impl OutboxAdmin for PgOutboxStore {
         limit: usize,
         audit: i64,
     ) -> Result<Chunk> {
-        self.change_chunk(
-            filter,
-            &[EventStatus::Retry],
-            &self.admin_sql().retry_now_chunk,
-            after,
-            limit,
-            audit,
-        )
-        .await
+        let chunk = &self.admin_sql().retry_now_chunk;
+        self.change_chunk(chunk, filter, after, limit, audit).await
     }
 
     async fn purge_sent_chunk(
