@@ -69,8 +69,8 @@ pub enum Error {
     /// [`mark_suspect`](outbox_core::Claim::mark_suspect) or
     /// [`mark_failed`](outbox_core::Claim::mark_failed)) named an event's
     /// `seq` more than once: the whole mark was refused and nothing was
-    /// changed (the statement would count one attempt twice, or apply one of
-    /// two outcomes at random).
+    /// changed (the statement would fold the copies silently, or store one
+    /// of two different outcomes, which one unspecified).
     #[error(
         "outbox event seq {seq} is named more than once in one mark, nothing was marked: name \
          each of the claim's records at most once per mark_sent, mark_suspect or mark_failed call"
