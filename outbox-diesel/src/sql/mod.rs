@@ -12,7 +12,7 @@
 //!   ([`Outbox::new`](crate::Outbox::new), [`PgInbox::new`](crate::PgInbox::new),
 //!   [`PgOutboxStoreBuilder::schema`](crate::PgOutboxStoreBuilder::schema))
 //!   render their own, once, and the `public` schema's is rendered once per
-//!   process ([`Sql::public`]), so [`record`](crate::record) renders nothing.
+//!   process ([`Sql::public`]), so [`record`](crate::record()) renders nothing.
 //! - [`StoreSql`]: the relay store's statements (claims, marks, stats,
 //!   replays), which also depend on
 //!   [`keep_sent`](crate::PgOutboxStoreBuilder::keep_sent): rendered once,

@@ -9,7 +9,7 @@
 //! operator sees); the purges use `FOR UPDATE SKIP LOCKED` (several
 //! janitors share the work, and a row held now is taken by a later run).
 //! The statements themselves are rendered once per schema, in
-//! [`AdminSql`](crate::sql::AdminSql).
+//! [`AdminSql`].
 //!
 //! This file holds the [`OutboxAdmin`] impl, which hands each verb to the
 //! file of its concern:
