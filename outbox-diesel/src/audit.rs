@@ -7,6 +7,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_core::admin::AuditEntry;
 
 use crate::Result;
+use crate::sql::AuditSql;
 
 #[derive(diesel::QueryableByName)]
 struct Id {
@@ -14,20 +15,18 @@ struct Id {
     id: i64,
 }
 
-/// Inserts the row of `entry` into `table`; returns its id.
+/// Inserts the row of `entry`; returns its id.
 pub(crate) async fn begin(
     conn: &mut AsyncPgConnection,
-    table: &str,
+    sql: &AuditSql,
     entry: &AuditEntry,
 ) -> Result<i64> {
-    let row: Id = diesel::sql_query(format!(
-        "INSERT INTO {table} (identity, action, target) VALUES ($1, $2, $3) RETURNING id"
-    ))
-    .bind::<Text, _>(no_nul(&entry.identity))
-    .bind::<Text, _>(no_nul(&entry.action))
-    .bind::<Jsonb, _>(&entry.target)
-    .get_result(conn)
-    .await?;
+    let row: Id = diesel::sql_query(&sql.begin)
+        .bind::<Text, _>(no_nul(&entry.identity))
+        .bind::<Text, _>(no_nul(&entry.action))
+        .bind::<Jsonb, _>(&entry.target)
+        .get_result(conn)
+        .await?;
     Ok(row.id)
 }
 
@@ -35,21 +34,17 @@ pub(crate) async fn begin(
 /// when that is given.
 pub(crate) async fn record(
     conn: &mut AsyncPgConnection,
-    table: &str,
+    sql: &AuditSql,
     audit: i64,
     count: Option<u64>,
     outcome: Option<&str>,
 ) -> Result<()> {
-    diesel::sql_query(format!(
-        "UPDATE {table} SET count = coalesce($2, count), \
-         finished_at = CASE WHEN $3::text IS NULL THEN finished_at ELSE now() END, \
-         outcome = coalesce($3, outcome) WHERE id = $1"
-    ))
-    .bind::<BigInt, _>(audit)
-    .bind::<Nullable<BigInt>, _>(count.map(|n| i64::try_from(n).unwrap_or(i64::MAX)))
-    .bind::<Nullable<Text>, _>(outcome.map(no_nul))
-    .execute(conn)
-    .await?;
+    diesel::sql_query(&sql.record)
+        .bind::<BigInt, _>(audit)
+        .bind::<Nullable<BigInt>, _>(count.map(|n| i64::try_from(n).unwrap_or(i64::MAX)))
+        .bind::<Nullable<Text>, _>(outcome.map(no_nul))
+        .execute(conn)
+        .await?;
     Ok(())
 }
 

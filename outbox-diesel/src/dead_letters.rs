@@ -3,6 +3,7 @@
 //! [`PgDeadLetters`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, Text, Timestamptz};
@@ -15,32 +16,18 @@ use outbox_core::admin::{
 use uuid::Uuid;
 
 use crate::schema::Schema;
+use crate::sql::{DeadLetterSql, Sql};
 use crate::{Error, Result};
-
-/// The columns a [`DeadLetterRow`] reads.
-const COLUMNS: &str = "id, consumer, queue, exchange, routing_key, event_id, message_id, \
-                       event_type, attempts, reason, headers, payload, payload_truncated, \
-                       dead_lettered_at, replayed_at, purged_at";
 
 /// Rows the group query reads at most (distinct consumer, event type and
 /// reason triples): the groups of a table with more are cut.
 const GROUP_ROWS: i64 = 100_000;
 
-/// The `INSERT` of one dead letter into `table` (`$1`..`$13`).
-pub(crate) fn insert_sql(schema: &Schema) -> String {
-    let t = schema.table("inbox_dead_letters");
-    format!(
-        "INSERT INTO {t} (consumer, queue, exchange, routing_key, event_id, message_id, \
-         event_type, attempts, reason, headers, payload, payload_truncated, dead_lettered_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
-    )
-}
-
-/// Runs [`insert_sql`] for `letter` on `conn`. NUL characters (which a
+/// Runs `sql`'s insert for `letter` on `conn`. NUL characters (which a
 /// lossy UTF-8 body may hold, and PostgreSQL text cannot) become U+FFFD.
 pub(crate) async fn insert(
     conn: &mut AsyncPgConnection,
-    sql: &str,
+    sql: &DeadLetterSql,
     letter: &DeadLetter,
 ) -> Result<()> {
     let headers: serde_json::Map<String, serde_json::Value> = letter
@@ -48,7 +35,7 @@ pub(crate) async fn insert(
         .iter()
         .map(|(k, v)| (no_nul(k), serde_json::Value::String(no_nul(v))))
         .collect();
-    diesel::sql_query(sql)
+    diesel::sql_query(&sql.insert)
         .bind::<Text, _>(no_nul(&letter.consumer))
         .bind::<Text, _>(no_nul(&letter.queue))
         .bind::<Text, _>(no_nul(&letter.exchange))
@@ -105,14 +92,14 @@ fn no_nul(text: &str) -> String {
 #[derive(Clone)]
 pub struct PgDeadLetters {
     pool: Pool<AsyncPgConnection>,
-    table: String,
-    audit: String,
+    /// The schema's SQL, shared with the other parts of its settings.
+    sql: Arc<Sql>,
 }
 
 impl std::fmt::Debug for PgDeadLetters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgDeadLetters")
-            .field("table", &self.table)
+            .field("table", &self.sql.dead_letters.table)
             .finish_non_exhaustive()
     }
 }
@@ -203,7 +190,7 @@ struct GroupRow {
 impl PgDeadLetters {
     /// The dead letters in the default schema (`public`), on `pool`.
     pub fn new(pool: Pool<AsyncPgConnection>) -> Self {
-        PgDeadLetters::in_schema(pool, &Schema::default())
+        PgDeadLetters::from_sql(pool, Sql::public())
     }
 
     /// The dead letters in `schema`, on `pool`.
@@ -211,15 +198,16 @@ impl PgDeadLetters {
     /// # Errors
     /// [`Error::Config`] for an invalid schema name.
     pub fn with_schema(pool: Pool<AsyncPgConnection>, schema: &str) -> Result<Self> {
-        Ok(PgDeadLetters::in_schema(pool, &Schema::new(schema)?))
+        Ok(PgDeadLetters::from_sql(
+            pool,
+            Sql::for_schema(&Schema::new(schema)?),
+        ))
     }
 
-    pub(crate) fn in_schema(pool: Pool<AsyncPgConnection>, schema: &Schema) -> Self {
-        PgDeadLetters {
-            pool,
-            table: schema.table("inbox_dead_letters"),
-            audit: schema.table("outbox_audit"),
-        }
+    /// The dead letters on `sql` (of
+    /// [`PgSettings::dead_letters`](crate::PgSettings::dead_letters)).
+    pub(crate) fn from_sql(pool: Pool<AsyncPgConnection>, sql: Arc<Sql>) -> Self {
+        PgDeadLetters { pool, sql }
     }
 
     async fn conn(
@@ -234,19 +222,11 @@ impl DeadLetterStore for PgDeadLetters {
 
     /// Without payloads, the payload and headers columns are not read.
     async fn list(&self, query: &DeadLetterQuery) -> Result<Page<DeadLetterRecord>> {
-        let t = &self.table;
-        let columns = if query.payloads {
-            COLUMNS.to_owned()
+        let sql = if query.payloads {
+            &self.sql.dead_letters.list
         } else {
-            COLUMNS.replace(
-                "headers, payload,",
-                "'{}'::jsonb AS headers, '' AS payload,",
-            )
+            &self.sql.dead_letters.list_without_payloads
         };
-        let sql = format!(
-            "SELECT {columns} FROM {t} WHERE ($1::text IS NULL OR queue = $1) AND id > $2 \
-             AND ($3 OR (replayed_at IS NULL AND purged_at IS NULL)) ORDER BY id LIMIT $4"
-        );
         let limit = query.limit.max(1);
         let rows: Vec<DeadLetterRow> = diesel::sql_query(sql)
             .bind::<Nullable<Text>, _>(query.queue.as_deref())
@@ -277,24 +257,15 @@ impl DeadLetterStore for PgDeadLetters {
     }
 
     async fn show(&self, id: i64) -> Result<Option<DeadLetterRecord>> {
-        let t = &self.table;
-        let rows: Vec<DeadLetterRow> =
-            diesel::sql_query(format!("SELECT {COLUMNS} FROM {t} WHERE id = $1"))
-                .bind::<BigInt, _>(id)
-                .load(&mut *self.conn().await?)
-                .await?;
+        let rows: Vec<DeadLetterRow> = diesel::sql_query(&self.sql.dead_letters.show)
+            .bind::<BigInt, _>(id)
+            .load(&mut *self.conn().await?)
+            .await?;
         Ok(rows.into_iter().next().map(DeadLetterRecord::from))
     }
 
     async fn groups(&self, queue: Option<&str>) -> Result<Vec<DeadLetterGroup>> {
-        let t = &self.table;
-        let sql = format!(
-            "SELECT consumer, event_type, reason, count(*) AS n, min(dead_lettered_at) AS first, \
-             max(dead_lettered_at) AS last FROM {t} \
-             WHERE ($1::text IS NULL OR queue = $1) AND replayed_at IS NULL AND purged_at IS NULL \
-             GROUP BY consumer, event_type, reason LIMIT $2"
-        );
-        let rows: Vec<GroupRow> = diesel::sql_query(sql)
+        let rows: Vec<GroupRow> = diesel::sql_query(&self.sql.dead_letters.groups)
             .bind::<Nullable<Text>, _>(queue)
             .bind::<BigInt, _>(GROUP_ROWS)
             .load(&mut *self.conn().await?)
@@ -331,24 +302,7 @@ impl DeadLetterStore for PgDeadLetters {
         if letters.is_empty() && events.is_empty() {
             return Ok(0);
         }
-        let t = &self.table;
-        let sql = format!(
-            "WITH want AS ( \
-               SELECT e, q, count(*) AS n FROM unnest($2::uuid[], $3::text[]) AS w(e, q) \
-               GROUP BY e, q), \
-             oldest AS ( \
-               SELECT d.id, w.n, row_number() OVER (PARTITION BY d.event_id, d.queue \
-                 ORDER BY d.id) AS rn \
-               FROM {t} d JOIN want w ON d.event_id = w.e AND d.queue = w.q \
-               WHERE d.replayed_at IS NULL AND d.purged_at IS NULL \
-               AND NOT (d.headers ? 'x-outbox-dead-letter-id')) \
-             UPDATE {t} SET replayed_at = now() \
-             WHERE replayed_at IS NULL AND purged_at IS NULL AND id IN ( \
-               SELECT id FROM {t} WHERE (headers ->> 'x-outbox-dead-letter-id') = ANY($1) \
-               UNION ALL \
-               SELECT id FROM oldest WHERE rn <= n)"
-        );
-        let changed = diesel::sql_query(sql)
+        let changed = diesel::sql_query(&self.sql.dead_letters.mark_replayed)
             .bind::<Array<Text>, _>(letters)
             .bind::<Array<diesel::sql_types::Uuid>, _>(events)
             .bind::<Array<Text>, _>(queues)
@@ -363,8 +317,7 @@ impl DeadLetterStore for PgDeadLetters {
             #[diesel(sql_type = BigInt)]
             id: i64,
         }
-        let t = &self.table;
-        let row: Max = diesel::sql_query(format!("SELECT coalesce(max(id), 0) AS id FROM {t}"))
+        let row: Max = diesel::sql_query(&self.sql.dead_letters.watermark)
             .get_result(&mut *self.conn().await?)
             .await?;
         Ok(row.id)
@@ -376,12 +329,7 @@ impl DeadLetterStore for PgDeadLetters {
     /// messages the purge deleted, and later ones stay open. (Not the
     /// records' times: those are the consumers' clocks.)
     async fn mark_purged(&self, queues: &[String], watermark: i64) -> Result<u64> {
-        let t = &self.table;
-        let sql = format!(
-            "UPDATE {t} SET purged_at = now() WHERE queue = ANY($1) AND id <= $2 \
-             AND replayed_at IS NULL AND purged_at IS NULL"
-        );
-        let changed = diesel::sql_query(sql)
+        let changed = diesel::sql_query(&self.sql.dead_letters.mark_purged)
             .bind::<Array<Text>, _>(queues)
             .bind::<BigInt, _>(watermark)
             .execute(&mut *self.conn().await?)
@@ -390,13 +338,13 @@ impl DeadLetterStore for PgDeadLetters {
     }
 
     async fn begin_audit(&self, entry: &AuditEntry) -> Result<i64> {
-        crate::audit::begin(&mut *self.conn().await?, &self.audit, entry).await
+        crate::audit::begin(&mut *self.conn().await?, &self.sql.audit, entry).await
     }
 
     async fn record_audit(&self, audit: i64, count: u64, outcome: Option<&str>) -> Result<()> {
         crate::audit::record(
             &mut *self.conn().await?,
-            &self.audit,
+            &self.sql.audit,
             audit,
             Some(count),
             outcome,

@@ -65,6 +65,20 @@ pub enum Error {
         /// The seq that was refused.
         seq: i64,
     },
+    /// One mark ([`mark_sent`](outbox_core::Claim::mark_sent),
+    /// [`mark_suspect`](outbox_core::Claim::mark_suspect) or
+    /// [`mark_failed`](outbox_core::Claim::mark_failed)) named an event's
+    /// `seq` more than once: the whole mark was refused and nothing was
+    /// changed (the statement would fold the copies silently, or store one
+    /// of two different outcomes, which one unspecified).
+    #[error(
+        "outbox event seq {seq} is named more than once in one mark, nothing was marked: name \
+         each of the claim's records at most once per mark_sent, mark_suspect or mark_failed call"
+    )]
+    DuplicateSeq {
+        /// The seq named twice (the first found).
+        seq: i64,
+    },
     /// A claim was used after it was finished (its transaction is gone).
     #[error(
         "outbox claim already finished: its transaction is committed, so it can mark nothing \
@@ -94,6 +108,20 @@ pub enum Error {
         min: i32,
         /// The newest this version knows.
         max: i32,
+    },
+    /// The delivery order stored in the schema's `outbox_settings` is not
+    /// one this version knows (`per_aggregate` or `unordered`), e.g. written
+    /// by hand or by a newer version: nothing was claimed or reported.
+    #[error(
+        "outbox schema {schema:?} stores delivery order {value:?}, which this version of \
+         outbox-diesel does not know (expected per_aggregate or unordered): set it with \
+         PgOutboxStore::set_delivery_order, or run the version that wrote it"
+    )]
+    UnknownDeliveryOrder {
+        /// The schema.
+        schema: String,
+        /// The stored value.
+        value: String,
     },
     /// A stored row could not be read back (corrupt headers, unknown status).
     #[error("outbox row {seq} is malformed: {reason}")]

@@ -1,5 +1,7 @@
 //! [`PgInbox`]: consumer-side deduplication on PostgreSQL.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Text, Timestamptz};
 use diesel_async::pooled_connection::deadpool::Pool;
@@ -10,6 +12,7 @@ use uuid::Uuid;
 
 use crate::prepared::PreparedExt;
 use crate::schema::Schema;
+use crate::sql::Sql;
 use crate::transaction::in_transaction;
 use crate::{Error, PgTransaction, Result};
 
@@ -42,18 +45,26 @@ use crate::{Error, PgTransaction, Result};
 /// .await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PgInbox {
     schema: Schema,
-    insert_sql: String,
-    purge_sql: String,
-    dead_letter_sql: String,
+    /// The schema's SQL, shared with the other parts of its settings.
+    pub(crate) sql: Arc<Sql>,
     prepare: bool,
+}
+
+impl std::fmt::Debug for PgInbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgInbox")
+            .field("schema", &self.schema.name())
+            .field("prepare", &self.prepare)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for PgInbox {
     fn default() -> Self {
-        PgInbox::from_schema(&Schema::default())
+        PgInbox::from_sql(Sql::public())
     }
 }
 
@@ -63,21 +74,14 @@ impl PgInbox {
     /// # Errors
     /// [`Error::Config`] for an invalid schema name.
     pub fn new(schema: &str) -> Result<Self> {
-        Ok(PgInbox::from_schema(&Schema::new(schema)?))
+        Ok(PgInbox::from_sql(Sql::for_schema(&Schema::new(schema)?)))
     }
 
-    pub(crate) fn from_schema(schema: &Schema) -> Self {
-        let t = schema.table("inbox_events");
+    /// The inbox on `sql` (of [`PgSettings::inbox`](crate::PgSettings::inbox)).
+    pub(crate) fn from_sql(sql: Arc<Sql>) -> Self {
         PgInbox {
-            insert_sql: format!(
-                "INSERT INTO {t} (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-            ),
-            purge_sql: format!(
-                "DELETE FROM {t} WHERE ctid IN ( \
-                   SELECT ctid FROM {t} WHERE received_at < $1 ORDER BY received_at LIMIT $2)"
-            ),
-            dead_letter_sql: crate::dead_letters::insert_sql(schema),
-            schema: schema.clone(),
+            schema: sql.schema.clone(),
+            sql,
             prepare: true,
         }
     }
@@ -113,7 +117,7 @@ impl PgInbox {
         before: DateTime<Utc>,
         limit: usize,
     ) -> Result<u64> {
-        let deleted = diesel::sql_query(&self.purge_sql)
+        let deleted = diesel::sql_query(&self.sql.inbox.purge)
             .bind::<Timestamptz, _>(before)
             .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
             .execute(conn)
@@ -132,7 +136,7 @@ impl PgInbox {
         conn: &mut AsyncPgConnection,
         letter: &DeadLetter,
     ) -> Result<()> {
-        crate::dead_letters::insert(conn, &self.dead_letter_sql, letter).await
+        crate::dead_letters::insert(conn, &self.sql.dead_letters, letter).await
     }
 }
 
@@ -147,7 +151,7 @@ impl InboxStore for PgInbox {
         event_id: Uuid,
     ) -> Result<InboxOutcome> {
         in_transaction(conn)?;
-        let inserted = diesel::sql_query(&self.insert_sql)
+        let inserted = diesel::sql_query(&self.sql.inbox.insert)
             .bind::<Text, _>(consumer)
             .bind::<diesel::sql_types::Uuid, _>(event_id)
             .prepared(self.prepare)

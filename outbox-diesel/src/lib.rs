@@ -241,6 +241,23 @@
 //! A new outbox gets every migration, contract ones included, from
 //! [`migrate`].
 //!
+//! # Where things live
+//! - `record.rs`: [`Outbox`], recording in the caller's transaction;
+//!   `transaction.rs`: [`PgTransaction`], the transaction check recording
+//!   needs (`in_transaction`) and the checked commit ([`commit_top_level`]);
+//! - `store/`: [`PgOutboxStore`], the relay's store (claims, marks, stats,
+//!   `LISTEN` wakeups) and its admin (`store/admin/`);
+//! - `inbox.rs`: [`PgInbox`] and [`PgInboxDatabase`]; `dead_letters.rs`:
+//!   [`PgDeadLetters`]; `audit.rs`: the audit trail they and the admin write;
+//! - `settings.rs`: [`PgSettings`], which renders the schema's SQL once and
+//!   hands out every part above with it;
+//! - `sql/`: all of the SQL text, one file per part (store, record, inbox,
+//!   dead letters, admin, relays, audit, `LISTEN`, commit), rendered once per
+//!   schema into plain structs of strings: the one place another dialect
+//!   would render its own text (see the module's docs);
+//! - [`schema`], `migrate.rs`: the tables, their DDL and the migrations;
+//!   `connect/`: connections, [`pool`] and TLS.
+//!
 //! # Feature flags
 //! | feature | default | enables |
 //! |---|---|---|
@@ -257,6 +274,7 @@ mod prepared;
 mod record;
 pub mod schema;
 mod settings;
+mod sql;
 mod store;
 mod transaction;
 

@@ -1,5 +1,7 @@
 //! Recording events inside the caller's transaction.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use diesel::pg::Pg;
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
@@ -9,6 +11,7 @@ use uuid::Uuid;
 
 use crate::prepared::Prepared;
 use crate::schema::Schema;
+use crate::sql::Sql;
 use crate::{Error, Result};
 
 /// Where and how events are recorded: the schema of the outbox table and
@@ -38,21 +41,28 @@ use crate::{Error, Result};
 /// .await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Outbox {
     schema: Schema,
-    /// Many events: one `INSERT … SELECT FROM UNNEST` of arrays.
-    insert_sql: String,
-    /// One event (the common case): a plain `INSERT … VALUES`, which
-    /// PostgreSQL plans and runs cheaper than the array path.
-    insert_one_sql: String,
+    /// The schema's SQL, shared with the other parts of its settings.
+    pub(crate) sql: Arc<Sql>,
     notify: bool,
     prepare: bool,
 }
 
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("schema", &self.schema.name())
+            .field("notify", &self.notify)
+            .field("prepare", &self.prepare)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for Outbox {
     fn default() -> Self {
-        Outbox::with_schema(Schema::default(), true)
+        Outbox::from_sql(Sql::public(), true, true)
     }
 }
 
@@ -62,54 +72,20 @@ impl Outbox {
     /// # Errors
     /// [`Error::Config`] for an invalid schema name.
     pub fn new(schema: &str) -> Result<Self> {
-        Ok(Outbox::with_schema(Schema::new(schema)?, true))
+        Ok(Outbox::from_sql(
+            Sql::for_schema(&Schema::new(schema)?),
+            true,
+            true,
+        ))
     }
 
-    /// The recorder of [`PgSettings::outbox`](crate::PgSettings::outbox).
-    pub(crate) fn from_settings(schema: Schema, notify: bool, prepare: bool) -> Self {
+    /// The recorder on `sql` (of [`PgSettings::outbox`](crate::PgSettings::outbox)).
+    pub(crate) fn from_sql(sql: Arc<Sql>, notify: bool, prepare: bool) -> Self {
         Outbox {
-            prepare,
-            ..Outbox::with_schema(schema, notify)
-        }
-    }
-
-    fn with_schema(schema: Schema, notify: bool) -> Self {
-        let insert = format!(
-            "INSERT INTO {table} (id, aggregate_type, aggregate_id, aggregate_version, \
-             event_type, schema_version, payload, headers, occurred_at) \
-             SELECT u.id, u.aggregate_type, u.aggregate_id, u.aggregate_version, u.event_type, \
-             u.schema_version, u.payload::json, u.headers::jsonb, u.occurred_at \
-             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int8[], $5::text[], \
-             $6::int4[], $7::text[], $8::text[], $9::timestamptz[]) \
-             AS u(id, aggregate_type, aggregate_id, aggregate_version, event_type, \
-             schema_version, payload, headers, occurred_at)",
-            table = schema.table("outbox_events"),
-        );
-        let insert_one = format!(
-            "INSERT INTO {table} (id, aggregate_type, aggregate_id, aggregate_version, \
-             event_type, schema_version, payload, headers, occurred_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7::json, $8::jsonb, $9)",
-            table = schema.table("outbox_events"),
-        );
-        // One NOTIFY per statement; PostgreSQL also folds identical
-        // notifications of one transaction into one.
-        let with_notify = |insert: String| {
-            if notify {
-                format!(
-                    "WITH inserted AS ({insert} RETURNING 1) \
-                     SELECT pg_notify('{channel}', '') FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row",
-                    channel = schema.channel().replace('\'', "''"),
-                )
-            } else {
-                insert
-            }
-        };
-        Outbox {
-            insert_sql: with_notify(insert),
-            insert_one_sql: with_notify(insert_one),
-            schema,
+            schema: sql.schema.clone(),
+            sql,
             notify,
-            prepare: true,
+            prepare,
         }
     }
 
@@ -120,11 +96,9 @@ impl Outbox {
     /// write rates, turn it off and rely on in-process wakeups
     /// ([`RelayHandle::notify`](outbox_core::RelayHandle::notify)) and polling.
     #[must_use]
-    pub fn notify(self, on: bool) -> Self {
-        Outbox {
-            prepare: self.prepare,
-            ..Outbox::with_schema(self.schema, on)
-        }
+    pub fn notify(mut self, on: bool) -> Self {
+        self.notify = on;
+        self
     }
 
     /// Whether the recording `INSERT` stays prepared on each connection
@@ -161,7 +135,7 @@ impl Outbox {
         if let [envelope] = envelopes {
             envelope.validate()?;
             return Ok(Prepared::new(
-                diesel::sql_query(self.insert_one_sql.clone())
+                diesel::sql_query(self.sql.record.insert(true, self.notify))
                     .into_boxed()
                     .bind::<diesel::sql_types::Uuid, _>(envelope.id)
                     .bind::<Text, _>(envelope.aggregate_type.clone())
@@ -198,7 +172,7 @@ impl Outbox {
             occurred.push(envelope.occurred_at);
         }
         Ok(Prepared::new(
-            diesel::sql_query(self.insert_sql.clone())
+            diesel::sql_query(self.sql.record.insert(false, self.notify))
                 .into_boxed()
                 .bind::<Array<diesel::sql_types::Uuid>, _>(ids)
                 .bind::<Array<Text>, _>(aggregate_types)

@@ -3,10 +3,13 @@
 //! out the recorder, the relay store's builder, the inbox and the dead
 //! letters configured alike.
 
+use std::sync::Arc;
+
 use diesel_async::AsyncPgConnection;
 use diesel_async::pooled_connection::deadpool::Pool;
 
 use crate::schema::Schema;
+use crate::sql::Sql;
 use crate::{Outbox, PgDeadLetters, PgInbox, PgOutboxStore, PgOutboxStoreBuilder, Result};
 
 /// The settings of one PostgreSQL outbox, shared by every part that works
@@ -44,19 +47,30 @@ use crate::{Outbox, PgDeadLetters, PgInbox, PgOutboxStore, PgOutboxStoreBuilder,
 ///
 /// Other back ends get a value of the same shape (schema or database,
 /// statement caching, wakeups) handing out the same parts.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[must_use]
 pub struct PgSettings {
-    schema: Schema,
+    /// The schema's SQL, rendered once and shared by every part.
+    sql: Arc<Sql>,
     prepare: bool,
     notify: bool,
+}
+
+impl std::fmt::Debug for PgSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSettings")
+            .field("schema", &self.sql.schema)
+            .field("prepare", &self.prepare)
+            .field("notify", &self.notify)
+            .finish()
+    }
 }
 
 impl Default for PgSettings {
     /// Schema `public`, prepared statements and `NOTIFY` on.
     fn default() -> Self {
         PgSettings {
-            schema: Schema::default(),
+            sql: Sql::public(),
             prepare: true,
             notify: true,
         }
@@ -70,7 +84,7 @@ impl PgSettings {
     /// [`Error::Config`](crate::Error::Config) for an invalid schema name.
     pub fn new(schema: &str) -> Result<Self> {
         Ok(PgSettings {
-            schema: Schema::new(schema)?,
+            sql: Sql::for_schema(&Schema::new(schema)?),
             ..PgSettings::default()
         })
     }
@@ -94,7 +108,7 @@ impl PgSettings {
 
     /// The schema of this outbox.
     pub fn schema(&self) -> &Schema {
-        &self.schema
+        &self.sql.schema
     }
 
     /// `true` when the parts keep their statements prepared.
@@ -109,26 +123,33 @@ impl PgSettings {
 
     /// The recorder: records events in the caller's transaction.
     pub fn outbox(&self) -> Outbox {
-        Outbox::from_settings(self.schema.clone(), self.notify, self.prepare)
+        Outbox::from_sql(Arc::clone(&self.sql), self.notify, self.prepare)
     }
 
     /// The relay store's builder on `pool`, with this schema and prepared
     /// statement setting; store-only settings (`listen`, `claim_timeout`,
-    /// …) are set on the builder.
+    /// …) are set on the builder. The store reuses this value's rendered
+    /// SQL unless the builder is given another schema.
     pub fn store(&self, pool: Pool<AsyncPgConnection>) -> PgOutboxStoreBuilder {
         PgOutboxStore::builder(pool)
-            .schema(self.schema.name())
+            .with_sql(Arc::clone(&self.sql))
             .prepared_statements(self.prepare)
     }
 
     /// The inbox, for consumer-side deduplication.
     pub fn inbox(&self) -> PgInbox {
-        PgInbox::from_schema(&self.schema).prepared_statements(self.prepare)
+        PgInbox::from_sql(Arc::clone(&self.sql)).prepared_statements(self.prepare)
     }
 
     /// The consumers' dead letters on `pool`.
     pub fn dead_letters(&self, pool: Pool<AsyncPgConnection>) -> PgDeadLetters {
-        PgDeadLetters::in_schema(pool, &self.schema)
+        PgDeadLetters::from_sql(pool, Arc::clone(&self.sql))
+    }
+
+    /// The SQL every part shares (tests check that it is shared).
+    #[cfg(test)]
+    pub(crate) fn sql(&self) -> &Arc<Sql> {
+        &self.sql
     }
 }
 
@@ -162,6 +183,44 @@ mod tests {
             outbox.prepares_statements(),
             shorthand.prepares_statements()
         );
+    }
+
+    #[test]
+    fn parts_share_one_rendering() -> Result<()> {
+        let settings = PgSettings::new("billing")?.notify(false);
+        let sql = settings.sql();
+        assert!(Arc::ptr_eq(sql, &settings.outbox().sql));
+        assert!(Arc::ptr_eq(sql, &settings.outbox().notify(true).sql));
+        assert!(Arc::ptr_eq(sql, &settings.inbox().sql));
+        assert!(Arc::ptr_eq(
+            sql,
+            &settings.clone().prepared_statements(false).inbox().sql
+        ));
+        // A schema is rendered once per settings value, not per part.
+        assert!(!Arc::ptr_eq(sql, PgSettings::new("billing")?.sql()));
+        assert!(Arc::ptr_eq(
+            PgSettings::default().sql(),
+            &Outbox::default().sql
+        ));
+        assert!(Arc::ptr_eq(
+            PgSettings::default().sql(),
+            &PgInbox::default().sql
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn the_store_shares_the_rendering_unless_its_schema_changes() -> Result<()> {
+        // The pool connects lazily: nothing here needs a server.
+        let pool = crate::pool("postgres://postgres@127.0.0.1:1/none", 1)?;
+        let settings = PgSettings::new("billing")?;
+        let store = settings.store(pool.clone()).build()?;
+        assert!(Arc::ptr_eq(settings.sql(), store.shared_sql()));
+        assert_eq!(store.schema().name(), "billing");
+        let other = settings.store(pool).schema("other").build()?;
+        assert_eq!(other.schema().name(), "other");
+        assert_eq!(other.shared_sql().schema.name(), "other");
+        Ok(())
     }
 
     #[test]

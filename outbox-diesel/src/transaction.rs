@@ -12,14 +12,8 @@ use diesel_async::{
     TransactionManager,
 };
 
+use crate::sql::{PROBE, PROBE_AND_COMMIT};
 use crate::{Error, Result};
-
-/// The probe and the `COMMIT`, in one simple-query message (one round
-/// trip). In an aborted transaction every statement but `COMMIT`/`ROLLBACK`
-/// fails (SQLSTATE 25P02), and PostgreSQL skips the rest of a message after
-/// a failed statement: the `COMMIT`, which would have rolled back without
-/// an error, never runs.
-const PROBE_AND_COMMIT: &str = "SELECT 1; COMMIT";
 
 /// Commits the transaction open on `conn`, but only if that is a real
 /// top-level `COMMIT` of a healthy transaction; otherwise commits nothing and
@@ -119,7 +113,7 @@ async fn classify_failed_commit(
     error: diesel::result::Error,
 ) -> Error {
     use diesel::result::{DatabaseErrorKind, Error as Diesel};
-    match conn.batch_execute("SELECT 1").await {
+    match conn.batch_execute(PROBE).await {
         Err(Diesel::DatabaseError(DatabaseErrorKind::Unknown, _)) => Error::NotCommitted {
             reason: "the transaction was aborted by an earlier statement that failed, and \
                      the code went on as if it had not (e.g. a handler that caught a database \

@@ -8,8 +8,8 @@ use diesel_async::AsyncPgConnection;
 use diesel_async::pooled_connection::deadpool::Pool;
 
 use super::PgOutboxStore;
-use super::sql::Sql;
 use crate::schema::Schema;
+use crate::sql::{Sql, StoreSql};
 use crate::{Error, Result};
 
 /// Settings of a [`PgOutboxStore`].
@@ -30,6 +30,9 @@ pub struct PgOutboxStoreBuilder {
     claim_window: usize,
     keep_sent: bool,
     prepare: bool,
+    /// The rendered SQL of the settings this builder came from, reused when
+    /// the schema stays theirs.
+    sql: Option<Arc<Sql>>,
 }
 
 impl std::fmt::Debug for PgOutboxStoreBuilder {
@@ -50,6 +53,13 @@ impl PgOutboxStoreBuilder {
     /// The schema holding `outbox_events` (default `public`).
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = schema.into();
+        self
+    }
+
+    /// The schema and rendered SQL of [`PgSettings`](crate::PgSettings).
+    pub(crate) fn with_sql(mut self, sql: Arc<Sql>) -> Self {
+        self.schema = sql.schema.name().to_owned();
+        self.sql = Some(sql);
         self
     }
 
@@ -122,9 +132,15 @@ impl PgOutboxStoreBuilder {
         if self.claim_window == 0 {
             return Err(Error::Config("claim_window must be at least 1".into()));
         }
+        let shared = match self.sql {
+            Some(sql) if sql.schema == schema => sql,
+            _ => Sql::for_schema(&schema),
+        };
         Ok(PgOutboxStore {
             pool: self.pool,
-            sql: Arc::new(Sql::new(&schema, self.keep_sent, self.prepare)),
+            sql: Arc::new(StoreSql::postgres(&schema, self.keep_sent)),
+            shared,
+            prepare: self.prepare,
             schema,
             listen_url: self.listen_url,
             claim_timeout: self.claim_timeout,
@@ -148,6 +164,7 @@ impl PgOutboxStore {
             claim_window: 4,
             keep_sent: true,
             prepare: true,
+            sql: None,
         }
     }
 }

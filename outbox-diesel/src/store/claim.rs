@@ -13,27 +13,10 @@ use outbox_core::{Claim, Claimed, DeliveryOrder, FailedAttempt, OutboxRecord};
 
 use super::PgOutboxStore;
 use super::pick::ClaimedRows;
-use super::sql::Sql;
 use crate::PgTransaction;
 use crate::prepared::PreparedExt;
+use crate::sql::{CLAIM_BEGIN, StoreSql};
 use crate::{Error, Result};
-
-/// How a claim's transaction starts. A claim runs the same prepared
-/// statement every time, on a table whose statistics may describe a very
-/// different backlog (a drained one after a burst, or the reverse); with
-/// them PostgreSQL may keep planning it afresh for every execution (measured:
-/// 0.3–0.8 ms of planning per claim after a 20,000-event backlog was
-/// analyzed, against 0.01 ms) though its generic plan, index scans bounded by
-/// the window, is as good or better (execution 0.67 vs 1.1–1.3 ms for a
-/// 100-row claim). `SET LOCAL` ends with the transaction.
-/// `work_mem` is raised for the same reason: a generic plan built on
-/// statistics that count many more `retry`/`dead` rows than exist would
-/// otherwise not hash the ordered claim's set of blocked aggregates and
-/// rescan it for every window row (measured: 2.7 s per claim); the hash
-/// only ever holds the few thousand rows the store lets that claim run
-/// with.
-pub(super) const CLAIM_BEGIN: &str =
-    "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL work_mem = '64MB'";
 
 impl PgOutboxStore {
     /// A claim for the relay named `relay` (or for no relay: a pause
@@ -68,6 +51,7 @@ impl PgOutboxStore {
             window,
             order,
             sql: Arc::clone(&self.sql),
+            prepare: self.prepare,
             valid_until: Instant::now() + self.claim_timeout.mul_f64(0.8),
             relay: relay.map(str::to_owned).or_else(|| self.relay_name()),
         }))
@@ -94,11 +78,16 @@ pub(super) fn followers(window: &[WindowSlot], seq: i64, aggregate: &(String, St
 /// Marks `seqs` held, those still pending and not locked by another claim
 /// (a claim holds those when it next sees them), in `conn`'s transaction
 /// and after the event that holds them back became `retry` or `dead` in it.
-pub(super) async fn hold(sql: &Sql, conn: &mut AsyncPgConnection, seqs: Vec<i64>) -> Result<()> {
+pub(super) async fn hold(
+    sql: &StoreSql,
+    prepare: bool,
+    conn: &mut AsyncPgConnection,
+    seqs: Vec<i64>,
+) -> Result<()> {
     if !seqs.is_empty() {
         diesel::sql_query(&sql.hold)
             .bind::<Array<BigInt>, _>(seqs)
-            .prepared(sql.prepare)
+            .prepared(prepare)
             .execute(conn)
             .await?;
     }
@@ -110,13 +99,24 @@ pub(super) async fn hold(sql: &Sql, conn: &mut AsyncPgConnection, seqs: Vec<i64>
 /// Dropped without [`finish`](Claim::finish), its [`PgTransaction`] closes
 /// its connection rather than returning it to the pool, so PostgreSQL rolls
 /// back and the rows are claimable again at once.
+///
+/// Each mark ([`mark_sent`](Claim::mark_sent),
+/// [`mark_suspect`](Claim::mark_suspect), [`mark_failed`](Claim::mark_failed))
+/// names events by their `seq`, each one of [`records`](Claim::records) and
+/// at most once per call: a seq of no record of this claim is refused with
+/// [`Error::NotInClaim`], a seq named twice in one call with
+/// [`Error::DuplicateSeq`], and either way nothing of that mark is changed
+/// (the claim stays usable). Different calls may name the same seq (the
+/// relay marks an event suspect, then failed).
 pub struct PgClaim {
     tx: Option<PgTransaction>,
     records: Vec<OutboxRecord>,
     /// The ordered claim's window (empty when unordered).
     window: Vec<WindowSlot>,
     order: DeliveryOrder,
-    sql: Arc<Sql>,
+    sql: Arc<StoreSql>,
+    /// Keep the statements prepared on the connection.
+    prepare: bool,
     valid_until: Instant,
     /// The relay whose attempts this claim records.
     relay: Option<String>,
@@ -137,17 +137,31 @@ impl PgClaim {
         self.tx.as_deref_mut().ok_or(Error::ClaimFinished)
     }
 
-    /// `seqs`, once each is known to be one of the claim's records (which
-    /// are in seq order), or [`Error::NotInClaim`] for the first that is not.
+    /// `seqs`, checked as [`checked_seqs`] checks them.
     fn seqs(&self, seqs: impl Iterator<Item = i64>) -> Result<Vec<i64>> {
-        seqs.map(|seq| {
-            self.records
-                .binary_search_by_key(&seq, |r| r.seq)
-                .map(|_| seq)
-                .map_err(|_| Error::NotInClaim { seq })
-        })
-        .collect()
+        checked_seqs(&self.records, seqs)
     }
+}
+
+/// `seqs`, once each is known to be one of `records` (which are in seq
+/// order) and named only once: [`Error::NotInClaim`] for the first that is
+/// not one of them, [`Error::DuplicateSeq`] for the first named again.
+/// Either refuses the whole mark before any SQL runs.
+fn checked_seqs(records: &[OutboxRecord], seqs: impl Iterator<Item = i64>) -> Result<Vec<i64>> {
+    let mut named = vec![false; records.len()];
+    seqs.map(|seq| {
+        let at = records
+            .binary_search_by_key(&seq, |r| r.seq)
+            .map_err(|_| Error::NotInClaim { seq })?;
+        match named.get_mut(at) {
+            Some(seen) if !*seen => {
+                *seen = true;
+                Ok(seq)
+            }
+            _ => Err(Error::DuplicateSeq { seq }),
+        }
+    })
+    .collect()
 }
 
 impl Claim for PgClaim {
@@ -172,7 +186,7 @@ impl Claim for PgClaim {
         let sql = Arc::clone(&self.sql);
         diesel::sql_query(&sql.mark_sent)
             .bind::<Array<BigInt>, _>(seqs)
-            .prepared(sql.prepare)
+            .prepared(self.prepare)
             .execute(self.connection()?)
             .await?;
         Ok(())
@@ -187,7 +201,7 @@ impl Claim for PgClaim {
             .bind::<Text, _>(reason.replace('\0', "\u{FFFD}"))
             .bind::<Nullable<Text>, _>(self.relay.clone())
             .bind::<Text, _>(normalize_error(reason).replace('\0', "\u{FFFD}"))
-            .prepared(sql.prepare)
+            .prepared(self.prepare)
             .execute(self.connection()?)
             .await?;
         Ok(())
@@ -226,6 +240,7 @@ impl Claim for PgClaim {
         }
         let sql = Arc::clone(&self.sql);
         let relay = self.relay.clone();
+        let prepare = self.prepare;
         let conn = self.connection()?;
         diesel::sql_query(&sql.mark_failed)
             .bind::<Array<BigInt>, _>(seqs)
@@ -236,10 +251,10 @@ impl Claim for PgClaim {
             .bind::<Array<Nullable<Timestamptz>>, _>(unroutable)
             .bind::<Nullable<Text>, _>(relay)
             .bind::<Array<Text>, _>(groups)
-            .prepared(sql.prepare)
+            .prepared(prepare)
             .execute(&mut *conn)
             .await?;
-        hold(&sql, conn, held).await?;
+        hold(&sql, prepare, conn, held).await?;
         Ok(())
     }
 
@@ -248,5 +263,63 @@ impl Claim for PgClaim {
             Some(tx) => tx.commit().await,
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use outbox_core::{DomainEvent, EventEnvelope};
+
+    use super::*;
+
+    #[derive(serde::Serialize)]
+    struct Placed;
+
+    impl DomainEvent for Placed {
+        fn aggregate_type(&self) -> &'static str {
+            "order"
+        }
+        fn event_type(&self) -> &'static str {
+            "order.placed"
+        }
+        fn aggregate_id(&self) -> String {
+            "1".into()
+        }
+    }
+
+    fn records(seqs: &[i64]) -> Vec<OutboxRecord> {
+        seqs.iter()
+            .map(|&seq| OutboxRecord::pending(seq, EventEnvelope::from_event(&Placed).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn seqs_of_the_claim_pass_in_any_order() {
+        let records = records(&[3, 5, 9]);
+        let seqs = checked_seqs(&records, [9, 3].into_iter()).unwrap();
+        assert_eq!(seqs, [9, 3]);
+        assert!(
+            checked_seqs(&records, std::iter::empty())
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_seq_named_twice_is_refused() {
+        let records = records(&[3, 5, 9]);
+        let err = checked_seqs(&records, [5, 9, 5].into_iter()).unwrap_err();
+        assert!(matches!(err, Error::DuplicateSeq { seq: 5 }), "{err:?}");
+        assert!(
+            err.to_string().contains("seq 5 is named more than once"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_foreign_seq_is_refused() {
+        let records = records(&[3, 5, 9]);
+        let err = checked_seqs(&records, [3, 4].into_iter()).unwrap_err();
+        assert!(matches!(err, Error::NotInClaim { seq: 4 }), "{err:?}");
     }
 }

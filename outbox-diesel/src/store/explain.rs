@@ -8,11 +8,11 @@ use diesel_async::{
 use outbox_core::DeliveryOrder;
 
 use super::PgOutboxStore;
-use super::claim::CLAIM_BEGIN;
 use super::order::order_from_db;
 use super::row::OrderRow;
 use crate::Result;
 use crate::prepared::PreparedExt;
+use crate::sql::{CLAIM_BEGIN, ExplainSql};
 
 impl PgOutboxStore {
     /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of the one statement a claim
@@ -40,35 +40,25 @@ impl PgOutboxStore {
         AnsiTransactionManager::begin_transaction_sql(conn, CLAIM_BEGIN).await?;
         let result: Result<serde_json::Value> = async {
             let order = order_from_db(
+                &self.schema,
                 &diesel::sql_query(&self.sql.get_order)
-                    .prepared(self.sql.prepare)
+                    .prepared(self.prepare)
                     .get_result::<OrderRow>(conn)
                     .await?
                     .delivery_order,
             )?;
-            let (sql, types, args) = if order == DeliveryOrder::Unordered {
-                (
-                    self.sql.claim_unordered.as_str(),
-                    "int8, text, text",
-                    format!("{limit_i64}, '60000', NULL"),
-                )
+            let sql = if order == DeliveryOrder::Unordered {
+                ExplainSql::unordered(&self.sql.claim_unordered, limit_i64)
             } else {
                 let window = limit_i64.saturating_mul(self.claim_window as i64);
-                (
-                    self.ordered_claim(conn).await?,
-                    "int8, int8, text, text",
-                    format!("{window}, {limit_i64}, '60000', NULL"),
-                )
+                ExplainSql::ordered(self.ordered_claim(conn).await?, window, limit_i64)
             };
             // A session-level name: deallocated below whatever happens.
-            conn.batch_execute(&format!("PREPARE outbox_explain_claim ({types}) AS {sql}"))
-                .await?;
-            let plan = diesel::sql_query(format!(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE outbox_explain_claim ({args})"
-            ))
-            .get_result::<Plan>(conn)
-            .await;
-            let deallocated = conn.batch_execute("DEALLOCATE outbox_explain_claim").await;
+            conn.batch_execute(&sql.prepare).await?;
+            let plan = diesel::sql_query(&sql.explain)
+                .get_result::<Plan>(conn)
+                .await;
+            let deallocated = conn.batch_execute(sql.deallocate).await;
             let plan = plan?;
             deallocated?;
             Ok(plan.plan)

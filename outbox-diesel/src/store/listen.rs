@@ -1,22 +1,23 @@
 //! `LISTEN` wakeups on a direct connection, with reconnects.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use futures_util::{Stream, StreamExt};
 use outbox_core::Backoff;
 
-use crate::schema::Schema;
+use crate::sql::Sql;
 use crate::{Error, Result};
 
 /// The store's wakeups: an item after every (re)connect, so the relay rescans
 /// the backlog for events whose notifications were sent while nobody
 /// listened, and one per notification. Reconnects with backoff, forever; the
 /// stream owns the connection, so dropping it closes the `LISTEN` session.
-pub(crate) fn wakeups(url: String, schema: Schema) -> impl Stream<Item = ()> + Send + 'static {
+pub(crate) fn wakeups(url: String, sql: Arc<Sql>) -> impl Stream<Item = ()> + Send + 'static {
     let listener = Listener {
         url,
-        schema,
+        sql,
         // Jittered: after a database restart, relays reconnect spread out.
         backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
         conn: None,
@@ -30,7 +31,8 @@ pub(crate) fn wakeups(url: String, schema: Schema) -> impl Stream<Item = ()> + S
 /// The state of [`wakeups`]: the `LISTEN` connection, if there is one.
 struct Listener {
     url: String,
-    schema: Schema,
+    /// The schema's SQL (its `LISTEN` statements, and its name for logs).
+    sql: Arc<Sql>,
     backoff: Backoff,
     conn: Option<AsyncPgConnection>,
 }
@@ -40,9 +42,9 @@ impl Listener {
     async fn next(&mut self) {
         loop {
             let Some(conn) = &mut self.conn else {
-                match listen(&self.url, &self.schema).await {
+                match listen(&self.url, &self.sql).await {
                     Ok(conn) => {
-                        tracing::debug!(schema = self.schema.name(), "outbox LISTEN connected");
+                        tracing::debug!(schema = self.sql.schema.name(), "outbox LISTEN connected");
                         // The connection worked: a later drop starts the
                         // backoff afresh.
                         self.backoff.reset();
@@ -75,12 +77,12 @@ impl Listener {
         let retry_in = self.backoff.next_delay();
         match result {
             Ok(()) => tracing::warn!(
-                schema = self.schema.name(),
+                schema = self.sql.schema.name(),
                 ?retry_in,
                 "outbox LISTEN connection closed; reconnecting"
             ),
             Err(err) => tracing::warn!(
-                schema = self.schema.name(),
+                schema = self.sql.schema.name(),
                 error = %err,
                 ?retry_in,
                 "outbox LISTEN connection failed; relying on polling until it is back"
@@ -92,14 +94,13 @@ impl Listener {
 
 /// Connects, names the session `outbox_listener:<schema>` and `LISTEN`s on
 /// the schema's channel.
-async fn listen(url: &str, schema: &Schema) -> Result<AsyncPgConnection> {
+async fn listen(url: &str, sql: &Sql) -> Result<AsyncPgConnection> {
     let mut conn: AsyncPgConnection = crate::connect(url).await?;
-    let name = format!("outbox_listener:{}", schema.name());
-    diesel::sql_query("SELECT set_config('application_name', $1, false)")
-        .bind::<diesel::sql_types::Text, _>(name)
+    diesel::sql_query(&sql.listen.set_application_name)
+        .bind::<diesel::sql_types::Text, _>(&sql.listen.application_name)
         .execute(&mut conn)
         .await?;
-    diesel::sql_query(format!("LISTEN {}", schema.quoted_channel()))
+    diesel::sql_query(&sql.listen.listen)
         .execute(&mut conn)
         .await?;
     Ok(conn)

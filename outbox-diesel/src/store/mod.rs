@@ -89,10 +89,14 @@
 //!   marked and finished in it (holding the followers of failed events);
 //! - `pick.rs`: the claim statement chosen, run and read (version check,
 //!   malformed rows, per-aggregate runs);
-//! - `plan.rs`, `row.rs`, `sql.rs`: the runs kept per aggregate, the rows
-//!   read, and the statements;
+//! - `plan.rs`, `row.rs`: the runs kept per aggregate, and the rows read;
 //! - `listen.rs`: `LISTEN`/`NOTIFY` wakeups, a stream owning its connection;
 //! - `admin/`: the admin store (`outbox_core::admin`).
+//!
+//! The statements are in the crate's `sql` module: the store's own
+//! ([`StoreSql`], claims and marks) rendered when the store is built, the
+//! rest (admin, relay registry, audit, `LISTEN`) shared with the other parts
+//! of its [`PgSettings`](crate::PgSettings).
 //!
 //! [`EventStatus::Held`]: outbox_core::EventStatus::Held
 
@@ -105,7 +109,6 @@ mod order;
 mod pick;
 mod plan;
 mod row;
-mod sql;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -126,10 +129,10 @@ pub use claim::PgClaim;
 
 use crate::prepared::PreparedExt;
 use crate::schema::Schema;
+use crate::sql::{Sql, StoreSql};
 use crate::{Error, Result};
 use order::order_from_db;
 use row::StatsRow;
-use sql::Sql;
 
 /// The relay's store on a diesel-async (deadpool) pool.
 ///
@@ -153,7 +156,13 @@ use sql::Sql;
 pub struct PgOutboxStore {
     pool: Pool<AsyncPgConnection>,
     schema: Schema,
-    sql: Arc<Sql>,
+    /// The store's own statements (claims, marks), rendered when it was built.
+    sql: Arc<StoreSql>,
+    /// The schema's SQL (admin, relay registry, audit, `LISTEN`), shared
+    /// with the other parts of its settings.
+    shared: Arc<Sql>,
+    /// Keep the statements prepared on each connection.
+    prepare: bool,
     listen_url: Option<String>,
     claim_timeout: Duration,
     claim_window: usize,
@@ -197,6 +206,12 @@ impl PgOutboxStore {
         &self.schema
     }
 
+    /// The schema's shared SQL (tests check that it is shared).
+    #[cfg(test)]
+    pub(crate) fn shared_sql(&self) -> &Arc<Sql> {
+        &self.shared
+    }
+
     async fn conn(&self) -> Result<Object<AsyncPgConnection>> {
         self.pool.get().await.map_err(Error::Pool)
     }
@@ -234,10 +249,11 @@ impl OutboxStore for PgOutboxStore {
     async fn stats(&self) -> Result<OutboxStats> {
         let mut conn = self.conn().await?;
         let row: StatsRow = diesel::sql_query(&self.sql.stats)
-            .prepared(self.sql.prepare)
+            .prepared(self.prepare)
             .get_result(&mut *conn)
             .await?;
-        let ordered = order_from_db(&row.delivery_order)? == DeliveryOrder::PerAggregate;
+        let ordered =
+            order_from_db(&self.schema, &row.delivery_order)? == DeliveryOrder::PerAggregate;
         Ok(OutboxStats {
             backlog: u64::try_from(row.backlog).unwrap_or(0),
             oldest_unsent_age: row
@@ -328,37 +344,28 @@ impl OutboxStore for PgOutboxStore {
     }
 
     async fn register_relay(&self, relay: &RelayRegistration) -> Result<()> {
-        let r = self.schema.table("outbox_relays");
         // A relay that registers again under its name keeps its pause.
-        diesel::sql_query(format!(
-            "INSERT INTO {r} (name, host, pid, version, started_at, heartbeat_at, \
-               heartbeat_interval_ms) VALUES ($1, $2, $3, $4, $5, now(), $6) \
-             ON CONFLICT (name) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, \
-               version = EXCLUDED.version, started_at = EXCLUDED.started_at, \
-               heartbeat_at = now(), heartbeat_interval_ms = EXCLUDED.heartbeat_interval_ms, \
-               in_flight = 0"
-        ))
-        .bind::<Text, _>(&relay.name)
-        .bind::<Text, _>(&relay.host)
-        .bind::<Integer, _>(i32::try_from(relay.pid).unwrap_or(i32::MAX))
-        .bind::<Text, _>(&relay.version)
-        .bind::<Timestamptz, _>(relay.started_at)
-        .bind::<BigInt, _>(i64::try_from(relay.heartbeat_interval.as_millis()).unwrap_or(i64::MAX))
-        .execute(&mut *self.conn().await?)
-        .await?;
+        diesel::sql_query(&self.shared.relays.register)
+            .bind::<Text, _>(&relay.name)
+            .bind::<Text, _>(&relay.host)
+            .bind::<Integer, _>(i32::try_from(relay.pid).unwrap_or(i32::MAX))
+            .bind::<Text, _>(&relay.version)
+            .bind::<Timestamptz, _>(relay.started_at)
+            .bind::<BigInt, _>(
+                i64::try_from(relay.heartbeat_interval.as_millis()).unwrap_or(i64::MAX),
+            )
+            .execute(&mut *self.conn().await?)
+            .await?;
         *self.relay.lock().unwrap_or_else(|p| p.into_inner()) = Some(relay.clone());
         Ok(())
     }
 
     async fn heartbeat(&self, name: &str, in_flight: u32) -> Result<RelayControl> {
-        let r = self.schema.table("outbox_relays");
-        let paused: Vec<row::PausedRow> = diesel::sql_query(format!(
-            "UPDATE {r} SET heartbeat_at = now(), in_flight = $2 WHERE name = $1 RETURNING paused"
-        ))
-        .bind::<Text, _>(name)
-        .bind::<Integer, _>(i32::try_from(in_flight).unwrap_or(i32::MAX))
-        .load(&mut *self.conn().await?)
-        .await?;
+        let paused: Vec<row::PausedRow> = diesel::sql_query(&self.shared.relays.heartbeat)
+            .bind::<Text, _>(name)
+            .bind::<Integer, _>(i32::try_from(in_flight).unwrap_or(i32::MAX))
+            .load(&mut *self.conn().await?)
+            .await?;
         match <[row::PausedRow]>::first(&paused) {
             Some(row) => Ok(RelayControl::new(row.paused)),
             // Removed meanwhile (by the janitor as stale, or by hand):
@@ -374,8 +381,7 @@ impl OutboxStore for PgOutboxStore {
     }
 
     async fn deregister_relay(&self, name: &str) -> Result<()> {
-        let r = self.schema.table("outbox_relays");
-        diesel::sql_query(format!("DELETE FROM {r} WHERE name = $1 AND NOT paused"))
+        diesel::sql_query(&self.shared.relays.deregister)
             .bind::<Text, _>(name)
             .execute(&mut *self.conn().await?)
             .await?;
@@ -384,7 +390,7 @@ impl OutboxStore for PgOutboxStore {
 
     fn wakeups(&self) -> impl Stream<Item = ()> + Send + 'static {
         match &self.listen_url {
-            Some(url) => listen::wakeups(url.clone(), self.schema.clone()).left_stream(),
+            Some(url) => listen::wakeups(url.clone(), Arc::clone(&self.shared)).left_stream(),
             None => futures_util::stream::pending().right_stream(),
         }
     }

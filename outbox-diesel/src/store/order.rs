@@ -10,15 +10,22 @@ use outbox_core::DeliveryOrder;
 
 use super::PgOutboxStore;
 use super::row::OrderRow;
-use crate::Result;
 use crate::prepared::PreparedExt;
+use crate::schema::Schema;
+use crate::{Error, Result};
 
 /// How long a claim trusts the delivery order it read last.
 const ORDER_CACHE_TTL: Duration = Duration::from_secs(1);
 
-/// The delivery order stored as `value` (its [`DeliveryOrder::as_str`]).
-pub(super) fn order_from_db(value: &str) -> Result<DeliveryOrder> {
-    Ok(value.parse::<DeliveryOrder>()?)
+/// The delivery order stored as `value` (its [`DeliveryOrder::as_str`]) in
+/// `schema`, or [`Error::UnknownDeliveryOrder`] naming both.
+pub(super) fn order_from_db(schema: &Schema, value: &str) -> Result<DeliveryOrder> {
+    value
+        .parse::<DeliveryOrder>()
+        .map_err(|_| Error::UnknownDeliveryOrder {
+            schema: schema.name().to_owned(),
+            value: value.to_owned(),
+        })
 }
 
 impl PgOutboxStore {
@@ -32,10 +39,10 @@ impl PgOutboxStore {
     pub async fn delivery_order(&self) -> Result<DeliveryOrder> {
         let mut conn = self.conn().await?;
         let row: OrderRow = diesel::sql_query(&self.sql.get_order)
-            .prepared(self.sql.prepare)
+            .prepared(self.prepare)
             .get_result(&mut *conn)
             .await?;
-        order_from_db(&row.delivery_order)
+        order_from_db(&self.schema, &row.delivery_order)
     }
 
     /// Changes the delivery order of this outbox (for every relay on it).
@@ -78,14 +85,46 @@ impl PgOutboxStore {
             return Ok(order);
         }
         let row: OrderRow = diesel::sql_query(&self.sql.get_order)
-            .prepared(self.sql.prepare)
+            .prepared(self.prepare)
             .get_result(conn)
             .await?;
-        let order = order_from_db(&row.delivery_order)?;
+        let order = order_from_db(&self.schema, &row.delivery_order)?;
         *self
             .order_cache
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((order, Instant::now()));
         Ok(order)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_orders_are_read() -> Result<()> {
+        let schema = Schema::default();
+        for order in DeliveryOrder::ALL {
+            assert_eq!(order_from_db(&schema, order.as_str())?, order);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn an_unknown_stored_order_is_its_own_error() -> Result<()> {
+        let schema = Schema::new("billing")?;
+        let err = order_from_db(&schema, "Unordered").unwrap_err();
+        assert!(
+            matches!(&err, Error::UnknownDeliveryOrder { schema, value }
+                if schema == "billing" && value == "Unordered"),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("\"billing\"") && message.contains("\"Unordered\""),
+            "{message}"
+        );
+        assert!(message.contains("set_delivery_order"), "{message}");
+        Ok(())
     }
 }

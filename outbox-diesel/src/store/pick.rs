@@ -41,7 +41,7 @@ impl PgOutboxStore {
             _ => {
                 let row: ManyRow = diesel::sql_query(&self.sql.many_blocking)
                     .bind::<BigInt, _>(MANY_BLOCKING)
-                    .prepared(self.sql.prepare)
+                    .prepared(self.prepare)
                     .get_result(conn)
                     .await?;
                 *self
@@ -110,7 +110,7 @@ impl PgOutboxStore {
                     .bind::<BigInt, _>(limit_i64)
                     .bind::<Text, _>(&timeout_ms)
                     .bind::<Nullable<Text>, _>(relay)
-                    .prepared(self.sql.prepare)
+                    .prepared(self.prepare)
                     .load(conn)
                     .await?;
                 claimed.paused = rows.iter().any(|row| row.paused);
@@ -124,7 +124,7 @@ impl PgOutboxStore {
                     .bind::<BigInt, _>(limit_i64)
                     .bind::<Text, _>(&timeout_ms)
                     .bind::<Nullable<Text>, _>(relay)
-                    .prepared(self.sql.prepare)
+                    .prepared(self.prepare)
                     .load(conn)
                     .await?;
                 claimed.paused = window.iter().any(|row| row.paused);
@@ -175,13 +175,13 @@ impl PgOutboxStore {
                         )
                         .bind::<Nullable<Text>, _>(self.relay_name())
                         .bind::<Text, _>(normalize_error(&format!("malformed row: {reason}")))
-                        .prepared(self.sql.prepare)
+                        .prepared(self.prepare)
                         .execute(&mut *conn)
                         .await?;
                     // Ordered: its aggregate, from the window, is cut.
                     if let Some(slot) = claimed.window.iter().find(|slot| slot.seq == seq) {
                         let followers = followers(&claimed.window, seq, &slot.aggregate);
-                        hold(&self.sql, conn, followers).await?;
+                        hold(&self.sql, self.prepare, conn, followers).await?;
                         cut.push(slot.aggregate.clone());
                     }
                 }

@@ -3,57 +3,39 @@
 //! bounded), changed and counted in its audit row, in one statement.
 
 use diesel_async::RunQueryDsl;
-use outbox_core::EventStatus;
 use outbox_core::admin::{Chunk, EventFilter};
 
 use super::PgOutboxStore;
 use super::query::{Bind, Query};
 use super::row::{ChunkRow, count};
-use crate::store::sql::literals;
+use crate::sql::{ADMIN_BEGIN, ADMIN_LOCK_TIMEOUT, ChunkSql};
 use crate::{Error, Result};
 
-/// How long an admin chunk waits for rows a relay holds.
-const ADMIN_LOCK_TIMEOUT: &str = "5s";
-
-/// How an admin chunk's transaction starts (the same timeout).
-const ADMIN_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '5s'";
-
 impl PgOutboxStore {
-    /// One chunk of an `UPDATE` of the rows `filter` selects (restricted to
-    /// `from`): `set` is the `SET` list, `extra` more conditions.
-    #[allow(clippy::too_many_arguments)]
+    /// One chunk of the mutation `chunk` of the rows `filter` selects
+    /// (restricted to the statuses it changes).
     pub(super) async fn change_chunk(
         &self,
+        chunk: &ChunkSql,
         filter: &EventFilter,
-        from: &[EventStatus],
-        set: &str,
-        extra: &str,
         after: Option<i64>,
         limit: usize,
         audit: i64,
     ) -> Result<Chunk> {
-        let Some(filter) = filter.restricted_to(from) else {
+        let Some(filter) = filter.restricted_to(chunk.from) else {
             return Ok(Chunk::default());
         };
-        let t = self.table("outbox_events");
-        let a = self.table("outbox_audit");
-        // `FOR UPDATE` waits for a row a relay's claim holds (a claim is
-        // short and bounded by the claim timeout) instead of skipping it,
-        // which would leave it unchanged without a word; `lock_timeout`
-        // bounds the wait. After the wait the row's status is checked again.
-        let mut q = Query::new(format!("WITH c AS (SELECT seq FROM {t} WHERE true"));
+        let sql = &chunk.sql;
+        let mut q = Query::new(
+            &sql.head,
+            vec![
+                Bind::Big(after.unwrap_or(0)),
+                Bind::Big(i64::try_from(limit).unwrap_or(i64::MAX)),
+                Bind::Big(audit),
+            ],
+        );
         self.push_filter(&mut q, &filter).await?;
-        let after = q.bind(Bind::Big(after.unwrap_or(0)));
-        let limit = q.bind(Bind::Big(i64::try_from(limit).unwrap_or(i64::MAX)));
-        let audit = q.bind(Bind::Big(audit));
-        q.push(&format!(
-            " AND seq > {after} ORDER BY seq LIMIT {limit} FOR UPDATE), \
-             u AS (UPDATE {t} SET {set} WHERE seq IN (SELECT seq FROM c) \
-               AND status IN ({from}){extra} RETURNING seq), \
-             x AS (UPDATE {a} SET count = count + (SELECT count(*) FROM u) WHERE id = {audit}) \
-             SELECT (SELECT max(seq) FROM c) AS last, (SELECT count(*) FROM u) AS changed",
-            from = literals(from),
-        ));
+        q.push(&sql.tail);
         let mut tx = crate::PgTransaction::begin_with(&self.pool, ADMIN_BEGIN).await?;
         let row: ChunkRow = q.build().get_result(&mut *tx).await.map_err(|e| match e {
             diesel::result::Error::DatabaseError(_, ref info)

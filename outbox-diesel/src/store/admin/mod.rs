@@ -8,66 +8,46 @@
 //! unchanged without a word; a claim that holds it longer is an error the
 //! operator sees); the purges use `FOR UPDATE SKIP LOCKED` (several
 //! janitors share the work, and a row held now is taken by a later run).
+//! The statements themselves are rendered once per schema, in
+//! [`AdminSql`].
 //!
-//! This file holds the [`OutboxAdmin`] impl; the parts:
+//! This file holds the [`OutboxAdmin`] impl, which hands each verb to the
+//! file of its concern:
+//! - `reads.rs`: the status report, event pages, one event, failure
+//!   groups, counts, an aggregate's head;
+//! - `chunk.rs`: the mutations, one chunk of a replay, skip or retry-now
+//!   with its audit count, in one statement;
+//! - `purge.rs`: the janitor's purges (sent events, orphaned attempts, inbox
+//!   entries, settled dead-letter records);
+//! - `relays.rs`: the relay registry (list, pause, stale relays);
+//! - `audit.rs`: the audit trail;
 //! - `query.rs`: an [`EventFilter`] as SQL (a query with numbered binds),
 //!   and the failure groups it may name;
-//! - `chunk.rs`: one chunk of a replay, skip or retry-now, with its audit
-//!   count, in one statement;
-//! - `row.rs`: the rows the admin reads, and their columns.
+//! - `row.rs`: the rows the admin reads.
 
+mod audit;
 mod chunk;
+mod purge;
 mod query;
+mod reads;
+mod relays;
 mod row;
 
 use chrono::{DateTime, Utc};
-use diesel::sql_types::{BigInt, Bool, Text, Timestamptz};
-use diesel_async::RunQueryDsl;
 use outbox_core::admin::{
-    Attempt, AttemptOutcome, AuditEntry, AuditRecord, Chunk, EventDetail, EventFilter,
-    EventSummary, EventTypeCounts, FailureGroup, OutboxAdmin, Page, RelayInfo, StatusCounts,
-    StatusReport, group_failures,
+    AuditEntry, AuditRecord, Chunk, EventDetail, EventFilter, EventSummary, FailureGroup,
+    OutboxAdmin, Page, RelayInfo, StatusReport,
 };
-use outbox_core::{EventStatus, OutboxStore, Transition};
 use uuid::Uuid;
 
 use super::PgOutboxStore;
-use super::row::EventRow;
-use super::sql::{literals, replay_set, skip_set};
+use crate::sql::AdminSql;
 use crate::{Error, Result};
-use query::{Bind, Query};
-use row::{
-    AttemptRow, AuditRow, CountRow, DoneRow, LastRow, PurgeRow, RelayRow, TypeRow, admin_columns,
-    count, status_name,
-};
-
-/// `sent` and `skipped` rows counted exactly at most; beyond, the status
-/// report estimates from the table's statistics.
-const EXACT_COUNT_LIMIT: i64 = 100_000;
-
-/// `live` of a relays row.
-pub(super) const RELAY_LIVE: &str =
-    "heartbeat_at > now() - 3 * heartbeat_interval_ms * interval '1 millisecond'";
 
 impl PgOutboxStore {
-    fn table(&self, name: &str) -> String {
-        self.schema.table(name)
-    }
-
-    /// Deletes up to `limit` attempt rows whose event is gone (deleted when
-    /// sent, with `keep_sent(false)`, or by hand); returns how many.
-    pub(crate) async fn purge_orphan_attempts(&self, limit: usize) -> Result<u64> {
-        let t = self.table("outbox_events");
-        let at = self.table("outbox_attempts");
-        let deleted = diesel::sql_query(format!(
-            "DELETE FROM {at} WHERE id IN ( \
-               SELECT id FROM {at} a WHERE NOT EXISTS (SELECT 1 FROM {t} e WHERE e.seq = a.event_seq) \
-               LIMIT $1 FOR UPDATE SKIP LOCKED)"
-        ))
-        .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(&mut *self.conn().await?)
-        .await?;
-        Ok(deleted as u64)
+    /// The admin's statements.
+    fn admin_sql(&self) -> &AdminSql {
+        &self.shared.admin
     }
 }
 
@@ -75,73 +55,7 @@ impl OutboxAdmin for PgOutboxStore {
     type Error = Error;
 
     async fn status(&self) -> Result<StatusReport> {
-        let stats = self.stats().await?;
-        let t = self.table("outbox_events");
-        // One query per status, each on its own partial index (a list of
-        // statuses would match none and scan the table).
-        let per_status = [
-            EventStatus::Pending,
-            EventStatus::Retry,
-            EventStatus::Held,
-            EventStatus::Dead,
-        ]
-        .map(|status| {
-            format!(
-                "(SELECT event_type, '{status}'::text AS status, count(*) AS n FROM {t} \
-                 WHERE status = '{status}' GROUP BY event_type)"
-            )
-        })
-        .join(" UNION ALL ");
-        let by_type: Vec<TypeRow> = diesel::sql_query(per_status)
-            .load(&mut *self.conn().await?)
-            .await?;
-        let mut counts = StatusCounts::default();
-        let mut types: std::collections::BTreeMap<String, StatusCounts> = Default::default();
-        for row in by_type {
-            let status = status_name(&row.status);
-            counts.add(status, count(row.n));
-            types
-                .entry(row.event_type)
-                .or_default()
-                .add(status, count(row.n));
-        }
-        let done: DoneRow = diesel::sql_query(format!(
-            "SELECT \
-               (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE status = 'sent' LIMIT $1) s) AS sent, \
-               (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE status = 'skipped' LIMIT $1) s) AS skipped, \
-               coalesce((SELECT greatest(c.reltuples, 0)::int8 FROM pg_class c \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $2 AND c.relname = 'outbox_events'), 0) AS estimate"
-        ))
-        .bind::<BigInt, _>(EXACT_COUNT_LIMIT)
-        .bind::<Text, _>(self.schema.name())
-        .get_result(&mut *self.conn().await?)
-        .await?;
-        counts.skipped = count(done.skipped);
-        counts.estimated = done.skipped >= EXACT_COUNT_LIMIT;
-        if done.sent < EXACT_COUNT_LIMIT {
-            counts.sent = count(done.sent);
-        } else {
-            counts.estimated = true;
-            let others = counts.unsent() + counts.dead + counts.skipped;
-            counts.sent = count(done.estimate)
-                .saturating_sub(others)
-                .max(count(done.sent));
-        }
-        let mut by_event_type: Vec<EventTypeCounts> = types
-            .into_iter()
-            .map(|(t, c)| EventTypeCounts::new(t, c))
-            .collect();
-        by_event_type.sort_by_key(|t| std::cmp::Reverse(t.counts.unsent() + t.counts.dead));
-        let mut report = StatusReport::default();
-        report.counts = counts;
-        report.oldest_unsent_age_seconds = stats.oldest_unsent_age.map(|a| a.as_secs_f64());
-        report.blocked_aggregates = stats.blocked_aggregates;
-        report.unroutable = stats.unroutable;
-        report.by_event_type = by_event_type;
-        report.relays = self.relays().await?;
-        report.delivery_order = self.delivery_order().await?.into();
-        Ok(report)
+        reads::status(self).await
     }
 
     async fn list(
@@ -150,157 +64,39 @@ impl OutboxAdmin for PgOutboxStore {
         after: Option<i64>,
         limit: usize,
     ) -> Result<Page<EventSummary>> {
-        let t = self.table("outbox_events");
-        let mut q = Query::new(format!("SELECT {} FROM {t} WHERE true", admin_columns()));
-        self.push_filter(&mut q, filter).await?;
-        let after = q.bind(Bind::Big(after.unwrap_or(0)));
-        let limit_p = q.bind(Bind::Big(i64::try_from(limit).unwrap_or(i64::MAX)));
-        q.push(&format!(" AND seq > {after} ORDER BY seq LIMIT {limit_p}"));
-        let rows: Vec<EventRow> = q.build().load(&mut *self.conn().await?).await?;
-        let items: Vec<EventSummary> = rows
-            .into_iter()
-            .map(|row| EventSummary::from(&row.into_record_lenient()))
-            .collect();
-        let next = if items.len() == limit {
-            items.last().map(|e| e.seq)
-        } else {
-            None
-        };
-        Ok(Page::new(items, next))
+        reads::list(self, filter, after, limit).await
     }
 
     async fn show(&self, id: Uuid) -> Result<Option<EventDetail>> {
-        let t = self.table("outbox_events");
-        let at = self.table("outbox_attempts");
-        let mut conn = self.conn().await?;
-        let row: Option<EventRow> =
-            diesel::sql_query(format!("SELECT {} FROM {t} WHERE id = $1", admin_columns()))
-                .bind::<diesel::sql_types::Uuid, _>(id)
-                .get_result(&mut *conn)
-                .await
-                .map(Some)
-                .or_else(|e| match e {
-                    diesel::result::Error::NotFound => Ok(None),
-                    e => Err(e),
-                })?;
-        let Some(row) = row else { return Ok(None) };
-        let seq = row.seq;
-        let attempts: Vec<AttemptRow> = diesel::sql_query(format!(
-            "SELECT at, relay, outcome, error FROM {at} WHERE event_seq = $1 ORDER BY id"
-        ))
-        .bind::<BigInt, _>(seq)
-        .load(&mut *conn)
-        .await?;
-        let history = attempts
-            .into_iter()
-            .map(|a| {
-                Attempt::new(
-                    a.at,
-                    a.relay,
-                    AttemptOutcome::parse(&a.outcome).unwrap_or(AttemptOutcome::Retry),
-                    a.error,
-                )
-            })
-            .collect();
-        Ok(Some(EventDetail::new(&row.into_record_lenient(), history)))
+        reads::show(self, id).await
     }
 
     async fn failure_groups(&self, filter: &EventFilter) -> Result<Vec<FailureGroup>> {
-        let rows = self.group_rows(filter).await?;
-        let rows = rows.into_iter().map(|r| {
-            (
-                r.event_type,
-                r.last_error,
-                status_name(&r.status),
-                count(r.n),
-                r.first,
-                r.last,
-            )
-        });
-        let mut groups = group_failures(rows);
-        if let Some(group) = &filter.group {
-            groups.retain(|g| g.id == *group);
-        }
-        Ok(groups)
+        reads::failure_groups(self, filter).await
     }
 
     async fn count(&self, filter: &EventFilter) -> Result<u64> {
-        let t = self.table("outbox_events");
-        let mut q = Query::new(format!("SELECT count(*) AS n FROM {t} WHERE true"));
-        self.push_filter(&mut q, filter).await?;
-        let row: CountRow = q.build().get_result(&mut *self.conn().await?).await?;
-        Ok(count(row.n))
+        reads::count_events(self, filter).await
     }
 
     async fn last_seq(&self) -> Result<Option<i64>> {
-        // The primary key's last entry: a few pages whatever the table's size.
-        let t = self.table("outbox_events");
-        let row: LastRow = diesel::sql_query(format!("SELECT max(seq) AS last FROM {t}"))
-            .get_result(&mut *self.conn().await?)
-            .await?;
-        Ok(row.last)
+        reads::last_seq(self).await
     }
 
     async fn head(&self, aggregate_type: &str, aggregate_id: &str) -> Result<Option<EventSummary>> {
-        let t = self.table("outbox_events");
-        // What holds an aggregate back is its first `retry` or `dead` event
-        // (a held event always has one before it): one probe of the
-        // `blocking` index.
-        let sql = format!(
-            "SELECT {cols} FROM {t} WHERE seq = ( \
-               SELECT min(seq) FROM {t} WHERE status IN ({heads}) \
-                 AND aggregate_type = $1 AND aggregate_id = $2)",
-            cols = admin_columns(),
-            heads = literals(&[EventStatus::Retry, EventStatus::Dead]),
-        );
-        let rows: Vec<EventRow> = diesel::sql_query(sql)
-            .bind::<Text, _>(aggregate_type)
-            .bind::<Text, _>(aggregate_id)
-            .load(&mut *self.conn().await?)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .next()
-            .map(|row| EventSummary::from(&row.into_record_lenient())))
+        reads::head(self, aggregate_type, aggregate_id).await
     }
 
     async fn begin_audit(&self, entry: &AuditEntry) -> Result<i64> {
-        let a = self.table("outbox_audit");
-        crate::audit::begin(&mut *self.conn().await?, &a, entry).await
+        audit::begin_audit(self, entry).await
     }
 
     async fn finish_audit(&self, audit: i64, outcome: &str) -> Result<()> {
-        let a = self.table("outbox_audit");
-        crate::audit::record(&mut *self.conn().await?, &a, audit, None, Some(outcome)).await
+        audit::finish_audit(self, audit, outcome).await
     }
 
     async fn audit_log(&self, before: Option<i64>, limit: usize) -> Result<Vec<AuditRecord>> {
-        let a = self.table("outbox_audit");
-        let rows: Vec<AuditRow> = diesel::sql_query(format!(
-            "SELECT id, at, identity, action, target::text AS target, count, finished_at, \
-               outcome FROM {a} \
-             WHERE id < $1 ORDER BY id DESC LIMIT $2"
-        ))
-        .bind::<BigInt, _>(before.unwrap_or(i64::MAX))
-        .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-        .load(&mut *self.conn().await?)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                let target = serde_json::from_str(&r.target).unwrap_or(serde_json::Value::Null);
-                let record = AuditRecord::new(
-                    r.id,
-                    r.at,
-                    AuditEntry::new(r.identity, r.action, target),
-                    count(r.count),
-                );
-                match (r.finished_at, r.outcome) {
-                    (Some(at), Some(outcome)) => record.finished(at, outcome),
-                    _ => record,
-                }
-            })
-            .collect())
+        audit::audit_log(self, before, limit).await
     }
 
     async fn replay_chunk(
@@ -312,16 +108,8 @@ impl OutboxAdmin for PgOutboxStore {
     ) -> Result<Chunk> {
         // The table's trigger releases, in the same statement, the events
         // the replayed ones held back.
-        self.change_chunk(
-            filter,
-            Transition::Replay.from(),
-            &replay_set(),
-            "",
-            after,
-            limit,
-            audit,
-        )
-        .await
+        let chunk = &self.admin_sql().replay_chunk;
+        self.change_chunk(chunk, filter, after, limit, audit).await
     }
 
     async fn skip_chunk(
@@ -331,16 +119,8 @@ impl OutboxAdmin for PgOutboxStore {
         limit: usize,
         audit: i64,
     ) -> Result<Chunk> {
-        self.change_chunk(
-            filter,
-            Transition::Skip.from(),
-            &skip_set(),
-            "",
-            after,
-            limit,
-            audit,
-        )
-        .await
+        let chunk = &self.admin_sql().skip_chunk;
+        self.change_chunk(chunk, filter, after, limit, audit).await
     }
 
     async fn retry_now_chunk(
@@ -350,16 +130,8 @@ impl OutboxAdmin for PgOutboxStore {
         limit: usize,
         audit: i64,
     ) -> Result<Chunk> {
-        self.change_chunk(
-            filter,
-            &[EventStatus::Retry],
-            "next_attempt_at = now()",
-            " AND next_attempt_at > now()",
-            after,
-            limit,
-            audit,
-        )
-        .await
+        let chunk = &self.admin_sql().retry_now_chunk;
+        self.change_chunk(chunk, filter, after, limit, audit).await
     }
 
     async fn purge_sent_chunk(
@@ -369,38 +141,7 @@ impl OutboxAdmin for PgOutboxStore {
         limit: usize,
         audit: Option<i64>,
     ) -> Result<Chunk> {
-        if after.is_none() {
-            self.purge_orphan_attempts(limit).await?;
-        }
-        let t = self.table("outbox_events");
-        let at = self.table("outbox_attempts");
-        let a = self.table("outbox_audit");
-        // `s`: the next `limit` rows by seq, whatever their status (never
-        // rescanning from the head). A chunk whose rows all occurred after
-        // `before` ends the run: nothing later was published before it.
-        let row: PurgeRow = diesel::sql_query(format!(
-            "WITH s AS (SELECT seq, occurred_at FROM {t} WHERE seq > $1 ORDER BY seq LIMIT $2), \
-             d AS (DELETE FROM {t} WHERE seq IN ( \
-                 SELECT seq FROM {t} WHERE seq IN (SELECT seq FROM s) AND status IN ({done}) \
-                   AND coalesce(published_at, finished_at, occurred_at) < $3 \
-                   FOR UPDATE SKIP LOCKED) \
-               RETURNING seq), \
-             x AS (DELETE FROM {at} WHERE event_seq IN (SELECT seq FROM d)), \
-             u AS (UPDATE {a} SET count = count + (SELECT count(*) FROM d) WHERE id = $4) \
-             SELECT (SELECT max(seq) FROM s) AS last, (SELECT count(*) FROM d) AS changed, \
-               coalesce((SELECT min(occurred_at) >= $3 FROM s), true) AS past",
-            done = literals(&[EventStatus::Sent, EventStatus::Skipped]),
-        ))
-        .bind::<BigInt, _>(after.unwrap_or(0))
-        .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-        .bind::<Timestamptz, _>(before)
-        .bind::<BigInt, _>(audit.unwrap_or(0))
-        .get_result(&mut *self.conn().await?)
-        .await?;
-        Ok(Chunk {
-            changed: count(row.changed),
-            last: if row.past { None } else { row.last },
-        })
+        purge::purge_sent_chunk(self, before, after, limit, audit).await
     }
 
     async fn purge_inbox_chunk(
@@ -409,32 +150,11 @@ impl OutboxAdmin for PgOutboxStore {
         limit: usize,
         audit: Option<i64>,
     ) -> Result<u64> {
-        let i = self.table("inbox_events");
-        let a = self.table("outbox_audit");
-        let row: CountRow = diesel::sql_query(format!(
-            "WITH d AS (DELETE FROM {i} WHERE (consumer, event_id) IN ( \
-                 SELECT consumer, event_id FROM {i} WHERE received_at < $1 \
-                 ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1), \
-             u AS (UPDATE {a} SET count = count + (SELECT count(*) FROM d) WHERE id = $3) \
-             SELECT count(*) AS n FROM d"
-        ))
-        .bind::<Timestamptz, _>(before)
-        .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-        .bind::<BigInt, _>(audit.unwrap_or(0))
-        .get_result(&mut *self.conn().await?)
-        .await?;
-        Ok(count(row.n))
+        purge::purge_inbox_chunk(self, before, limit, audit).await
     }
 
     async fn purge_stale_relays(&self, before: DateTime<Utc>) -> Result<u64> {
-        let r = self.table("outbox_relays");
-        let deleted = diesel::sql_query(format!(
-            "DELETE FROM {r} WHERE heartbeat_at < $1 AND NOT paused"
-        ))
-        .bind::<Timestamptz, _>(before)
-        .execute(&mut *self.conn().await?)
-        .await?;
-        Ok(deleted as u64)
+        relays::purge_stale_relays(self, before).await
     }
 
     async fn purge_dead_letter_records_chunk(
@@ -442,43 +162,14 @@ impl OutboxAdmin for PgOutboxStore {
         before: DateTime<Utc>,
         limit: usize,
     ) -> Result<u64> {
-        let d = self.table("inbox_dead_letters");
-        let deleted = diesel::sql_query(format!(
-            "DELETE FROM {d} WHERE id IN ( \
-               SELECT id FROM {d} WHERE coalesce(replayed_at, purged_at) < $1 \
-               ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)"
-        ))
-        .bind::<Timestamptz, _>(before)
-        .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(&mut *self.conn().await?)
-        .await?;
-        Ok(deleted as u64)
+        purge::purge_dead_letter_records_chunk(self, before, limit).await
     }
 
     async fn relays(&self) -> Result<Vec<RelayInfo>> {
-        let r = self.table("outbox_relays");
-        let rows: Vec<RelayRow> = diesel::sql_query(format!(
-            "SELECT name, host, pid, version, started_at, heartbeat_at, in_flight, paused, \
-               ({RELAY_LIVE}) AS live FROM {r} ORDER BY name"
-        ))
-        .load(&mut *self.conn().await?)
-        .await?;
-        Ok(rows.into_iter().map(RelayInfo::from).collect())
+        relays::relays(self).await
     }
 
     async fn set_paused(&self, relay: &str, paused: bool, audit: i64) -> Result<bool> {
-        let r = self.table("outbox_relays");
-        let a = self.table("outbox_audit");
-        let row: CountRow = diesel::sql_query(format!(
-            "WITH p AS (UPDATE {r} SET paused = $2 WHERE name = $1 RETURNING 1), \
-             u AS (UPDATE {a} SET count = count + (SELECT count(*) FROM p) WHERE id = $3) \
-             SELECT count(*) AS n FROM p"
-        ))
-        .bind::<Text, _>(relay)
-        .bind::<Bool, _>(paused)
-        .bind::<BigInt, _>(audit)
-        .get_result(&mut *self.conn().await?)
-        .await?;
-        Ok(row.n > 0)
+        relays::set_paused(self, relay, paused, audit).await
     }
 }

@@ -14,12 +14,7 @@ use uuid::Uuid;
 use super::PgOutboxStore;
 use super::row::GroupRow;
 use crate::Result;
-use crate::store::sql::literals;
-
-/// What failure groups are made of: the normalized error written with it
-/// (migration 5), or the raw error of rows written before (the core
-/// normalizes it again when it merges the groups).
-const ERROR_KEY: &str = "coalesce(error_group, last_error)";
+use crate::sql::{ERROR_KEY, literals};
 
 /// Rows the failure-group query reads at most (distinct event type, error
 /// and status triples): the groups of a table with more are cut.
@@ -42,10 +37,12 @@ pub(super) struct Query {
 }
 
 impl Query {
-    pub(super) fn new(sql: impl Into<String>) -> Self {
+    /// `head` (a fixed statement's start), whose placeholders `$1`, … are
+    /// `binds` in order; later binds are numbered after them.
+    pub(super) fn new(head: &str, binds: Vec<Bind>) -> Self {
         Query {
-            sql: sql.into(),
-            binds: Vec::new(),
+            sql: head.to_owned(),
+            binds,
         }
     }
 
@@ -152,15 +149,10 @@ impl PgOutboxStore {
         let Some(filter) = filter.restricted_to(&[EventStatus::Dead, EventStatus::Retry]) else {
             return Ok(Vec::new());
         };
-        let t = self.table("outbox_events");
-        let mut q = Query::new(format!(
-            "SELECT event_type, {ERROR_KEY} AS last_error, status, count(*) AS n, \
-               min(occurred_at) AS first, max(occurred_at) AS last \
-             FROM {t} WHERE last_error IS NOT NULL"
-        ));
+        let sql = &self.shared.admin.groups;
+        let mut q = Query::new(&sql.head, vec![Bind::Big(GROUP_ROWS)]);
         Box::pin(self.push_filter(&mut q, &filter)).await?;
-        let limit = q.bind(Bind::Big(GROUP_ROWS));
-        q.push(&format!(" GROUP BY 1, 2, 3 LIMIT {limit}"));
+        q.push(&sql.tail);
         let mut conn = self.conn().await?;
         Ok(q.build().load(&mut *conn).await?)
     }

@@ -1,11 +1,9 @@
-//! The rows the admin reads, and the columns of an admin read.
+//! The rows the admin reads.
 
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text, Timestamptz};
 use outbox_core::EventStatus;
 use outbox_core::admin::RelayInfo;
-
-use crate::store::sql::COLUMNS;
 
 #[derive(diesel::QueryableByName)]
 pub(super) struct GroupRow {
@@ -132,15 +130,6 @@ impl From<RelayRow> for RelayInfo {
         info.live = r.live;
         info
     }
-}
-
-/// The columns of an admin read: a row whose headers are not JSON (a
-/// malformed row) reads as `null` rather than failing the listing.
-pub(super) fn admin_columns() -> String {
-    COLUMNS.replace(
-        "headers::text AS headers",
-        "coalesce(headers::text, 'null') AS headers",
-    )
 }
 
 pub(super) fn status_name(s: &str) -> EventStatus {

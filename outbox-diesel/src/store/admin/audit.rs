@@ -1,0 +1,56 @@
+//! The admin's audit trail: an entry begun before a mutation acts, ended
+//! when it is done, and the log read back.
+
+use diesel::sql_types::BigInt;
+use diesel_async::RunQueryDsl;
+use outbox_core::admin::{AuditEntry, AuditRecord};
+
+use super::PgOutboxStore;
+use super::row::{AuditRow, count};
+use crate::Result;
+
+/// Starts the audit row of `entry`; returns its id.
+pub(super) async fn begin_audit(store: &PgOutboxStore, entry: &AuditEntry) -> Result<i64> {
+    crate::audit::begin(&mut *store.conn().await?, &store.shared.audit, entry).await
+}
+
+/// Ends audit row `audit` with `outcome`.
+pub(super) async fn finish_audit(store: &PgOutboxStore, audit: i64, outcome: &str) -> Result<()> {
+    crate::audit::record(
+        &mut *store.conn().await?,
+        &store.shared.audit,
+        audit,
+        None,
+        Some(outcome),
+    )
+    .await
+}
+
+/// Up to `limit` audit rows before `before`, newest first.
+pub(super) async fn audit_log(
+    store: &PgOutboxStore,
+    before: Option<i64>,
+    limit: usize,
+) -> Result<Vec<AuditRecord>> {
+    let rows: Vec<AuditRow> = diesel::sql_query(&store.shared.audit.log)
+        .bind::<BigInt, _>(before.unwrap_or(i64::MAX))
+        .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+        .load(&mut *store.conn().await?)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let target = serde_json::from_str(&r.target).unwrap_or(serde_json::Value::Null);
+            let record = AuditRecord::new(
+                r.id,
+                r.at,
+                AuditEntry::new(r.identity, r.action, target),
+                count(r.count),
+            );
+            match (r.finished_at, r.outcome) {
+                (Some(at), Some(outcome)) => record.finished(at, outcome),
+                _ => record,
+            }
+        })
+        .collect())
+}
