@@ -59,7 +59,7 @@ pub struct PgSettings {
 impl std::fmt::Debug for PgSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgSettings")
-            .field("schema", &self.sql.schema)
+            .field("schema", &self.sql.schema.name())
             .field("prepare", &self.prepare)
             .field("notify", &self.notify)
             .finish()

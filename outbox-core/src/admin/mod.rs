@@ -105,8 +105,8 @@ pub use filter::{EventFilter, Page};
 pub use group::{MAX_NORMALIZED_BYTES, group_id, normalize_error};
 pub use janitor::{Janitor, JanitorReport};
 pub use report::{
-    Attempt, AttemptOutcome, EventDetail, EventSummary, EventTypeCounts, FailureGroup, OrderName,
-    RelayInfo, StatusCounts, StatusReport, group_failures,
+    Attempt, AttemptOutcome, EventDetail, EventSummary, EventTypeCounts, FailureGroup, RelayInfo,
+    StatusCounts, StatusReport, group_failures,
 };
 pub use service::{ActionReport, Admin, AdminError, PurgeTarget};
 

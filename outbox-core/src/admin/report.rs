@@ -26,28 +26,7 @@ pub struct StatusReport {
     /// Registered relays, live or stale.
     pub relays: Vec<RelayInfo>,
     /// The outbox's delivery order.
-    pub delivery_order: OrderName,
-}
-
-/// [`DeliveryOrder`] as a report shows it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum OrderName {
-    /// [`DeliveryOrder::PerAggregate`].
-    #[default]
-    PerAggregate,
-    /// [`DeliveryOrder::Unordered`].
-    Unordered,
-}
-
-impl From<DeliveryOrder> for OrderName {
-    fn from(order: DeliveryOrder) -> Self {
-        match order {
-            DeliveryOrder::Unordered => OrderName::Unordered,
-            _ => OrderName::PerAggregate,
-        }
-    }
+    pub delivery_order: DeliveryOrder,
 }
 
 /// Events per status.

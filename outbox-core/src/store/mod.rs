@@ -255,7 +255,11 @@ pub trait Claim: Send {
     /// those of [`mark_suspect`](Self::mark_suspect) and
     /// [`mark_failed`](Self::mark_failed)). A seq that is not part of this
     /// claim is refused with an error and nothing is marked: a claim never
-    /// marks another claim's event.
+    /// marks another claim's event. Each call names an event at most once:
+    /// a seq repeated within one `mark_sent`, `mark_suspect` or
+    /// `mark_failed` call is refused with an error and nothing of that call
+    /// is marked (different calls may name the same seq, e.g.
+    /// `mark_suspect` then `mark_failed`).
     fn mark_sent(&mut self, seqs: &[i64]) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Counts the connection's death against each of these events of the

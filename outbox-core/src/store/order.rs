@@ -55,3 +55,33 @@ impl std::str::FromStr for DeliveryOrder {
             .ok_or_else(|| crate::Error::UnknownDeliveryOrder(s.to_owned()))
     }
 }
+
+/// As its [`as_str`](DeliveryOrder::as_str) name (`"per_aggregate"`,
+/// `"unordered"`), the spelling of the database and the CLI.
+impl serde::Serialize for DeliveryOrder {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for DeliveryOrder {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serde_spells_the_database_name() {
+        for order in DeliveryOrder::ALL {
+            let json = serde_json::to_string(&order).unwrap();
+            assert_eq!(json, format!("\"{}\"", order.as_str()));
+            assert_eq!(serde_json::from_str::<DeliveryOrder>(&json).unwrap(), order);
+        }
+        assert!(serde_json::from_str::<DeliveryOrder>("\"PerAggregate\"").is_err());
+    }
+}

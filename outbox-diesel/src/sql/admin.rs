@@ -12,11 +12,22 @@ use super::store::{replay_set, skip_set};
 use super::{COLUMNS, literals};
 use crate::schema::Schema;
 
+/// The admin's lock timeout, spelled once for both constants below.
+macro_rules! admin_lock_timeout {
+    () => {
+        "5s"
+    };
+}
+
 /// How long an admin chunk waits for rows a relay holds.
-pub(crate) const ADMIN_LOCK_TIMEOUT: &str = "5s";
+pub(crate) const ADMIN_LOCK_TIMEOUT: &str = admin_lock_timeout!();
 
 /// How an admin chunk's transaction starts (the same timeout).
-pub(crate) const ADMIN_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '5s'";
+pub(crate) const ADMIN_BEGIN: &str = concat!(
+    "BEGIN; SET LOCAL lock_timeout = '",
+    admin_lock_timeout!(),
+    "'"
+);
 
 /// What failure groups are made of: the normalized error written with it
 /// (migration 5), or the raw error of rows written before (the core

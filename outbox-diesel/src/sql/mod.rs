@@ -1,6 +1,6 @@
-//! All of the adapter's SQL text (but the migrations' DDL, in
-//! [`schema`](crate::schema) and `migrate.rs`), rendered once per schema
-//! into plain structs of `String`s.
+//! All of the adapter's SQL text (but the migrations: their DDL in
+//! [`schema`](crate::schema), their locks and version rows in `migrate.rs`),
+//! rendered once per schema into plain structs of `String`s.
 //!
 //! - [`Sql`]: what depends on the schema only, one struct per part:
 //!   recording ([`RecordSql`]), the inbox ([`InboxSql`]), the consumers'

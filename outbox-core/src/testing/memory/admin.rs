@@ -101,7 +101,7 @@ impl OutboxAdmin for InMemoryStore {
             unroutable: stats.unroutable,
             by_event_type,
             relays: state.relay_infos(),
-            delivery_order: self.order.into(),
+            delivery_order: self.order,
         })
     }
 

@@ -65,7 +65,7 @@ pub(super) async fn status(store: &PgOutboxStore) -> Result<StatusReport> {
     report.unroutable = stats.unroutable;
     report.by_event_type = by_event_type;
     report.relays = store.relays().await?;
-    report.delivery_order = store.delivery_order().await?.into();
+    report.delivery_order = store.delivery_order().await?;
     Ok(report)
 }
 
