@@ -87,19 +87,22 @@ mod connection;
 mod consumer;
 mod dlq;
 mod error;
+mod headers;
 mod publisher;
 mod topology;
 pub mod wire;
 
 pub use connection::CONNECT_TIMEOUT;
 pub use consumer::{
-    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError,
-    HandlerFn, HandlerFuture, InboxConsumer, InboxConsumerBuilder, LAST_ERROR_HEADER,
-    ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, handler_fn,
-    metric_names as consumer_metrics,
+    EventHandler, HandlerError, HandlerFn, HandlerFuture, InboxConsumer, InboxConsumerBuilder,
+    handler_fn, metric_names as consumer_metrics,
 };
-pub use dlq::{DeadLetterQueue, DeadLetterQueues, REPLAYED_REASON_HEADER};
+pub use dlq::{DeadLetterQueue, DeadLetterQueues};
 pub use error::{Error, Result};
+pub use headers::{
+    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, LAST_ERROR_HEADER,
+    ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, REPLAYED_REASON_HEADER,
+};
 pub use outbox_core::admin::{
     DlqReplayReport, QueueDepth, ReplayedMessage, SkippedMessage, StopCause,
 };

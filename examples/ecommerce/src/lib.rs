@@ -176,8 +176,9 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut source = error.source();
     while let Some(cause) = source {
         let cause_text = cause.to_string();
-        // `#[error(transparent)]` and "...: {source}" messages repeat their source.
-        if !text.ends_with(&cause_text) {
+        // `#[error(transparent)]` and "...: {source}; hint" messages
+        // already hold their source's text (as sqlx's do).
+        if !text.contains(&cause_text) {
             text.push_str(": ");
             text.push_str(&cause_text);
         }
@@ -447,6 +448,20 @@ mod tests {
         #[error("outer: {0}")]
         struct Outer(#[source] std::io::Error);
         let error = Outer(std::io::Error::other("inner"));
+        assert_eq!(error_chain(&error), "outer: inner");
+
+        // The source in the middle of the message, a hint after it.
+        #[derive(Debug, thiserror::Error)]
+        #[error("not reachable: {0}; start it")]
+        struct Hinted(#[source] std::io::Error);
+        let error = Hinted(std::io::Error::other("refused"));
+        assert_eq!(error_chain(&error), "not reachable: refused; start it");
+
+        // A source the message does not hold is appended.
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Plain(#[source] std::io::Error);
+        let error = Plain(std::io::Error::other("inner"));
         assert_eq!(error_chain(&error), "outer: inner");
     }
 }

@@ -111,12 +111,16 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     // The claim read the pause (without waiting for a
                     // heartbeat) and took nothing; a heartbeat resumes.
                     self.busy.fetch_sub(1, Ordering::SeqCst);
+                    store_backoff.reset();
                     self.operator_paused(true);
                     wait = false;
                     continue;
                 }
                 Ok(Claimed::Empty) => {
                     self.busy.fetch_sub(1, Ordering::SeqCst);
+                    // The store answered: its next error starts the
+                    // backoff afresh, not where an earlier outage left it.
+                    store_backoff.reset();
                     // An empty claim may have locked rows for a moment
                     // (and released them): a loop whose claim skipped them
                     // meanwhile claims again.

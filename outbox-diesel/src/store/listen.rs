@@ -1,7 +1,7 @@
 //! `LISTEN` wakeups on a direct connection, with reconnects.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use futures_util::{Stream, StreamExt};
@@ -21,6 +21,7 @@ pub(crate) fn wakeups(url: String, sql: Arc<Sql>) -> impl Stream<Item = ()> + Se
         // Jittered: after a database restart, relays reconnect spread out.
         backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
         conn: None,
+        connected_at: None,
     };
     futures_util::stream::unfold(listener, |mut listener| async move {
         listener.next().await;
@@ -35,7 +36,14 @@ struct Listener {
     sql: Arc<Sql>,
     backoff: Backoff,
     conn: Option<AsyncPgConnection>,
+    /// When the current (or last) connection was made.
+    connected_at: Option<Instant>,
 }
+
+/// How long a `LISTEN` connection must last before its loss starts the
+/// backoff afresh: a server (or a pooler) that accepts connections and drops
+/// them at once must not be reconnected to every 100 ms forever.
+const STABLE_AFTER: Duration = Duration::from_secs(30);
 
 impl Listener {
     /// Waits for the next wakeup: a (re)connect or a notification.
@@ -45,9 +53,7 @@ impl Listener {
                 match listen(&self.url, &self.sql).await {
                     Ok(conn) => {
                         tracing::debug!(schema = self.sql.schema.name(), "outbox LISTEN connected");
-                        // The connection worked: a later drop starts the
-                        // backoff afresh.
-                        self.backoff.reset();
+                        self.connected_at = Some(Instant::now());
                         self.conn = Some(conn);
                         return;
                     }
@@ -74,6 +80,11 @@ impl Listener {
 
     /// Logs why there is no connection and sleeps before the next attempt.
     async fn retry(&mut self, result: Result<()>) {
+        // A connection that lasted starts the backoff afresh; one dropped
+        // soon after it was made keeps backing off.
+        if lasted(self.connected_at.take()) {
+            self.backoff.reset();
+        }
         let retry_in = self.backoff.next_delay();
         match result {
             Ok(()) => tracing::warn!(
@@ -92,6 +103,12 @@ impl Listener {
     }
 }
 
+/// Whether a connection made at `connected_at` (if any) lasted long enough
+/// for its loss to start the backoff afresh.
+fn lasted(connected_at: Option<Instant>) -> bool {
+    connected_at.is_some_and(|at| at.elapsed() >= STABLE_AFTER)
+}
+
 /// Connects, names the session `outbox_listener:<schema>` and `LISTEN`s on
 /// the schema's channel.
 async fn listen(url: &str, sql: &Sql) -> Result<AsyncPgConnection> {
@@ -104,4 +121,19 @@ async fn listen(url: &str, sql: &Sql) -> Result<AsyncPgConnection> {
         .execute(&mut conn)
         .await?;
     Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_connection_that_lasted_resets_the_backoff() {
+        assert!(!lasted(None), "no connection: keep backing off");
+        assert!(!lasted(Some(Instant::now())), "dropped at once");
+        let long_ago = Instant::now()
+            .checked_sub(STABLE_AFTER + Duration::from_secs(1))
+            .expect("the clock is past boot + 31 s");
+        assert!(lasted(Some(long_ago)));
+    }
 }

@@ -7,12 +7,11 @@ use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
-use super::REPLAYED_REASON_HEADER;
-use crate::wire::header_str;
-use crate::{
+use crate::headers::{
     ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
-    QUEUE_HEADER,
+    QUEUE_HEADER, REPLAYED_REASON_HEADER,
 };
+use crate::wire::header_str;
 
 /// Whether the headers show the message was dead-lettered (by a consumer,
 /// or by the broker).

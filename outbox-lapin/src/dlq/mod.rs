@@ -39,10 +39,6 @@ use crate::error::redact_url;
 use crate::topology::short_string;
 use broker::in_use;
 
-/// Header: on a replayed message, why it had been dead-lettered (the
-/// `x-outbox-dead-reason` it carried).
-pub const REPLAYED_REASON_HEADER: &str = "x-outbox-replayed-reason";
-
 /// The default bound of each broker call: 10 s.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -82,7 +78,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// else the first `x-death` entry's queue (messages the broker itself
 /// dead-lettered). The copy keeps body and properties but for the headers:
 /// no `x-outbox-attempt` (the consumer starts over at attempt 1), and
-/// `x-outbox-dead-reason` moved to [`REPLAYED_REASON_HEADER`].
+/// `x-outbox-dead-reason` moved to [`REPLAYED_REASON_HEADER`](crate::REPLAYED_REASON_HEADER).
 ///
 /// **Nothing is lost if it dies half way**: a message is acked only after
 /// its copy is confirmed, so a crash leaves each message either in the

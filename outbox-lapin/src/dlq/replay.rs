@@ -11,10 +11,11 @@ use uuid::Uuid;
 
 use super::headers::{dead_lettered, origin_queue, replay_properties};
 use super::{DeadLetterQueue, close};
+use crate::Result;
 use crate::connection::bounded;
 use crate::consumer::republish::RepublishError;
+use crate::headers::{DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, QUEUE_HEADER};
 use crate::wire::header_str;
-use crate::{DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, QUEUE_HEADER, Result};
 
 impl DeadLetterQueue {
     /// Sends up to `limit` dead letters (when `None`, as many as the queue

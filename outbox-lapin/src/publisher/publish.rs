@@ -63,15 +63,17 @@ impl Publisher for LapinPublisher {
             // connection: a larger one makes RabbitMQ close the whole
             // connection (501), for every batch on it.
             let frame_max = checkout.connection.configuration().frame_max();
-            let (group, oversized): (Vec<usize>, Vec<usize>) = group.into_iter().partition(|&i| {
-                header_frame_fits(events[i], &self.inner.source, frame_max).is_ok()
-            });
-            for i in oversized {
-                if let Err(reason) = header_frame_fits(events[i], &self.inner.source, frame_max) {
-                    tracing::warn!(event_id = %events[i].id, %reason, "event cannot be published");
-                    outcomes[i] = Some(PublishOutcome::unpublishable(reason));
+            let mut fitting = Vec::with_capacity(group.len());
+            for i in group {
+                match header_frame_fits(events[i], &self.inner.source, frame_max) {
+                    Ok(()) => fitting.push(i),
+                    Err(reason) => {
+                        tracing::warn!(event_id = %events[i].id, %reason, "event cannot be published");
+                        outcomes[i] = Some(PublishOutcome::unpublishable(reason));
+                    }
                 }
             }
+            let group = fitting;
             if group.is_empty() {
                 self.checkin(checkout, true);
                 continue;

@@ -8,7 +8,7 @@ use outbox_core::{EventEnvelope, Headers};
 
 use crate::IncomingEvent;
 use crate::consumer::republish::text;
-use crate::consumer::{ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER};
+use crate::headers::{ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER};
 use crate::wire::header_str;
 
 /// The routing key the message first arrived with, from its

@@ -24,9 +24,10 @@ use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use super::republish::{Republisher, text, with_headers};
-use super::{
-    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError,
-    ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, Settings, metric_names,
+use super::{EventHandler, HandlerError, Settings, metric_names};
+use crate::headers::{
+    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
+    QUEUE_HEADER,
 };
 use crate::wire::header_i64;
 use crate::{DecodeError, IncomingEvent};

@@ -15,9 +15,9 @@ use super::{Attempt, Shared};
 use crate::IncomingEvent;
 use crate::consumer::dead_letter::dead_letter;
 use crate::consumer::republish::{Republisher, text, with_headers};
-use crate::consumer::{
-    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, EventHandler, HandlerError,
-    LAST_ERROR_HEADER, QUEUE_HEADER, metric_names,
+use crate::consumer::{EventHandler, HandlerError, metric_names};
+use crate::headers::{
+    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, LAST_ERROR_HEADER, QUEUE_HEADER,
 };
 
 impl<D, H> Shared<D, H>
