@@ -4,11 +4,15 @@
 //!
 //! A name is `<prefix>_<test>_<pid>_<n>`: the process id and a counter of
 //! this process make it unique; the prefix and the test name say whose it
-//! is when one is left behind. PostgreSQL cuts identifiers at
+//! is when one is left behind. The counter starts at a value read off the
+//! clock, so a process that gets the pid of an earlier, killed run does not
+//! meet the names that run left behind. PostgreSQL cuts identifiers at
 //! [`MAX_IDENTIFIER`] bytes, so a name is cut to that length, in the test
 //! part (the unique tail stays) and at a character boundary.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The longest identifier PostgreSQL keeps (`NAMEDATALEN - 1` bytes);
 /// longer ones are silently cut, so two long names could meet.
@@ -16,6 +20,19 @@ pub const MAX_IDENTIFIER: usize = 63;
 
 /// The one counter of this process behind every [`unique`] name.
 static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Where this process's counter starts: the clock's microseconds within a
+/// one-second window (six digits at most: names stay short).
+fn start() -> u32 {
+    static START: OnceLock<u32> = OnceLock::new();
+    *START.get_or_init(|| {
+        let micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
+        // Below 10^6: fits a u32.
+        u32::try_from(micros % 1_000_000).unwrap_or(0)
+    })
+}
 
 /// `<prefix>_<test>_<pid>_<n>`, at most [`MAX_IDENTIFIER`] bytes: the test
 /// part is cut (at a character boundary) when the whole would be longer,
@@ -31,7 +48,7 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 /// assert!(unique("t", &"é".repeat(100)).len() <= MAX_IDENTIFIER);
 /// ```
 pub fn unique(prefix: &str, test: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let n = u64::from(start()) + u64::from(COUNTER.fetch_add(1, Ordering::Relaxed));
     let tail = format!("_{}_{n}", std::process::id());
     let head = if prefix.is_empty() {
         String::new()
