@@ -29,14 +29,15 @@ pub mod config;
 pub mod consumers;
 pub mod db;
 pub mod domain;
+mod error;
+mod role;
 pub mod routes;
 pub mod shutdown;
 pub mod telemetry;
 pub mod topology;
 
 use std::collections::HashMap;
-use std::fmt;
-use std::str::FromStr;
+
 use std::sync::Arc;
 
 use outbox::admin::Janitor;
@@ -46,146 +47,12 @@ use outbox::rabbitmq::{EventHandler, LapinPublisher, QueueTopology};
 use outbox::{Relay, RelayHandle};
 use tokio::task::JoinSet;
 
+pub use error::{Error, error_chain};
+pub use role::{Role, UnknownRole};
+
 use crate::config::Config;
 use crate::db::PgPool;
 use crate::shutdown::Shutdown;
-
-/// What one process runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Role {
-    /// Everything in one process.
-    #[default]
-    All,
-    /// The HTTP API and the orders consumer.
-    Api,
-    /// The outbox relay.
-    Relay,
-    /// The inventory consumer.
-    Inventory,
-    /// The loyalty consumer.
-    Loyalty,
-}
-
-impl Role {
-    /// Every role, as named on the command line.
-    pub const NAMES: [&'static str; 5] = ["all", "api", "relay", "inventory", "loyalty"];
-
-    /// The name on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::All => "all",
-            Role::Api => "api",
-            Role::Relay => "relay",
-            Role::Inventory => "inventory",
-            Role::Loyalty => "loyalty",
-        }
-    }
-
-    fn runs(self, part: Role) -> bool {
-        self == Role::All || self == part
-    }
-
-    /// Connections the process may open: the HTTP API holds one per
-    /// request in flight, each consumer one per worker, the relay one.
-    fn pool_size(self) -> usize {
-        match self {
-            Role::All => 32,
-            Role::Api => 16 + consumers::CONCURRENCY,
-            Role::Relay | Role::Inventory | Role::Loyalty => 2 + consumers::CONCURRENCY,
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A role name that is not one of [`Role::NAMES`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown role {0:?}; expected one of: all, api, relay, inventory, loyalty")]
-pub struct UnknownRole(pub String);
-
-impl FromStr for Role {
-    type Err = UnknownRole;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "all" => Ok(Role::All),
-            "api" => Ok(Role::Api),
-            "relay" => Ok(Role::Relay),
-            "inventory" => Ok(Role::Inventory),
-            "loyalty" => Ok(Role::Loyalty),
-            other => Err(UnknownRole(other.to_owned())),
-        }
-    }
-}
-
-/// Why the service stopped with an error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// Bad settings.
-    #[error(transparent)]
-    Config(#[from] config::ConfigError),
-    /// PostgreSQL: unreachable, or migrations failed.
-    #[error(transparent)]
-    Database(#[from] db::DbError),
-    /// The outbox (relay settings).
-    #[error(transparent)]
-    Outbox(#[from] outbox::Error),
-    /// RabbitMQ: unreachable, or a declaration refused.
-    #[error(transparent)]
-    Broker(#[from] outbox::rabbitmq::Error),
-    /// The admin API's settings (e.g. `ADMIN_TOKEN` too short).
-    #[error(transparent)]
-    Admin(#[from] outbox::axum::Error),
-    /// The metrics recorder could not be installed.
-    #[error("cannot install the metrics recorder: {0}")]
-    Metrics(#[from] metrics_exporter_prometheus::BuildError),
-    /// The HTTP listener.
-    #[error("HTTP server on {addr}: {source}")]
-    Http {
-        /// The address.
-        addr: std::net::SocketAddr,
-        /// What failed.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A component panicked.
-    #[error("the {component} component panicked: {source}")]
-    Panicked {
-        /// Which one.
-        component: &'static str,
-        /// The join error.
-        #[source]
-        source: tokio::task::JoinError,
-    },
-}
-
-impl From<outbox::postgres::Error> for Error {
-    fn from(error: outbox::postgres::Error) -> Self {
-        Error::Database(error.into())
-    }
-}
-
-/// `error` and its sources, joined by `: ` (for one-line logs).
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        // `#[error(transparent)]` and "...: {source}; hint" messages
-        // already hold their source's text (as sqlx's do).
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
 
 /// Runs `role` until `shutdown` is triggered (or a component fails, which
 /// triggers it for the others), then stops every component gracefully.
@@ -425,43 +292,4 @@ async fn run_consumer<H: EventHandler<PgTransaction>>(
     let consumer = consumers::build(&config, pool, name, topology, handler)?;
     consumer.run(shutdown.wait_owned()).await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn roles_parse_from_their_names() {
-        for name in Role::NAMES {
-            assert_eq!(name.parse::<Role>().unwrap().as_str(), name);
-        }
-        assert!("web".parse::<Role>().is_err());
-        assert_eq!(Role::default(), Role::All);
-        assert!(Role::All.runs(Role::Relay));
-        assert!(!Role::Api.runs(Role::Relay));
-    }
-
-    #[test]
-    fn error_chains_do_not_repeat_themselves() {
-        #[derive(Debug, thiserror::Error)]
-        #[error("outer: {0}")]
-        struct Outer(#[source] std::io::Error);
-        let error = Outer(std::io::Error::other("inner"));
-        assert_eq!(error_chain(&error), "outer: inner");
-
-        // The source in the middle of the message, a hint after it.
-        #[derive(Debug, thiserror::Error)]
-        #[error("not reachable: {0}; start it")]
-        struct Hinted(#[source] std::io::Error);
-        let error = Hinted(std::io::Error::other("refused"));
-        assert_eq!(error_chain(&error), "not reachable: refused; start it");
-
-        // A source the message does not hold is appended.
-        #[derive(Debug, thiserror::Error)]
-        #[error("outer")]
-        struct Plain(#[source] std::io::Error);
-        let error = Plain(std::io::Error::other("inner"));
-        assert_eq!(error_chain(&error), "outer: inner");
-    }
 }
