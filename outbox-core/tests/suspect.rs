@@ -7,38 +7,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_core::testing::{InMemoryStore, RecordingPublisher};
+use outbox_core::testing::{InMemoryStore, RecordingPublisher, TestEvent};
 use outbox_core::{
-    Claim, DeadSelector, DomainEvent, EventEnvelope, EventStatus, OutboxStore, PublishOutcome,
-    Publisher, Relay,
+    Claim, DeadSelector, EventEnvelope, EventStatus, OutboxStore, PublishOutcome, Publisher, Relay,
 };
-use serde::Serialize;
 use uuid::Uuid;
-
-#[derive(Serialize)]
-struct Changed {
-    aggregate: String,
-    n: u32,
-}
-
-impl DomainEvent for Changed {
-    fn aggregate_type(&self) -> &'static str {
-        "thing"
-    }
-    fn event_type(&self) -> &'static str {
-        "thing.changed"
-    }
-    fn aggregate_id(&self) -> String {
-        self.aggregate.clone()
-    }
-}
 
 fn record(store: &InMemoryStore, aggregate: &str, n: u32) -> Uuid {
     store
-        .record(&Changed {
-            aggregate: aggregate.into(),
-            n,
-        })
+        .record(&TestEvent::new(aggregate).field("n", n))
         .unwrap()
 }
 
@@ -378,27 +355,10 @@ fn a_suspect_limit_below_two_is_rejected() {
 
 #[tokio::test(start_paused = true)]
 async fn suspects_go_first_and_wait_for_a_later_batch_after_one_is_not_confirmed() {
-    #[derive(Serialize)]
-    struct Stuck {
-        aggregate: String,
-    }
-    impl DomainEvent for Stuck {
-        fn aggregate_type(&self) -> &'static str {
-            "thing"
-        }
-        fn event_type(&self) -> &'static str {
-            "thing.stuck"
-        }
-        fn aggregate_id(&self) -> String {
-            self.aggregate.clone()
-        }
-    }
     let store = InMemoryStore::new();
     // s1's destination (its event type) has a stuck queue.
     let s1 = store
-        .record(&Stuck {
-            aggregate: "s1".into(),
-        })
+        .record(&TestEvent::new("s1").of_type("thing", "thing.stuck"))
         .unwrap();
     let s2 = record(&store, "s2", 0);
     let healthy: Vec<Uuid> = (0..5)
