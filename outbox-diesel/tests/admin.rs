@@ -11,7 +11,7 @@ use common::{TestDb, record, seq_of, seqs_of};
 use outbox_core::admin::{
     Admin, AdminError, AttemptOutcome, Caller, EventFilter, OutboxAdmin, PurgeTarget,
 };
-use outbox_core::testing::RecordingPublisher;
+use outbox_core::testing::{RecordingPublisher, fail_claimed};
 use outbox_core::{
     Claim, Claimed, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxStore, Relay,
     RelayRegistration,
@@ -29,19 +29,9 @@ async fn fail(db: &TestDb, ids: &[Uuid], error: &str, next: NextStep) {
 }
 
 async fn fail_with(store: &PgOutboxStore, ids: &[Uuid], error: &str, next: NextStep) {
-    let mut claim = store.claim(1_000).await.unwrap().expect("claimable");
-    let failures: Vec<FailedAttempt> = ids
-        .iter()
-        .map(|id| FailedAttempt {
-            seq: seq_of(&claim, *id),
-            attempts: 5,
-            error: format!("{error} ({id})"),
-            next,
-            unroutable_since: None,
-        })
-        .collect();
-    claim.mark_failed(&failures).await.unwrap();
-    claim.finish().await.unwrap();
+    fail_claimed(store, ids, 5, next, |id| format!("{error} ({id})"))
+        .await
+        .unwrap();
 }
 
 async fn status(admin: &Admin<impl OutboxAdmin>, id: Uuid) -> EventStatus {

@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use common::{TestDb, moved, record, seq_of, seqs_of};
+use common::{PgFixture, TestDb, moved, record, seq_of, seqs_of};
 use diesel_async::AsyncConnection as _;
 use outbox_core::testing::RecordingPublisher;
+use outbox_core::testing::conformance;
 use outbox_core::{
     Claim, DeadSelector, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxStore,
     PublishOutcome, Relay, RetryPolicy,
@@ -463,46 +464,22 @@ async fn dropping_a_claim_releases_it_and_marks_need_the_claim() {
 /// nothing: neither the other claim's row nor the claim's own.
 #[tokio::test]
 async fn marking_a_seq_not_in_the_claim_fails_with_not_in_claim_and_changes_nothing() {
-    let db = TestDb::new("claim_not_in_claim").await;
-    let ids = record(&db, &[("a".into(), 0), ("b".into(), 0)]).await;
-    let store = db.store();
-    let mut mine = store.claim(1).await.unwrap().unwrap();
-    let other = store.claim(1).await.unwrap().unwrap();
-    assert_eq!(ids_of(&mine), [ids[0]]);
-    assert_eq!(ids_of(&other), [ids[1]]);
-    let own = mine.records()[0].seq;
-    let foreign = other.records()[0].seq;
-    assert!(matches!(
-        mine.mark_sent(&[own, foreign]).await,
-        Err(Error::NotInClaim { seq }) if seq == foreign
-    ));
-    assert!(matches!(
-        mine.mark_suspect(&[foreign], "died").await,
-        Err(Error::NotInClaim { seq }) if seq == foreign
-    ));
-    let failure = |seq| FailedAttempt {
-        seq,
-        attempts: 1,
-        error: "nack".into(),
-        next: NextStep::Dead,
-        unroutable_since: None,
-    };
-    assert!(matches!(
-        mine.mark_failed(&[failure(own), failure(foreign)]).await,
-        Err(Error::NotInClaim { seq }) if seq == foreign
-    ));
-    let message = Error::NotInClaim { seq: foreign }.to_string();
-    assert!(message.contains(&foreign.to_string()), "{message}");
-    mine.finish().await.unwrap();
-    other.finish().await.unwrap();
-    assert_eq!(
-        db.count(
-            "outbox_events",
-            "WHERE status = 'pending' AND suspect_count = 0 AND attempts = 0"
-        ),
-        2,
-        "nothing was marked"
-    );
+    let fixture = PgFixture::new("claim_not_in_claim").await;
+    conformance::marks_refuse_seqs_not_in_the_claim(&fixture)
+        .await
+        .unwrap();
+    let message = Error::NotInClaim { seq: 1_234 }.to_string();
+    assert!(message.contains("1234"), "{message}");
+}
+
+/// The store contract of per-aggregate order with a dead (or waiting)
+/// head, replay and skip, as the in-memory store keeps it.
+#[tokio::test]
+async fn a_dead_event_holds_back_only_its_aggregate_as_the_store_contract_says() {
+    let fixture = PgFixture::new("claim_contract_dead").await;
+    conformance::a_dead_event_holds_back_only_its_aggregate(&fixture)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

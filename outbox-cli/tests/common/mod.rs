@@ -7,7 +7,8 @@ pub mod broker;
 
 use assert_cmd::Command;
 use diesel::{Connection as _, PgConnection, RunQueryDsl as _};
-use outbox_core::{Claim as _, FailedAttempt, NextStep, OutboxStore as _};
+use outbox_core::testing::{TestEvent, fail_claimed};
+use outbox_core::{Claim as _, NextStep, OutboxStore as _};
 use outbox_diesel::{Outbox, PgOutboxStore};
 use outbox_testkit::names;
 use outbox_testkit::pg::{self, TestSchema};
@@ -102,12 +103,13 @@ impl TestDb {
     pub async fn record(&self, aggregates: &[&str]) -> Vec<Uuid> {
         use diesel_async::AsyncConnection as _;
         let mut conn = outbox_diesel::connect(&self.url).await.unwrap();
-        let events: Vec<Moved> = aggregates
+        let events: Vec<TestEvent> = aggregates
             .iter()
             .enumerate()
-            .map(|(n, a)| Moved {
-                aggregate: (*a).to_owned(),
-                n: n as u32,
+            .map(|(n, a)| {
+                TestEvent::new(*a)
+                    .of_type("piece", "piece.moved")
+                    .field("n", n)
             })
             .collect();
         conn.transaction::<_, outbox_diesel::Error, _>(async |conn| {
@@ -119,25 +121,9 @@ impl TestDb {
 
     /// Claims what is claimable and marks `ids` failed with `next`.
     pub async fn fail(&self, ids: &[Uuid], error: &str, next: NextStep) {
-        let store = self.store();
-        let mut claim = store.claim(1_000).await.unwrap().expect("claimable");
-        let failures: Vec<FailedAttempt> = ids
-            .iter()
-            .map(|id| FailedAttempt {
-                seq: claim
-                    .records()
-                    .iter()
-                    .find(|r| r.id() == *id)
-                    .expect("the event is part of the claim")
-                    .seq,
-                attempts: 5,
-                error: format!("{error} ({id})"),
-                next,
-                unroutable_since: None,
-            })
-            .collect();
-        claim.mark_failed(&failures).await.unwrap();
-        claim.finish().await.unwrap();
+        fail_claimed(&self.store(), ids, 5, next, |id| format!("{error} ({id})"))
+            .await
+            .unwrap();
     }
 
     /// What a relay's claim gets now (rolled back).
@@ -152,23 +138,5 @@ impl TestDb {
         // blocks on a CLI process that would wait for those rows.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         ids
-    }
-}
-
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Moved {
-    pub aggregate: String,
-    pub n: u32,
-}
-
-impl outbox_core::DomainEvent for Moved {
-    fn aggregate_type(&self) -> &'static str {
-        "piece"
-    }
-    fn event_type(&self) -> &'static str {
-        "piece.moved"
-    }
-    fn aggregate_id(&self) -> String {
-        self.aggregate.clone()
     }
 }

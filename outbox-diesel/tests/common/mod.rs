@@ -6,10 +6,11 @@
 use diesel::{Connection, PgConnection, RunQueryDsl as _};
 use diesel_async::AsyncPgConnection;
 use diesel_async::pooled_connection::deadpool::Pool;
+use outbox_core::testing::TestEvent;
+use outbox_core::testing::conformance::{Fixture, RecordError};
 use outbox_diesel::{Outbox, PgOutboxStore};
 use outbox_testkit::names;
 use outbox_testkit::pg::{self, TestSchema};
-use serde::Serialize;
 
 #[allow(unused_imports)]
 pub use outbox_testkit::urls::{DEFAULT_DATABASE_URL as DEFAULT_URL, database_url};
@@ -120,32 +121,13 @@ impl TestDb {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct Moved {
-    pub aggregate: String,
-    pub n: u32,
-}
-
-impl outbox_core::DomainEvent for Moved {
-    fn aggregate_type(&self) -> &'static str {
-        "piece"
-    }
-    fn event_type(&self) -> &'static str {
-        "piece.moved"
-    }
-    fn aggregate_id(&self) -> String {
-        self.aggregate.clone()
-    }
-    fn aggregate_version(&self) -> Option<i64> {
-        Some(i64::from(self.n))
-    }
-}
-
-pub fn moved(aggregate: &str, n: u32) -> Moved {
-    Moved {
-        aggregate: aggregate.to_owned(),
-        n,
-    }
+/// A `piece.moved` event of aggregate `piece`/`aggregate`, version `n`,
+/// payload `{"aggregate": aggregate, "n": n}`.
+pub fn moved(aggregate: &str, n: u32) -> TestEvent {
+    TestEvent::new(aggregate)
+        .of_type("piece", "piece.moved")
+        .version(i64::from(n))
+        .field("n", n)
 }
 
 /// Records `events` (aggregate, n) as [`moved`] events, one committed
@@ -181,4 +163,46 @@ pub fn seq_of(claim: &impl outbox_core::Claim, id: uuid::Uuid) -> i64 {
         .find(|r| r.id() == id)
         .expect("the event is part of the claim")
         .seq
+}
+
+/// A fresh schema under the store contracts of
+/// [`outbox_core::testing::conformance`].
+pub struct PgFixture {
+    pub db: TestDb,
+    store: PgOutboxStore,
+}
+
+impl PgFixture {
+    pub async fn new(test: &str) -> PgFixture {
+        let db = TestDb::new(test).await;
+        PgFixture {
+            store: db.store(),
+            db,
+        }
+    }
+}
+
+impl Fixture for PgFixture {
+    type Store = PgOutboxStore;
+
+    fn store(&self) -> &PgOutboxStore {
+        &self.store
+    }
+
+    async fn record(&self, events: &[TestEvent]) -> Result<Vec<uuid::Uuid>, RecordError> {
+        use diesel_async::AsyncConnection as _;
+        let mut conn = outbox_diesel::connect(&self.db.url).await?;
+        Ok(conn
+            .transaction::<_, outbox_diesel::Error, _>(async |conn| {
+                self.db.outbox.record_all(conn, events).await
+            })
+            .await?)
+    }
+
+    fn not_in_claim(error: &outbox_diesel::Error) -> Option<i64> {
+        match error {
+            outbox_diesel::Error::NotInClaim { seq } => Some(*seq),
+            _ => None,
+        }
+    }
 }
