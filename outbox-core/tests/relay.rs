@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_core::testing::conformance::{self, Fixture, RecordError};
-use outbox_core::testing::{HookedStore, InMemoryStore, RecordingPublisher, StoreError, TestEvent};
+use outbox_core::testing::conformance;
+use outbox_core::testing::{HookedStore, InMemoryStore, RecordingPublisher, TestEvent, run_until};
 use outbox_core::{
     DeadSelector, EventEnvelope, EventStatus, OutboxStore, PublishOutcome, Relay, RelayHandle,
     RetryPolicy,
@@ -44,33 +44,6 @@ fn new_relay(
     (relay, handle)
 }
 
-/// Runs the relay until `done` holds for the store (checked every 5 ms of
-/// tokio time), then shuts it down and waits for it.
-async fn run_until(
-    relay: Relay<InMemoryStore, RecordingPublisher>,
-    store: &InMemoryStore,
-    done: impl Fn(&InMemoryStore) -> bool,
-) {
-    let handle = relay.handle();
-    let task = tokio::spawn(relay.run());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
-    while !done(store) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "relay did not reach the expected state: {:?}",
-            store.records()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    handle.shutdown();
-    task.await.unwrap();
-    assert_eq!(
-        store.claimed(),
-        0,
-        "relay left events claimed after shutdown"
-    );
-}
-
 fn all_sent(store: &InMemoryStore) -> bool {
     store
         .records()
@@ -86,7 +59,7 @@ async fn publishes_everything_and_marks_it_sent_only_after_ack() {
         .collect();
     let publisher = RecordingPublisher::new();
     let (relay, _) = new_relay(&store, &publisher, RetryPolicy::default());
-    run_until(relay, &store, all_sent).await;
+    run_until(relay, &store, all_sent).await.unwrap();
 
     let mut published = publisher.published_ids();
     published.sort();
@@ -122,7 +95,7 @@ async fn connection_lost_spends_no_attempts_and_pauses() {
         }
     });
     let (relay, _) = new_relay(&store, &publisher, instant_retries(2));
-    run_until(relay, &store, all_sent).await;
+    run_until(relay, &store, all_sent).await.unwrap();
 
     for record in store.records() {
         assert_eq!(
@@ -160,7 +133,8 @@ async fn rejections_spend_attempts_and_end_dead_blocking_only_their_aggregate() 
                 .iter()
                 .all(|id| s.get(*id).unwrap().status == EventStatus::Sent)
     })
-    .await;
+    .await
+    .unwrap();
 
     let dead = store.get(poison).unwrap();
     assert_eq!(dead.attempts, 3);
@@ -209,7 +183,8 @@ async fn an_unpublishable_event_ends_dead_at_once_blocking_only_its_aggregate() 
                 .iter()
                 .all(|id| s.get(*id).unwrap().status == EventStatus::Sent)
     })
-    .await;
+    .await
+    .unwrap();
     let dead = store.get(poison).unwrap();
     assert_eq!(dead.attempts, 1, "no retry schedule for a hopeless event");
     assert_eq!(
@@ -250,7 +225,8 @@ async fn replay_publishes_in_original_order_and_skip_unblocks() {
         s.get(a0).unwrap().status == EventStatus::Dead
             && s.get(b0).unwrap().status == EventStatus::Dead
     })
-    .await;
+    .await
+    .unwrap();
     assert!(publisher.published_ids().is_empty());
 
     // The broker is fixed: replay a's dead event, skip b's.
@@ -267,7 +243,8 @@ async fn replay_publishes_in_original_order_and_skip_unblocks() {
             .iter()
             .all(|id| s.get(*id).unwrap().status == EventStatus::Sent)
     })
-    .await;
+    .await
+    .unwrap();
     let published = publisher.published_ids();
     let pos = |id| published.iter().position(|p| *p == id).unwrap();
     assert!(pos(a0) < pos(a1), "replayed event keeps its place");
@@ -304,7 +281,7 @@ async fn a_wave_unconfirmed_across_destinations_pauses_and_spends_nothing() {
         }
     });
     let (relay, _) = new_relay(&store, &publisher, instant_retries(2));
-    run_until(relay, &store, all_sent).await;
+    run_until(relay, &store, all_sent).await.unwrap();
     for record in store.records() {
         assert_eq!(record.attempts, 0, "silence spends no attempt");
         assert_eq!(
@@ -481,7 +458,7 @@ async fn the_claims_deadline_is_passed_to_each_wave() {
     let publisher = RecordingPublisher::new();
     let before = std::time::Instant::now();
     let (relay, _) = new_relay(&store, &publisher, RetryPolicy::default());
-    run_until(relay, &store, all_sent).await;
+    run_until(relay, &store, all_sent).await.unwrap();
     let deadlines = publisher.deadlines();
     assert_eq!(deadlines.len(), 3, "one wave per event of the aggregate");
     for deadline in deadlines {
@@ -571,7 +548,7 @@ async fn store_errors_are_retried() {
     store.fail_next(5);
     let publisher = RecordingPublisher::new();
     let (relay, _) = new_relay(&store, &publisher, RetryPolicy::default());
-    run_until(relay, &store, all_sent).await;
+    run_until(relay, &store, all_sent).await.unwrap();
     assert_eq!(publisher.published_ids().len(), 20);
 }
 
@@ -788,7 +765,7 @@ fn random_failures_case(
             .retry(instant_retries(10_000))
             .build()
             .unwrap();
-        run_until(relay, &store, all_sent).await;
+        run_until(relay, &store, all_sent).await.unwrap();
 
         // Every event acked exactly once, and nothing marked without an ack.
         let acked = publisher.published_ids();
@@ -920,45 +897,19 @@ async fn unroutable_policies_spend_attempts_or_accept_when_told_to() {
     assert_eq!(row.attempts, 0);
 }
 
-/// The in-memory store under the store contracts of
-/// [`outbox_core::testing::conformance`].
-struct Memory(InMemoryStore);
-
-impl Fixture for Memory {
-    type Store = InMemoryStore;
-
-    fn store(&self) -> &InMemoryStore {
-        &self.0
-    }
-
-    async fn record(&self, events: &[TestEvent]) -> Result<Vec<Uuid>, RecordError> {
-        Ok(events
-            .iter()
-            .map(|e| self.0.record(e))
-            .collect::<Result<_, _>>()?)
-    }
-
-    fn not_in_claim(error: &StoreError) -> Option<i64> {
-        match error {
-            StoreError::NotInClaim { seq } => Some(*seq),
-            _ => None,
-        }
-    }
-}
-
 /// Marks name events by their seq, and a claim refuses a seq that is not
 /// one of its records (another claim's, or none at all) with
 /// `NotInClaim`, marking nothing of the call.
 #[tokio::test]
 async fn the_in_memory_store_refuses_a_seq_not_in_the_claim_and_marks_nothing() {
-    conformance::marks_refuse_seqs_not_in_the_claim(&Memory(InMemoryStore::new()))
+    conformance::marks_refuse_seqs_not_in_the_claim(&InMemoryStore::new())
         .await
         .unwrap();
 }
 
 #[tokio::test]
 async fn in_the_in_memory_store_a_dead_event_holds_back_only_its_aggregate() {
-    conformance::a_dead_event_holds_back_only_its_aggregate(&Memory(InMemoryStore::new()))
+    conformance::a_dead_event_holds_back_only_its_aggregate(&InMemoryStore::new())
         .await
         .unwrap();
 }

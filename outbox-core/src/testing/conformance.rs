@@ -5,33 +5,12 @@
 //! refusal) and runs each check in a test of its own:
 //!
 //! ```
-//! use outbox_core::testing::conformance::{self, Fixture, RecordError};
-//! use outbox_core::testing::{InMemoryStore, StoreError, TestEvent};
-//! use uuid::Uuid;
-//!
-//! struct Memory(InMemoryStore);
-//!
-//! impl Fixture for Memory {
-//!     type Store = InMemoryStore;
-//!
-//!     fn store(&self) -> &InMemoryStore {
-//!         &self.0
-//!     }
-//!
-//!     async fn record(&self, events: &[TestEvent]) -> Result<Vec<Uuid>, RecordError> {
-//!         Ok(events.iter().map(|e| self.0.record(e)).collect::<Result<_, _>>()?)
-//!     }
-//!
-//!     fn not_in_claim(error: &StoreError) -> Option<i64> {
-//!         match error {
-//!             StoreError::NotInClaim { seq } => Some(*seq),
-//!             _ => None,
-//!         }
-//!     }
-//! }
+//! use outbox_core::testing::conformance;
+//! use outbox_core::testing::InMemoryStore;
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-//! conformance::marks_refuse_seqs_not_in_the_claim(&Memory(InMemoryStore::new()))
+//! // The in-memory store is its own fixture.
+//! conformance::marks_refuse_seqs_not_in_the_claim(&InMemoryStore::new())
 //!     .await
 //!     .unwrap();
 //! # });
@@ -49,7 +28,7 @@ use uuid::Uuid;
 
 use crate::{Claim, DeadSelector, EventStatus, FailedAttempt, NextStep, OutboxStore};
 
-use super::TestEvent;
+use super::{InMemoryStore, StoreError, TestEvent};
 
 /// Why a [`Fixture`] could not record events.
 pub type RecordError = Box<dyn std::error::Error + Send + Sync>;
@@ -73,6 +52,30 @@ pub trait Fixture: Send + Sync {
     /// The seq named by `error` if it is the store's refusal of a mark for
     /// a seq that is not part of the claim ("not in claim"), else `None`.
     fn not_in_claim(error: &<Self::Store as OutboxStore>::Error) -> Option<i64>;
+}
+
+/// The in-memory store is its own fixture: it records directly, and its
+/// refusal is [`StoreError::NotInClaim`].
+impl Fixture for InMemoryStore {
+    type Store = InMemoryStore;
+
+    fn store(&self) -> &InMemoryStore {
+        self
+    }
+
+    async fn record(&self, events: &[TestEvent]) -> Result<Vec<Uuid>, RecordError> {
+        Ok(events
+            .iter()
+            .map(|e| InMemoryStore::record(self, e))
+            .collect::<Result<_, _>>()?)
+    }
+
+    fn not_in_claim(error: &StoreError) -> Option<i64> {
+        match error {
+            StoreError::NotInClaim { seq } => Some(*seq),
+            _ => None,
+        }
+    }
 }
 
 /// A store broke a contract (or failed) in a check.
@@ -457,25 +460,25 @@ pub async fn a_dead_event_holds_back_only_its_aggregate<F: Fixture>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{InMemoryStore, StoreError};
 
-    struct Memory(InMemoryStore);
+    /// The in-memory store, deliberately blind to its refusal: every
+    /// refusal looks like another error.
+    struct Blind(InMemoryStore);
 
-    impl Fixture for Memory {
+    impl Fixture for Blind {
         type Store = InMemoryStore;
 
         fn store(&self) -> &InMemoryStore {
             &self.0
         }
 
-        async fn record(&self, events: &[TestEvent]) -> Result<Vec<Uuid>, RecordError> {
-            Ok(events
-                .iter()
-                .map(|e| self.0.record(e))
-                .collect::<Result<_, _>>()?)
+        fn record(
+            &self,
+            events: &[TestEvent],
+        ) -> impl Future<Output = Result<Vec<Uuid>, RecordError>> + Send {
+            Fixture::record(&self.0, events)
         }
 
-        /// Deliberately blind: every refusal looks like another error.
         fn not_in_claim(_: &StoreError) -> Option<i64> {
             None
         }
@@ -483,7 +486,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_store_error_that_is_not_recognised_is_a_violation() {
-        let violation = marks_refuse_seqs_not_in_the_claim(&Memory(InMemoryStore::new()))
+        let violation = marks_refuse_seqs_not_in_the_claim(&Blind(InMemoryStore::new()))
             .await
             .unwrap_err();
         assert_eq!(violation.check, "marks_refuse_seqs_not_in_the_claim");

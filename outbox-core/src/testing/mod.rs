@@ -2,7 +2,8 @@
 //! [`InMemoryStore`], [`RecordingPublisher`] and [`InMemoryInbox`]; and the
 //! harness every store's and adapter's tests share: a sample event
 //! ([`TestEvent`]), failing events through a claim ([`fail_claimed`]), a
-//! store wrapper with hooks ([`HookedStore`]) and the store contracts
+//! store wrapper with hooks ([`HookedStore`]), running a relay until the
+//! store reaches a state ([`run_until`]) and the store contracts
 //! ([`conformance`]).
 //!
 //! They follow the same contracts as the real adapters (claims, per-aggregate
@@ -18,6 +19,7 @@ mod hooked;
 mod inbox;
 mod memory;
 mod publisher;
+mod run;
 
 pub use broker::{BrokerError, InMemoryDeadLetterQueues, InMemorySession, QueuedMessage};
 pub use event::TestEvent;
@@ -26,3 +28,4 @@ pub use hooked::HookedStore;
 pub use inbox::{InMemoryInbox, InboxTx};
 pub use memory::{InMemoryClaim, InMemoryStore, StoreError};
 pub use publisher::{PublishAttempt, RecordingPublisher};
+pub use run::{RunUntil, run_until};
