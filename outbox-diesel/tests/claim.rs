@@ -12,7 +12,7 @@ use chrono::Utc;
 use common::{PgFixture, TestDb, moved, record, seq_of, seqs_of};
 use diesel_async::AsyncConnection as _;
 use outbox_core::testing::RecordingPublisher;
-use outbox_core::testing::conformance;
+use outbox_core::testing::{conformance, fail_claimed};
 use outbox_core::{
     Claim, DeadSelector, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxStore,
     PublishOutcome, Relay, RetryPolicy,
@@ -399,18 +399,11 @@ async fn a_due_retry_is_claimed_again_with_its_attempts() {
     let db = TestDb::new("claim_retry_due").await;
     let ids = record(&db, &[("a".into(), 0), ("a".into(), 1)]).await;
     let store = db.store();
-    let mut claim = store.claim(10).await.unwrap().unwrap();
-    claim
-        .mark_failed(&[FailedAttempt {
-            seq: seq_of(&claim, ids[0]),
-            attempts: 1,
-            error: "nack".into(),
-            next: NextStep::RetryAt(Utc::now()),
-            unroutable_since: None,
-        }])
-        .await
-        .unwrap();
-    claim.finish().await.unwrap();
+    fail_claimed(&store, &[ids[0]], 1, NextStep::RetryAt(Utc::now()), |_| {
+        "nack".into()
+    })
+    .await
+    .unwrap();
     assert_eq!(
         db.count("outbox_events", "WHERE status = 'held'"),
         1,

@@ -300,12 +300,7 @@ async fn place_order(
     Json(cmd): Json<Cmd>,
 ) -> (StatusCode, Json<serde_json::Value>) {
     let id = insert_order(&mut tx, &app.schema, &cmd.name, cmd.parent).await;
-    events
-        .raise(OrderPlaced {
-            order_id: id,
-            name: cmd.name.clone(),
-        })
-        .unwrap();
+    raise_placed(&events, id, &cmd.name);
     if cmd.sleep_ms > 0 {
         tokio::time::sleep(Duration::from_millis(cmd.sleep_ms)).await;
     }
@@ -368,12 +363,7 @@ async fn place_nested(
 
 /// Only `Events`, no transaction.
 async fn events_only(events: Events, Json(cmd): Json<Cmd>) -> StatusCode {
-    events
-        .raise(OrderPlaced {
-            order_id: 0,
-            name: cmd.name.clone(),
-        })
-        .unwrap();
+    raise_placed(&events, 0, &cmd.name);
     status_of(&cmd)
 }
 
@@ -387,12 +377,7 @@ async fn own_tx(
     let result = conn
         .transaction::<_, diesel::result::Error, _>(async |conn| {
             let id = insert_order(conn, &app.schema, &cmd.name, None).await;
-            events
-                .raise(OrderPlaced {
-                    order_id: id,
-                    name: cmd.name.clone(),
-                })
-                .unwrap();
+            raise_placed(&events, id, &cmd.name);
             let written = events.flush(conn).await.unwrap();
             assert_eq!(written, 1);
             assert!(events.is_empty());
@@ -420,16 +405,33 @@ async fn hold(
 ) -> StatusCode {
     let _signal = DropSignal(Arc::clone(&app.gate));
     let id = insert_order(&mut tx, &app.schema, &cmd.name, None).await;
-    events
-        .raise(OrderPlaced {
-            order_id: id,
-            name: cmd.name.clone(),
-        })
-        .unwrap();
+    raise_placed(&events, id, &cmd.name);
     let released = app.gate.release.notified();
     app.gate.entered.notify_one();
     released.await;
     status_of(&cmd)
+}
+
+/// Raises `order.placed` for order `order_id`.
+fn raise_placed(events: &Events, order_id: i64, name: &str) {
+    events
+        .raise(OrderPlaced {
+            order_id,
+            name: name.to_owned(),
+        })
+        .unwrap();
+}
+
+/// How a misbehaving handler starts: notes its transaction's backend pid
+/// in the gate, inserts an order and raises its event if asked; the
+/// order's id.
+async fn misbehaving_start(app: &AppState, tx: &mut Tx, events: &Events, cmd: &Cmd) -> i64 {
+    *app.gate.backend.lock().unwrap() = Some(backend_pid(tx).await);
+    let id = insert_order(tx, &app.schema, &cmd.name, None).await;
+    if cmd.raise {
+        raise_placed(events, id, &cmd.name);
+    }
+    id
 }
 
 /// Inserts an order (and raises its event if asked), then runs a nested
@@ -441,16 +443,7 @@ async fn nested_cancelled(
     events: Events,
     Json(cmd): Json<Cmd>,
 ) -> (StatusCode, Json<serde_json::Value>) {
-    *app.gate.backend.lock().unwrap() = Some(backend_pid(&mut tx).await);
-    let id = insert_order(&mut tx, &app.schema, &cmd.name, None).await;
-    if cmd.raise {
-        events
-            .raise(OrderPlaced {
-                order_id: id,
-                name: cmd.name.clone(),
-            })
-            .unwrap();
-    }
+    let id = misbehaving_start(&app, &mut tx, &events, &cmd).await;
     let schema = app.schema.clone();
     let nested = tokio::time::timeout(
         Duration::from_millis(200),
@@ -473,16 +466,7 @@ async fn swallowed_error(
     events: Events,
     Json(cmd): Json<Cmd>,
 ) -> (StatusCode, Json<serde_json::Value>) {
-    *app.gate.backend.lock().unwrap() = Some(backend_pid(&mut tx).await);
-    let id = insert_order(&mut tx, &app.schema, &cmd.name, None).await;
-    if cmd.raise {
-        events
-            .raise(OrderPlaced {
-                order_id: id,
-                name: cmd.name.clone(),
-            })
-            .unwrap();
-    }
+    let id = misbehaving_start(&app, &mut tx, &events, &cmd).await;
     let failed = diesel::sql_query("SELECT 1 / 0").execute(&mut tx).await;
     assert!(failed.is_err(), "division by zero fails");
     (status_of(&cmd), Json(serde_json::json!({ "id": id })))
