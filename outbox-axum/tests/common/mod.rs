@@ -1,5 +1,6 @@
 //! Shared harness: a PostgreSQL schema per test (outbox tables + a business
-//! table), the test application's routes, and HTTP helpers for `oneshot`
+//! table; the [`TestDb`] of outbox-diesel's tests, shared), the test
+//! application's routes, and HTTP helpers for `oneshot`
 //! and for a real server on 127.0.0.1:0.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
@@ -22,10 +23,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use outbox_axum::{Events, Tx};
 use outbox_core::DomainEvent;
-use outbox_diesel::Outbox;
 use outbox_testkit::eventually::eventually;
 use outbox_testkit::names;
-use outbox_testkit::pg::{self, TestSchema, backend_pid};
+use outbox_testkit::pg::{self, backend_pid};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tower::ServiceExt as _;
@@ -33,60 +33,39 @@ use tower::ServiceExt as _;
 #[allow(unused_imports)]
 pub use outbox_testkit::urls::{DEFAULT_DATABASE_URL as DEFAULT_URL, database_url};
 
+#[path = "../../../outbox-diesel/tests/common/db.rs"]
+mod db;
+
+pub use db::TestDb;
+
 /// A migrated outbox schema with an `orders` table, dropped when the test
 /// ends (also when it panics).
-pub struct TestDb {
-    pub url: String,
-    pub schema: String,
-    pub pool: Pool<AsyncPgConnection>,
-    pub outbox: Outbox,
-    /// Drops the schema; last, after the pool.
-    guard: TestSchema,
-}
-
 impl TestDb {
     pub async fn new(test: &str) -> TestDb {
         TestDb::with_pool(test, 6).await
     }
 
     pub async fn with_pool(test: &str, pool_size: usize) -> TestDb {
-        let guard = TestSchema::reserve(&database_url(), names::unique("ax", test));
-        let url = guard.url().to_owned();
-        let schema = guard.name().to_owned();
-        let mut conn = pg::connect(&url).await;
-        outbox_diesel::migrate(&mut conn, &schema).await.unwrap();
+        let db = TestDb::reserve(names::unique("ax", test), pool_size);
+        db.migrate().await;
         // `parent` fails at COMMIT when it names no order: the injected
         // commit failure.
-        diesel::sql_query(guard.sql(
+        TestDb::execute(
+            &db,
             "CREATE TABLE {schema}.orders (
                  id bigserial PRIMARY KEY,
                  name text NOT NULL,
                  parent bigint REFERENCES {schema}.orders (id) DEFERRABLE INITIALLY DEFERRED
              )",
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-        TestDb {
-            pool: outbox_diesel::pool(&url, pool_size).unwrap(),
-            outbox: Outbox::new(&schema).unwrap(),
-            url,
-            schema,
-            guard,
-        }
-    }
-
-    pub async fn conn(&self) -> AsyncPgConnection {
-        outbox_diesel::connect(&self.url).await.unwrap()
+        );
+        db
     }
 
     /// `SELECT count(*) FROM <schema>.<table>`.
     pub async fn count(&self, table: &str) -> i64 {
         pg::count(
             &mut self.conn().await,
-            &self
-                .guard
-                .sql(&format!("SELECT count(*) AS n FROM {{schema}}.{table}")),
+            &self.sql(&format!("SELECT count(*) AS n FROM {{schema}}.{table}")),
         )
         .await
     }
