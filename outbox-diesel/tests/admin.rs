@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use chrono::Utc;
-use common::{TestDb, record, seq_of, seqs_of};
+use common::{TestDb, one_each, record, seq_of, seqs_of};
 use outbox_core::admin::{
     Admin, AdminError, AttemptOutcome, Caller, EventFilter, OutboxAdmin, PurgeTarget,
 };
@@ -84,16 +84,7 @@ async fn replaying_a_later_dead_event_leaves_it_held_until_the_earlier_one_is_re
 async fn failure_groups_list_show_and_replay_by_group() {
     let db = TestDb::new("admin_groups").await;
     let admin = Admin::new(db.store());
-    let ids = record(
-        &db,
-        &[
-            ("a".into(), 0),
-            ("b".into(), 0),
-            ("c".into(), 0),
-            ("d".into(), 0),
-        ],
-    )
-    .await;
+    let ids = record(&db, &one_each(&["a", "b", "c", "d"])).await;
     fail(&db, &ids[..3], "NOT_FOUND - no exchange", NextStep::Dead).await;
     let later = Utc::now() + chrono::Duration::hours(1);
     fail(&db, &ids[3..], "NO_ROUTE", NextStep::RetryAt(later)).await;
@@ -272,17 +263,7 @@ async fn purges_delete_old_sent_events_and_inbox_entries_never_dead_ones() {
     let db = TestDb::new("admin_purge").await;
     let store = db.store();
     let admin = Admin::new(store.clone()).chunk_size(2);
-    let ids = record(
-        &db,
-        &[
-            ("a".into(), 0),
-            ("b".into(), 0),
-            ("c".into(), 0),
-            ("d".into(), 0),
-            ("e".into(), 0),
-        ],
-    )
-    .await;
+    let ids = record(&db, &one_each(&["a", "b", "c", "d", "e"])).await;
     let mut claim = store.claim(10).await.unwrap().unwrap();
     claim.mark_sent(&seqs_of(&claim, &ids[..4])).await.unwrap();
     claim

@@ -62,6 +62,24 @@ async fn record(db: &TestDb, conn: &mut AsyncPgConnection, n: u32) -> Uuid {
         .unwrap()
 }
 
+/// Records `events` events one after the other, each once the previous
+/// one was published, and checks that each is published within
+/// [`PUBLISH_BOUND`] (without `handle.notify()`).
+async fn record_each_and_see_it_published(
+    db: &TestDb,
+    publisher: &RecordingPublisher,
+    events: u32,
+) {
+    let mut conn = db.conn().await;
+    for n in 1..=events {
+        let id = record(db, &mut conn, n).await;
+        tokio::time::timeout(PUBLISH_BOUND, publisher.wait_for(n as usize))
+            .await
+            .unwrap_or_else(|_| panic!("event {n} was not published within {PUBLISH_BOUND:?}"));
+        assert_eq!(publisher.published_ids().last(), Some(&id));
+    }
+}
+
 #[derive(Debug, diesel::QueryableByName)]
 struct Session {
     #[diesel(sql_type = diesel::sql_types::Integer)]
@@ -112,16 +130,9 @@ async fn committed_event_wakes_the_relay_through_notify() {
     let (handle, publisher, task) = start_relay(&db);
     wait_for_listener(&db, None).await;
 
-    let mut conn = db.conn().await;
     // One after the other: the listener's one wakeup on connect can explain
     // at most the first; the others need their NOTIFY (polling is an hour).
-    for n in 1..=3 {
-        let id = record(&db, &mut conn, n).await;
-        tokio::time::timeout(PUBLISH_BOUND, publisher.wait_for(n as usize))
-            .await
-            .unwrap_or_else(|_| panic!("event {n} was not published within {PUBLISH_BOUND:?}"));
-        assert_eq!(publisher.published_ids().last(), Some(&id));
-    }
+    record_each_and_see_it_published(&db, &publisher, 3).await;
     assert_eq!(publisher.published_ids().len(), 3, "each event once");
     stop_relay(handle, task).await;
     assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 3);
@@ -229,14 +240,7 @@ async fn longest_schema_name_records_and_wakes_the_relay() {
         })
         .await;
 
-    let mut conn = db.conn().await;
-    for n in 1..=3 {
-        let id = record(&db, &mut conn, n).await;
-        tokio::time::timeout(PUBLISH_BOUND, publisher.wait_for(n as usize))
-            .await
-            .unwrap_or_else(|_| panic!("event {n} was not published within {PUBLISH_BOUND:?}"));
-        assert_eq!(publisher.published_ids().last(), Some(&id));
-    }
+    record_each_and_see_it_published(&db, &publisher, 3).await;
     stop_relay(handle, task).await;
     assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 3);
     let channel = db.outbox.schema().channel();

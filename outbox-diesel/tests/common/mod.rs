@@ -90,6 +90,11 @@ pub fn moved(aggregate: &str, n: u32) -> TestEvent {
         .field("n", n)
 }
 
+/// The first event (n = 0) of each of `aggregates`, for [`record`].
+pub fn one_each(aggregates: &[&str]) -> Vec<(String, u32)> {
+    aggregates.iter().map(|a| ((*a).to_owned(), 0)).collect()
+}
+
 /// Records `events` (aggregate, n) as [`moved`] events, one committed
 /// transaction per 500; returns their ids in order.
 pub async fn record(db: &TestDb, events: &[(String, u32)]) -> Vec<uuid::Uuid> {
