@@ -512,23 +512,6 @@ async fn a_claim_for_a_paused_relay_reads_and_locks_nothing_in_either_order() {
     );
 }
 
-/// Publishes like `inner`, each call taking `delay` (asynchronously).
-struct Slow {
-    inner: RecordingPublisher,
-    delay: Duration,
-}
-
-impl outbox_core::Publisher for Slow {
-    async fn publish(
-        &self,
-        events: &[&outbox_core::EventEnvelope],
-        deadline: Option<std::time::Instant>,
-    ) -> Vec<outbox_core::PublishOutcome> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.publish(events, deadline).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_stops_a_running_relay_at_its_next_claim_and_a_resume_delivers() {
     let db = TestDb::new("admin_pause_claim").await;
@@ -538,20 +521,15 @@ async fn a_pause_stops_a_running_relay_at_its_next_claim_and_a_resume_delivers()
     // One event at a time, 100 ms each: events are pending while the relay
     // runs. Heartbeats every 5 s (the most a stats interval of an hour
     // gives): the pause below is read by the claims, before the next one.
-    let relay = Relay::builder(
-        db.store(),
-        Slow {
-            inner: publisher.clone(),
-            delay: Duration::from_millis(100),
-        },
-    )
-    .name("r1")
-    .batch_size(1)
-    .concurrency(1)
-    .poll_interval(Duration::from_millis(20))
-    .stats_interval(Duration::from_secs(3600))
-    .build()
-    .unwrap();
+    publisher.set_delay(|_| Duration::from_millis(100));
+    let relay = Relay::builder(db.store(), publisher.clone())
+        .name("r1")
+        .batch_size(1)
+        .concurrency(1)
+        .poll_interval(Duration::from_millis(20))
+        .stats_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
     let handle = relay.handle();
     let task = tokio::spawn(relay.run());
     tokio::time::timeout(Duration::from_secs(10), publisher.wait_for(1))

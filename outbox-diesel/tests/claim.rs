@@ -623,25 +623,6 @@ async fn prepared_statements(conn: &mut diesel_async::AsyncPgConnection) -> i64 
     outbox_testkit::pg::count(conn, "SELECT count(*) AS n FROM pg_prepared_statements").await
 }
 
-/// Publishes like `inner`, taking 400 ms (asynchronously) for `slow`.
-struct SlowFor {
-    inner: RecordingPublisher,
-    slow: Uuid,
-}
-
-impl outbox_core::Publisher for SlowFor {
-    async fn publish(
-        &self,
-        events: &[&outbox_core::EventEnvelope],
-        deadline: Option<std::time::Instant>,
-    ) -> Vec<PublishOutcome> {
-        if events.iter().any(|e| e.id == self.slow) {
-            tokio::time::sleep(Duration::from_millis(400)).await;
-        }
-        self.inner.publish(events, deadline).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_event_queued_behind_a_batch_in_flight_goes_as_soon_as_that_batch_ends() {
     // a0 is being published (slowly) when a1 commits; the loop woken for
@@ -649,12 +630,16 @@ async fn an_event_queued_behind_a_batch_in_flight_goes_as_soon_as_that_batch_end
     // batch ends, a1 must go at once, not at the next poll (an hour here).
     let db = TestDb::new("claim_follow").await;
     let a0 = record(&db, &[("a".into(), 0)]).await[0];
+    // Publishes taking 400 ms for a0.
     let publisher = RecordingPublisher::new();
-    let slow = SlowFor {
-        inner: publisher.clone(),
-        slow: a0,
-    };
-    let relay = Relay::builder(db.store(), slow)
+    publisher.set_delay(move |events| {
+        if events.iter().any(|e| e.id == a0) {
+            Duration::from_millis(400)
+        } else {
+            Duration::ZERO
+        }
+    });
+    let relay = Relay::builder(db.store(), publisher.clone())
         .concurrency(2)
         .poll_interval(Duration::from_secs(3600))
         .stats_interval(Duration::from_secs(3600))
