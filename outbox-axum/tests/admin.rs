@@ -15,64 +15,28 @@ use common::{Reply, oneshot};
 use outbox_axum::admin::{AdminRouter, BearerTokens, LayerAuth};
 use outbox_core::InboxDatabase as _;
 use outbox_core::admin::{Admin, Caller, DeadLetter, DeadLetters};
-use outbox_core::testing::{InMemoryDeadLetterQueues, InMemoryInbox, InMemoryStore, QueuedMessage};
-use outbox_core::{
-    Claim, DomainEvent, EventStatus, FailedAttempt, NextStep, OutboxStore, RelayRegistration,
+use outbox_core::testing::{
+    InMemoryDeadLetterQueues, InMemoryInbox, InMemoryStore, QueuedMessage, TestEvent, fail_claimed,
 };
-use serde::Serialize;
+use outbox_core::{Claim, EventStatus, NextStep, OutboxStore, RelayRegistration};
 use serde_json::json;
 use uuid::Uuid;
 
 const OPERATOR: &str = "op-token-0123456789abcdef";
 const READER: &str = "ro-token-0123456789abcdef";
 
-#[derive(Serialize)]
-struct Changed {
-    aggregate: String,
-    secret: &'static str,
-}
-
-impl DomainEvent for Changed {
-    fn aggregate_type(&self) -> &'static str {
-        "thing"
-    }
-    fn event_type(&self) -> &'static str {
-        "thing.changed"
-    }
-    fn aggregate_id(&self) -> String {
-        self.aggregate.clone()
-    }
-}
+const NO_EXCHANGE: &str = "NOT_FOUND - no exchange 'shop'";
 
 fn record(store: &InMemoryStore, aggregate: &str) -> Uuid {
-    store
-        .record(&Changed {
-            aggregate: aggregate.into(),
-            secret: "4111 1111 1111 1111",
-        })
-        .unwrap()
+    let event = TestEvent::new(aggregate).field("secret", "4111 1111 1111 1111");
+    store.record(&event).unwrap()
 }
 
 /// Claims what is claimable and marks `ids` dead.
 async fn kill(store: &InMemoryStore, ids: &[Uuid]) {
-    let mut claim = store.claim(1_000).await.unwrap().expect("claimable");
-    let failures: Vec<FailedAttempt> = ids
-        .iter()
-        .map(|id| FailedAttempt {
-            seq: claim
-                .records()
-                .iter()
-                .find(|r| r.id() == *id)
-                .expect("the event is part of the claim")
-                .seq,
-            attempts: 5,
-            error: "NOT_FOUND - no exchange 'shop'".to_owned(),
-            next: NextStep::Dead,
-            unroutable_since: None,
-        })
-        .collect();
-    claim.mark_failed(&failures).await.unwrap();
-    claim.finish().await.unwrap();
+    fail_claimed(store, ids, 5, NextStep::Dead, |_| NO_EXCHANGE.into())
+        .await
+        .unwrap();
 }
 
 fn tokens() -> BearerTokens {
@@ -836,25 +800,9 @@ mod postgres {
             .unwrap()
             .try_into()
             .unwrap();
-        let mut claim = store.claim(10).await.unwrap().expect("claimable");
-        assert_eq!(claim.records().len(), 2);
-        let failures: Vec<FailedAttempt> = ids
-            .iter()
-            .map(|id| FailedAttempt {
-                seq: claim
-                    .records()
-                    .iter()
-                    .find(|r| r.id() == *id)
-                    .expect("the event is part of the claim")
-                    .seq,
-                attempts: 5,
-                error: "NOT_FOUND - no exchange 'shop'".into(),
-                next: NextStep::Dead,
-                unroutable_since: None,
-            })
-            .collect();
-        claim.mark_failed(&failures).await.unwrap();
-        claim.finish().await.unwrap();
+        fail_claimed(store, &ids, 5, NextStep::Dead, |_| NO_EXCHANGE.into())
+            .await
+            .unwrap();
         ids
     }
 

@@ -5,55 +5,24 @@
 use std::time::Duration;
 
 use outbox_core::admin::{Admin, AdminError, AttemptOutcome, Caller, EventFilter, PurgeTarget};
-use outbox_core::testing::{InMemoryStore, RecordingPublisher};
-use outbox_core::{
-    Claim, Claimed, DomainEvent, EventStatus, FailedAttempt, NextStep, OutboxStore, Relay,
-    RelayRegistration,
+use outbox_core::testing::{
+    HookedStore, InMemoryStore, RecordingPublisher, TestEvent, fail_claimed,
 };
-use serde::Serialize;
+use outbox_core::{
+    Claim, Claimed, EventStatus, FailedAttempt, NextStep, OutboxStore, Relay, RelayRegistration,
+};
 use uuid::Uuid;
 
-#[derive(Serialize)]
-struct Changed {
-    aggregate: String,
-}
-
-impl DomainEvent for Changed {
-    fn aggregate_type(&self) -> &'static str {
-        "thing"
-    }
-    fn event_type(&self) -> &'static str {
-        "thing.changed"
-    }
-    fn aggregate_id(&self) -> String {
-        self.aggregate.clone()
-    }
-}
-
 fn record(store: &InMemoryStore, aggregate: &str) -> Uuid {
-    store
-        .record(&Changed {
-            aggregate: aggregate.into(),
-        })
-        .unwrap()
+    store.record(&TestEvent::new(aggregate)).unwrap()
 }
 
 /// Claims what is claimable and marks the events `ids` dead with `error`
 /// (the rest of the claim is released).
 async fn kill(store: &InMemoryStore, ids: &[Uuid], error: &str) {
-    let mut claim = store.claim(1_000).await.unwrap().expect("claimable");
-    let failures: Vec<FailedAttempt> = ids
-        .iter()
-        .map(|id| FailedAttempt {
-            seq: seq_of(&claim, *id),
-            attempts: 5,
-            error: error.to_owned(),
-            next: NextStep::Dead,
-            unroutable_since: None,
-        })
-        .collect();
-    claim.mark_failed(&failures).await.unwrap();
-    claim.finish().await.unwrap();
+    fail_claimed(store, ids, 5, NextStep::Dead, |_| error.to_owned())
+        .await
+        .unwrap();
 }
 
 /// The seq (the claim's key for marks) of the claimed event `id`.
@@ -435,11 +404,7 @@ async fn a_relay_restarted_under_a_paused_name_claims_nothing() {
     // A paused relay keeps its registry entry when it stops: the next
     // instance under that name starts paused.
     assert!(admin.relays().await.unwrap()[0].paused);
-    store
-        .record(&Changed {
-            aggregate: "a".into(),
-        })
-        .unwrap();
+    record(&store, "a");
     let second = build();
     let handle = second.handle();
     let task = tokio::spawn(second.run());
@@ -494,81 +459,11 @@ async fn a_claim_for_a_paused_relay_takes_nothing_and_says_so() {
     }
 }
 
-/// The in-memory store, counting the relay's claims.
-#[derive(Clone)]
-struct CountingClaims {
-    inner: InMemoryStore,
-    claims: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl CountingClaims {
-    fn claims(&self) -> usize {
-        self.claims.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl OutboxStore for CountingClaims {
-    type Error = <InMemoryStore as OutboxStore>::Error;
-    type Claim = <InMemoryStore as OutboxStore>::Claim;
-
-    async fn claim(&self, limit: usize) -> Result<Option<Self::Claim>, Self::Error> {
-        self.inner.claim(limit).await
-    }
-
-    async fn claim_for(
-        &self,
-        relay: &str,
-        limit: usize,
-    ) -> Result<Claimed<Self::Claim>, Self::Error> {
-        self.claims
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.claim_for(relay, limit).await
-    }
-
-    async fn stats(&self) -> Result<outbox_core::OutboxStats, Self::Error> {
-        self.inner.stats().await
-    }
-
-    async fn purge_sent(
-        &self,
-        before: chrono::DateTime<chrono::Utc>,
-        limit: usize,
-    ) -> Result<u64, Self::Error> {
-        self.inner.purge_sent(before, limit).await
-    }
-
-    async fn replay_dead(&self, selector: outbox_core::DeadSelector) -> Result<u64, Self::Error> {
-        self.inner.replay_dead(selector).await
-    }
-
-    async fn skip_dead(&self, id: Uuid) -> Result<bool, Self::Error> {
-        self.inner.skip_dead(id).await
-    }
-
-    async fn register_relay(&self, relay: &RelayRegistration) -> Result<(), Self::Error> {
-        self.inner.register_relay(relay).await
-    }
-
-    async fn heartbeat(
-        &self,
-        name: &str,
-        in_flight: u32,
-    ) -> Result<outbox_core::RelayControl, Self::Error> {
-        self.inner.heartbeat(name, in_flight).await
-    }
-
-    async fn deregister_relay(&self, name: &str) -> Result<(), Self::Error> {
-        self.inner.deregister_relay(name).await
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_pause_stops_a_running_relay_at_its_next_claim_not_its_next_heartbeat() {
     let store = InMemoryStore::new();
-    let counting = CountingClaims {
-        inner: store.clone(),
-        claims: Default::default(),
-    };
+    // The in-memory store, counting the relay's claims.
+    let counting = HookedStore::new(store.clone());
     let publisher = RecordingPublisher::new();
     let admin = Admin::new(store.clone());
     // Heartbeats every 5 s (the most a stats interval of an hour gives):
@@ -628,18 +523,10 @@ async fn a_pause_stops_a_running_relay_at_its_next_claim_not_its_next_heartbeat(
 /// Claims what is claimable and marks `id` for a retry in an hour (the
 /// rest of the claim is released).
 async fn fail_for_an_hour(store: &InMemoryStore, id: Uuid) {
-    let mut claim = store.claim(1_000).await.unwrap().expect("claimable");
-    claim
-        .mark_failed(&[FailedAttempt {
-            seq: seq_of(&claim, id),
-            attempts: 1,
-            error: "unroutable".into(),
-            next: NextStep::RetryAt(chrono::Utc::now() + chrono::Duration::hours(1)),
-            unroutable_since: None,
-        }])
+    let in_an_hour = NextStep::RetryAt(chrono::Utc::now() + chrono::Duration::hours(1));
+    fail_claimed(store, &[id], 1, in_an_hour, |_| "unroutable".into())
         .await
         .unwrap();
-    claim.finish().await.unwrap();
 }
 
 #[tokio::test]

@@ -5,23 +5,14 @@
 
 use std::time::Duration;
 
-use outbox_core::testing::{InMemoryStore, RecordingPublisher};
-use outbox_core::{DomainEvent, EventStatus, Relay, failpoints};
-use serde::Serialize;
+use outbox_core::testing::{InMemoryStore, RecordingPublisher, TestEvent};
+use outbox_core::{EventStatus, Relay, failpoints};
 
-#[derive(Serialize)]
-struct Ping(u32);
-
-impl DomainEvent for Ping {
-    fn aggregate_type(&self) -> &'static str {
-        "ping"
-    }
-    fn event_type(&self) -> &'static str {
-        "ping.sent"
-    }
-    fn aggregate_id(&self) -> String {
-        (self.0 % 3).to_string()
-    }
+/// Event `n`, of one of three aggregates.
+fn ping(n: u32) -> TestEvent {
+    TestEvent::new((n % 3).to_string())
+        .of_type("ping", "ping.sent")
+        .field("n", n)
 }
 
 const EVENTS: u32 = 25;
@@ -51,7 +42,7 @@ fn a_relay_crashing_at_any_failpoint_loses_nothing() {
     for name in failpoints::ALL {
         let store = InMemoryStore::new();
         for n in 0..EVENTS {
-            store.record(&Ping(n)).unwrap();
+            store.record(&ping(n)).unwrap();
         }
         let publisher = RecordingPublisher::new();
 

@@ -5,39 +5,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_core::testing::{InMemoryStore, RecordingPublisher};
+use outbox_core::testing::conformance;
+use outbox_core::testing::{HookedStore, InMemoryStore, RecordingPublisher, TestEvent, run_until};
 use outbox_core::{
-    DeadSelector, DomainEvent, EventEnvelope, EventStatus, OutboxStore, PublishOutcome, Relay,
-    RelayHandle, RetryPolicy,
+    DeadSelector, EventEnvelope, EventStatus, OutboxStore, PublishOutcome, Relay, RelayHandle,
+    RetryPolicy,
 };
 use proptest::prelude::*;
-use serde::Serialize;
 use uuid::Uuid;
-
-#[derive(Serialize)]
-struct Changed {
-    aggregate: String,
-    n: u32,
-}
-
-impl DomainEvent for Changed {
-    fn aggregate_type(&self) -> &'static str {
-        "thing"
-    }
-    fn event_type(&self) -> &'static str {
-        "thing.changed"
-    }
-    fn aggregate_id(&self) -> String {
-        self.aggregate.clone()
-    }
-}
 
 fn record(store: &InMemoryStore, aggregate: &str, n: u32) -> Uuid {
     store
-        .record(&Changed {
-            aggregate: aggregate.into(),
-            n,
-        })
+        .record(&TestEvent::new(aggregate).field("n", n))
         .unwrap()
 }
 
@@ -65,33 +44,6 @@ fn new_relay(
     (relay, handle)
 }
 
-/// Runs the relay until `done` holds for the store (checked every 5 ms of
-/// tokio time), then shuts it down and waits for it.
-async fn run_until(
-    relay: Relay<InMemoryStore, RecordingPublisher>,
-    store: &InMemoryStore,
-    done: impl Fn(&InMemoryStore) -> bool,
-) {
-    let handle = relay.handle();
-    let task = tokio::spawn(relay.run());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
-    while !done(store) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "relay did not reach the expected state: {:?}",
-            store.records()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    handle.shutdown();
-    task.await.unwrap();
-    assert_eq!(
-        store.claimed(),
-        0,
-        "relay left events claimed after shutdown"
-    );
-}
-
 fn all_sent(store: &InMemoryStore) -> bool {
     store
         .records()
@@ -107,7 +59,7 @@ async fn publishes_everything_and_marks_it_sent_only_after_ack() {
         .collect();
     let publisher = RecordingPublisher::new();
     let (relay, _) = new_relay(&store, &publisher, RetryPolicy::default());
-    run_until(relay, &store, all_sent).await;
+    run_until(relay, &store, all_sent).await.unwrap();
 
     let mut published = publisher.published_ids();
     published.sort();
@@ -143,7 +95,7 @@ async fn connection_lost_spends_no_attempts_and_pauses() {
         }
     });
     let (relay, _) = new_relay(&store, &publisher, instant_retries(2));
-    run_until(relay, &store, all_sent).await;
+    run_until(relay, &store, all_sent).await.unwrap();
 
     for record in store.records() {
         assert_eq!(
@@ -181,7 +133,8 @@ async fn rejections_spend_attempts_and_end_dead_blocking_only_their_aggregate() 
                 .iter()
                 .all(|id| s.get(*id).unwrap().status == EventStatus::Sent)
     })
-    .await;
+    .await
+    .unwrap();
 
     let dead = store.get(poison).unwrap();
     assert_eq!(dead.attempts, 3);
@@ -230,7 +183,8 @@ async fn an_unpublishable_event_ends_dead_at_once_blocking_only_its_aggregate() 
                 .iter()
                 .all(|id| s.get(*id).unwrap().status == EventStatus::Sent)
     })
-    .await;
+    .await
+    .unwrap();
     let dead = store.get(poison).unwrap();
     assert_eq!(dead.attempts, 1, "no retry schedule for a hopeless event");
     assert_eq!(
@@ -271,7 +225,8 @@ async fn replay_publishes_in_original_order_and_skip_unblocks() {
         s.get(a0).unwrap().status == EventStatus::Dead
             && s.get(b0).unwrap().status == EventStatus::Dead
     })
-    .await;
+    .await
+    .unwrap();
     assert!(publisher.published_ids().is_empty());
 
     // The broker is fixed: replay a's dead event, skip b's.
@@ -288,7 +243,8 @@ async fn replay_publishes_in_original_order_and_skip_unblocks() {
             .iter()
             .all(|id| s.get(*id).unwrap().status == EventStatus::Sent)
     })
-    .await;
+    .await
+    .unwrap();
     let published = publisher.published_ids();
     let pos = |id| published.iter().position(|p| *p == id).unwrap();
     assert!(pos(a0) < pos(a1), "replayed event keeps its place");
@@ -298,29 +254,9 @@ async fn replay_publishes_in_original_order_and_skip_unblocks() {
 }
 
 /// An event of another type (another destination for the relay's breakers).
-#[derive(Serialize)]
-struct Stuck {
-    aggregate: String,
-}
-
-impl DomainEvent for Stuck {
-    fn aggregate_type(&self) -> &'static str {
-        "thing"
-    }
-    fn event_type(&self) -> &'static str {
-        "thing.stuck"
-    }
-    fn aggregate_id(&self) -> String {
-        self.aggregate.clone()
-    }
-}
-
 fn record_stuck(store: &InMemoryStore, aggregate: &str) -> Uuid {
-    store
-        .record(&Stuck {
-            aggregate: aggregate.into(),
-        })
-        .unwrap()
+    let stuck = TestEvent::new(aggregate).of_type("thing", "thing.stuck");
+    store.record(&stuck).unwrap()
 }
 
 #[tokio::test(start_paused = true)]
@@ -345,7 +281,7 @@ async fn a_wave_unconfirmed_across_destinations_pauses_and_spends_nothing() {
         }
     });
     let (relay, _) = new_relay(&store, &publisher, instant_retries(2));
-    run_until(relay, &store, all_sent).await;
+    run_until(relay, &store, all_sent).await.unwrap();
     for record in store.records() {
         assert_eq!(record.attempts, 0, "silence spends no attempt");
         assert_eq!(
@@ -522,7 +458,7 @@ async fn the_claims_deadline_is_passed_to_each_wave() {
     let publisher = RecordingPublisher::new();
     let before = std::time::Instant::now();
     let (relay, _) = new_relay(&store, &publisher, RetryPolicy::default());
-    run_until(relay, &store, all_sent).await;
+    run_until(relay, &store, all_sent).await.unwrap();
     let deadlines = publisher.deadlines();
     assert_eq!(deadlines.len(), 3, "one wave per event of the aggregate");
     for deadline in deadlines {
@@ -536,58 +472,30 @@ async fn the_claims_deadline_is_passed_to_each_wave() {
 /// A store whose first claim holds rows for a while and then finds nothing
 /// to take (as an ordered claim that locked rows and kept none of them);
 /// claims made meanwhile skip the held rows and find nothing either.
-#[derive(Clone)]
-struct FirstClaimHolds {
-    inner: InMemoryStore,
-    first: Arc<std::sync::atomic::AtomicU8>,
-}
-
-impl OutboxStore for FirstClaimHolds {
-    type Error = <InMemoryStore as OutboxStore>::Error;
-    type Claim = <InMemoryStore as OutboxStore>::Claim;
-
-    async fn claim(&self, limit: usize) -> Result<Option<Self::Claim>, Self::Error> {
-        use std::sync::atomic::Ordering::SeqCst;
-        match self.first.compare_exchange(0, 1, SeqCst, SeqCst) {
-            Ok(_) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                self.first.store(2, SeqCst);
-                Ok(None)
+fn first_claim_holds(inner: InMemoryStore) -> HookedStore<InMemoryStore> {
+    use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
+    let first = Arc::new(AtomicU8::new(0));
+    HookedStore::new(inner).on_claim(move |inner, limit| {
+        let first = Arc::clone(&first);
+        async move {
+            match first.compare_exchange(0, 1, SeqCst, SeqCst) {
+                Ok(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    first.store(2, SeqCst);
+                    Ok(None)
+                }
+                Err(1) => Ok(None),
+                Err(_) => inner.claim(limit).await,
             }
-            Err(1) => Ok(None),
-            Err(_) => self.inner.claim(limit).await,
         }
-    }
-
-    async fn stats(&self) -> Result<outbox_core::OutboxStats, Self::Error> {
-        self.inner.stats().await
-    }
-
-    async fn purge_sent(
-        &self,
-        before: chrono::DateTime<chrono::Utc>,
-        limit: usize,
-    ) -> Result<u64, Self::Error> {
-        self.inner.purge_sent(before, limit).await
-    }
-
-    async fn replay_dead(&self, selector: DeadSelector) -> Result<u64, Self::Error> {
-        self.inner.replay_dead(selector).await
-    }
-
-    async fn skip_dead(&self, id: Uuid) -> Result<bool, Self::Error> {
-        self.inner.skip_dead(id).await
-    }
+    })
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_empty_claim_that_held_rows_wakes_the_loops_that_skipped_them() {
     let inner = InMemoryStore::new();
     record(&inner, "a", 0);
-    let store = FirstClaimHolds {
-        inner: inner.clone(),
-        first: Arc::default(),
-    };
+    let store = first_claim_holds(inner.clone());
     let publisher = RecordingPublisher::new();
     // No wakeups and no polls (an hour): only the end of the empty claim
     // can send the other loop back to claim.
@@ -607,48 +515,13 @@ async fn an_empty_claim_that_held_rows_wakes_the_loops_that_skipped_them() {
     );
 }
 
-/// Counts claims; each takes 10 ms and finds nothing.
-#[derive(Clone, Default)]
-struct EmptyClaims {
-    inner: InMemoryStore,
-    claims: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl OutboxStore for EmptyClaims {
-    type Error = <InMemoryStore as OutboxStore>::Error;
-    type Claim = <InMemoryStore as OutboxStore>::Claim;
-
-    async fn claim(&self, _: usize) -> Result<Option<Self::Claim>, Self::Error> {
-        self.claims
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        Ok(None)
-    }
-
-    async fn stats(&self) -> Result<outbox_core::OutboxStats, Self::Error> {
-        self.inner.stats().await
-    }
-
-    async fn purge_sent(
-        &self,
-        before: chrono::DateTime<chrono::Utc>,
-        limit: usize,
-    ) -> Result<u64, Self::Error> {
-        self.inner.purge_sent(before, limit).await
-    }
-
-    async fn replay_dead(&self, selector: DeadSelector) -> Result<u64, Self::Error> {
-        self.inner.replay_dead(selector).await
-    }
-
-    async fn skip_dead(&self, id: Uuid) -> Result<bool, Self::Error> {
-        self.inner.skip_dead(id).await
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn idle_loops_whose_empty_claims_overlap_do_not_wake_each_other_forever() {
-    let store = EmptyClaims::default();
+    // Each claim takes 10 ms and finds nothing.
+    let store = HookedStore::new(InMemoryStore::new()).on_claim(|_, _| async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok(None)
+    });
     let relay = Relay::builder(store.clone(), RecordingPublisher::new())
         .concurrency(2)
         .poll_interval(Duration::from_secs(3600))
@@ -659,7 +532,7 @@ async fn idle_loops_whose_empty_claims_overlap_do_not_wake_each_other_forever() 
     tokio::time::sleep(Duration::from_secs(10)).await;
     handle.shutdown();
     task.await.unwrap();
-    let claims = store.claims.load(std::sync::atomic::Ordering::SeqCst);
+    let claims = store.claims();
     assert!(
         claims <= 6,
         "idle loops claimed {claims} times in 10 s without a poll"
@@ -675,7 +548,7 @@ async fn store_errors_are_retried() {
     store.fail_next(5);
     let publisher = RecordingPublisher::new();
     let (relay, _) = new_relay(&store, &publisher, RetryPolicy::default());
-    run_until(relay, &store, all_sent).await;
+    run_until(relay, &store, all_sent).await.unwrap();
     assert_eq!(publisher.published_ids().len(), 20);
 }
 
@@ -892,7 +765,7 @@ fn random_failures_case(
             .retry(instant_retries(10_000))
             .build()
             .unwrap();
-        run_until(relay, &store, all_sent).await;
+        run_until(relay, &store, all_sent).await.unwrap();
 
         // Every event acked exactly once, and nothing marked without an ack.
         let acked = publisher.published_ids();
@@ -1029,103 +902,24 @@ async fn unroutable_policies_spend_attempts_or_accept_when_told_to() {
 /// `NotInClaim`, marking nothing of the call.
 #[tokio::test]
 async fn the_in_memory_store_refuses_a_seq_not_in_the_claim_and_marks_nothing() {
-    use outbox_core::testing::StoreError;
-    use outbox_core::{Claim, FailedAttempt, NextStep};
-    let store = InMemoryStore::new();
-    let a = record(&store, "a", 0);
-    let b = record(&store, "b", 0);
-    let mut mine = store.claim(1).await.unwrap().unwrap();
-    let other = store.claim(1).await.unwrap().unwrap();
-    assert_eq!(mine.records()[0].id(), a);
-    assert_eq!(other.records()[0].id(), b);
-    let own = mine.records()[0].seq;
-    let foreign = other.records()[0].seq;
-    assert!(matches!(
-        mine.mark_sent(&[own, foreign]).await,
-        Err(StoreError::NotInClaim { seq }) if seq == foreign
-    ));
-    assert!(matches!(
-        mine.mark_suspect(&[foreign], "died").await,
-        Err(StoreError::NotInClaim { seq }) if seq == foreign
-    ));
-    let failure = |seq| FailedAttempt {
-        seq,
-        attempts: 1,
-        error: "nack".into(),
-        next: NextStep::Dead,
-        unroutable_since: None,
-    };
-    assert!(matches!(
-        mine.mark_failed(&[failure(own), failure(foreign)]).await,
-        Err(StoreError::NotInClaim { seq }) if seq == foreign
-    ));
-    assert!(matches!(
-        mine.mark_sent(&[foreign + 1_000]).await,
-        Err(StoreError::NotInClaim { .. })
-    ));
-    for id in [a, b] {
-        let record = store.get(id).unwrap();
-        assert_eq!(record.status, EventStatus::Pending);
-        assert_eq!((record.attempts, record.suspect_count), (0, 0));
-    }
-    // The claim's own seq is marked as usual.
-    mine.mark_failed(&[failure(own)]).await.unwrap();
-    mine.finish().await.unwrap();
-    other.finish().await.unwrap();
-    assert_eq!(store.get(a).unwrap().status, EventStatus::Dead);
-    assert_eq!(store.get(b).unwrap().status, EventStatus::Pending);
+    conformance::marks_refuse_seqs_not_in_the_claim(&InMemoryStore::new())
+        .await
+        .unwrap();
 }
 
-/// The in-memory store with a wakeup stream fed by the test, counting claims.
-#[derive(Clone)]
-struct WakeupsFromTest {
-    inner: InMemoryStore,
-    wakeups: Arc<Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<()>>>>,
-    claims: Arc<std::sync::atomic::AtomicUsize>,
+#[tokio::test]
+async fn in_the_in_memory_store_a_dead_event_holds_back_only_its_aggregate() {
+    conformance::a_dead_event_holds_back_only_its_aggregate(&InMemoryStore::new())
+        .await
+        .unwrap();
 }
 
-impl OutboxStore for WakeupsFromTest {
-    type Error = <InMemoryStore as OutboxStore>::Error;
-    type Claim = <InMemoryStore as OutboxStore>::Claim;
-
-    async fn claim(&self, limit: usize) -> Result<Option<Self::Claim>, Self::Error> {
-        self.claims
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.claim(limit).await
-    }
-
-    async fn stats(&self) -> Result<outbox_core::OutboxStats, Self::Error> {
-        self.inner.stats().await
-    }
-
-    async fn purge_sent(
-        &self,
-        before: chrono::DateTime<chrono::Utc>,
-        limit: usize,
-    ) -> Result<u64, Self::Error> {
-        self.inner.purge_sent(before, limit).await
-    }
-
-    async fn replay_dead(&self, selector: DeadSelector) -> Result<u64, Self::Error> {
-        self.inner.replay_dead(selector).await
-    }
-
-    async fn skip_dead(&self, id: Uuid) -> Result<bool, Self::Error> {
-        self.inner.skip_dead(id).await
-    }
-
-    /// The test's channel, or (none given) a stream that is always ready
-    /// and never touches tokio's budget.
-    fn wakeups(&self) -> impl futures_util::Stream<Item = ()> + Send + 'static {
-        use futures_util::StreamExt as _;
-        match self.wakeups.lock().unwrap().take() {
-            Some(rx) => futures_util::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|()| ((), rx))
-            })
-            .left_stream(),
-            None => futures_util::stream::repeat(()).right_stream(),
-        }
-    }
+/// The in-memory store with a wakeup stream fed by the test's channel.
+fn wakeups_from(rx: tokio::sync::mpsc::UnboundedReceiver<()>) -> HookedStore<InMemoryStore> {
+    HookedStore::new(InMemoryStore::new())
+        .with_wakeups(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|()| ((), rx))
+        }))
 }
 
 /// Each item of the store's wakeup stream wakes the relay; when the stream
@@ -1134,11 +928,7 @@ impl OutboxStore for WakeupsFromTest {
 #[tokio::test(start_paused = true)]
 async fn store_wakeups_wake_the_relay_and_after_they_end_polling_goes_on() {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let store = WakeupsFromTest {
-        inner: InMemoryStore::new(),
-        wakeups: Arc::new(Mutex::new(Some(rx))),
-        claims: Arc::default(),
-    };
+    let store = wakeups_from(rx);
     let publisher = RecordingPublisher::new();
     let relay = Relay::builder(store.clone(), publisher.clone())
         .concurrency(1)
@@ -1151,7 +941,7 @@ async fn store_wakeups_wake_the_relay_and_after_they_end_polling_goes_on() {
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // Woken by the stream (polling is an hour away).
-    record(&store.inner, "a", 0);
+    record(store.inner(), "a", 0);
     tx.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(1), publisher.wait_for(1))
         .await
@@ -1162,14 +952,14 @@ async fn store_wakeups_wake_the_relay_and_after_they_end_polling_goes_on() {
     drop(tx);
     assert!(!ended.is_closed(), "the relay holds the stream");
     drop(ended);
-    let claims = store.claims.load(std::sync::atomic::Ordering::SeqCst);
+    let claims = store.claims();
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let idle_claims = store.claims.load(std::sync::atomic::Ordering::SeqCst) - claims;
+    let idle_claims = store.claims() - claims;
     assert!(
         idle_claims <= 2,
         "{idle_claims} claims in a minute after the stream ended"
     );
-    record(&store.inner, "a", 1);
+    record(store.inner(), "a", 1);
     tokio::time::timeout(Duration::from_secs(3600), publisher.wait_for(2))
         .await
         .expect("polling publishes once the store's wakeups ended");
@@ -1182,11 +972,7 @@ async fn store_wakeups_wake_the_relay_and_after_they_end_polling_goes_on() {
 #[tokio::test(start_paused = true)]
 async fn a_stopped_relay_drops_the_store_wakeup_stream() {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let store = WakeupsFromTest {
-        inner: InMemoryStore::new(),
-        wakeups: Arc::new(Mutex::new(Some(rx))),
-        claims: Arc::default(),
-    };
+    let store = wakeups_from(rx);
     let relay = Relay::builder(store, RecordingPublisher::new())
         .build()
         .unwrap();
@@ -1204,11 +990,9 @@ async fn a_stopped_relay_drops_the_store_wakeup_stream() {
 /// published.
 #[tokio::test]
 async fn an_always_ready_wakeup_stream_does_not_starve_the_relay() {
-    let store = WakeupsFromTest {
-        inner: InMemoryStore::new(),
-        wakeups: Arc::new(Mutex::new(None)),
-        claims: Arc::default(),
-    };
+    // Always ready, and never touches tokio's budget.
+    let store =
+        HookedStore::new(InMemoryStore::new()).with_wakeups(futures_util::stream::repeat(()));
     let publisher = RecordingPublisher::new();
     let relay = Relay::builder(store.clone(), publisher.clone())
         .concurrency(1)
@@ -1218,7 +1002,7 @@ async fn an_always_ready_wakeup_stream_does_not_starve_the_relay() {
         .unwrap();
     let handle = relay.handle();
     let task = tokio::spawn(relay.run());
-    record(&store.inner, "a", 0);
+    record(store.inner(), "a", 0);
     tokio::time::timeout(Duration::from_secs(10), publisher.wait_for(1))
         .await
         .expect("the relay publishes although its store wakes it without pause");

@@ -7,38 +7,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_core::testing::{InMemoryStore, RecordingPublisher};
+use outbox_core::testing::{InMemoryStore, RecordingPublisher, TestEvent, run_until};
 use outbox_core::{
-    Claim, DeadSelector, DomainEvent, EventEnvelope, EventStatus, OutboxStore, PublishOutcome,
-    Publisher, Relay,
+    Claim, DeadSelector, EventEnvelope, EventStatus, OutboxStore, PublishOutcome, Publisher, Relay,
 };
-use serde::Serialize;
 use uuid::Uuid;
-
-#[derive(Serialize)]
-struct Changed {
-    aggregate: String,
-    n: u32,
-}
-
-impl DomainEvent for Changed {
-    fn aggregate_type(&self) -> &'static str {
-        "thing"
-    }
-    fn event_type(&self) -> &'static str {
-        "thing.changed"
-    }
-    fn aggregate_id(&self) -> String {
-        self.aggregate.clone()
-    }
-}
 
 fn record(store: &InMemoryStore, aggregate: &str, n: u32) -> Uuid {
     store
-        .record(&Changed {
-            aggregate: aggregate.into(),
-            n,
-        })
+        .record(&TestEvent::new(aggregate).field("n", n))
         .unwrap()
 }
 
@@ -129,27 +106,6 @@ fn relay<P: Publisher>(store: &InMemoryStore, publisher: P) -> Relay<InMemorySto
         .unwrap()
 }
 
-async fn run_until<P: Publisher>(
-    relay: Relay<InMemoryStore, P>,
-    store: &InMemoryStore,
-    done: impl Fn(&InMemoryStore) -> bool,
-) {
-    let handle = relay.handle();
-    let task = tokio::spawn(relay.run());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
-    while !done(store) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "relay did not reach the expected state: {:?}",
-            store.records()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    handle.shutdown();
-    task.await.unwrap();
-    assert_eq!(store.claimed(), 0, "relay left events claimed");
-}
-
 /// Healthy events of several aggregates, and a poison event (`p`, 0) with
 /// two later events of its aggregate, the poison among the first events of
 /// the others (so that it first goes out in a wave with them). Returns
@@ -185,7 +141,9 @@ async fn a_message_that_kills_the_connection_is_published_alone_then_parked_dead
     let store = InMemoryStore::new();
     let (poison, followers) = poisoned_outbox(&store);
     let publisher = Killer::new(poison);
-    run_until(relay(&store, publisher.clone()), &store, settled(poison)).await;
+    run_until(relay(&store, publisher.clone()), &store, settled(poison))
+        .await
+        .unwrap();
 
     let dead = store.get(poison).unwrap();
     assert_eq!(dead.status, EventStatus::Dead);
@@ -280,7 +238,8 @@ async fn another_relay_sees_the_count_in_the_row_and_sends_the_suspect_alone() {
     run_until(relay(&store, first.clone()), &store, move |store| {
         store.get(poison).unwrap().suspect_count >= 1
     })
-    .await;
+    .await
+    .unwrap();
     let first_calls = first.poison_calls();
     assert!(first_calls[0] > 1, "{first_calls:?}");
     assert_eq!(store.get(poison).unwrap().status, EventStatus::Pending);
@@ -288,7 +247,9 @@ async fn another_relay_sees_the_count_in_the_row_and_sends_the_suspect_alone() {
     // A second relay (its own publisher and connection) never sends it in
     // a batch.
     let second = Killer::new(poison);
-    run_until(relay(&store, second.clone()), &store, settled(poison)).await;
+    run_until(relay(&store, second.clone()), &store, settled(poison))
+        .await
+        .unwrap();
     // (The first relay may have sent it alone once more while stopping.)
     let second_calls = second.poison_calls();
     assert!(!second_calls.is_empty() && second_calls.iter().all(|&n| n == 1));
@@ -327,7 +288,8 @@ async fn a_suspect_that_goes_through_alone_is_sent_and_unblocks_its_aggregate() 
             .iter()
             .all(|r| r.status == EventStatus::Sent)
     })
-    .await;
+    .await
+    .unwrap();
     let sent = store.get(poison).unwrap();
     assert_eq!(sent.suspect_count, 1);
     assert_eq!(sent.attempts, 0);
@@ -361,7 +323,8 @@ async fn a_lost_connection_makes_nothing_suspect() {
             .iter()
             .all(|r| r.status == EventStatus::Sent)
     })
-    .await;
+    .await
+    .unwrap();
     assert!(store.records().iter().all(|r| r.suspect_count == 0));
 }
 
@@ -378,27 +341,10 @@ fn a_suspect_limit_below_two_is_rejected() {
 
 #[tokio::test(start_paused = true)]
 async fn suspects_go_first_and_wait_for_a_later_batch_after_one_is_not_confirmed() {
-    #[derive(Serialize)]
-    struct Stuck {
-        aggregate: String,
-    }
-    impl DomainEvent for Stuck {
-        fn aggregate_type(&self) -> &'static str {
-            "thing"
-        }
-        fn event_type(&self) -> &'static str {
-            "thing.stuck"
-        }
-        fn aggregate_id(&self) -> String {
-            self.aggregate.clone()
-        }
-    }
     let store = InMemoryStore::new();
     // s1's destination (its event type) has a stuck queue.
     let s1 = store
-        .record(&Stuck {
-            aggregate: "s1".into(),
-        })
+        .record(&TestEvent::new("s1").of_type("thing", "thing.stuck"))
         .unwrap();
     let s2 = record(&store, "s2", 0);
     let healthy: Vec<Uuid> = (0..5)
@@ -452,7 +398,8 @@ async fn suspects_go_first_and_wait_for_a_later_batch_after_one_is_not_confirmed
             .chain([&s2])
             .all(|id| store.get(*id).unwrap().status == EventStatus::Sent)
     })
-    .await;
+    .await
+    .unwrap();
     let calls = calls.lock().unwrap().clone();
     assert_eq!(calls[0], vec![s1], "a suspect goes first, alone: {calls:?}");
     assert!(

@@ -7,11 +7,11 @@ mod common;
 use std::time::Duration;
 
 use chrono::Utc;
-use common::{TestDb, record, seq_of, seqs_of};
+use common::{TestDb, one_each, record, seq_of, seqs_of};
 use outbox_core::admin::{
     Admin, AdminError, AttemptOutcome, Caller, EventFilter, OutboxAdmin, PurgeTarget,
 };
-use outbox_core::testing::RecordingPublisher;
+use outbox_core::testing::{RecordingPublisher, fail_claimed};
 use outbox_core::{
     Claim, Claimed, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxStore, Relay,
     RelayRegistration,
@@ -29,19 +29,9 @@ async fn fail(db: &TestDb, ids: &[Uuid], error: &str, next: NextStep) {
 }
 
 async fn fail_with(store: &PgOutboxStore, ids: &[Uuid], error: &str, next: NextStep) {
-    let mut claim = store.claim(1_000).await.unwrap().expect("claimable");
-    let failures: Vec<FailedAttempt> = ids
-        .iter()
-        .map(|id| FailedAttempt {
-            seq: seq_of(&claim, *id),
-            attempts: 5,
-            error: format!("{error} ({id})"),
-            next,
-            unroutable_since: None,
-        })
-        .collect();
-    claim.mark_failed(&failures).await.unwrap();
-    claim.finish().await.unwrap();
+    fail_claimed(store, ids, 5, next, |id| format!("{error} ({id})"))
+        .await
+        .unwrap();
 }
 
 async fn status(admin: &Admin<impl OutboxAdmin>, id: Uuid) -> EventStatus {
@@ -94,16 +84,7 @@ async fn replaying_a_later_dead_event_leaves_it_held_until_the_earlier_one_is_re
 async fn failure_groups_list_show_and_replay_by_group() {
     let db = TestDb::new("admin_groups").await;
     let admin = Admin::new(db.store());
-    let ids = record(
-        &db,
-        &[
-            ("a".into(), 0),
-            ("b".into(), 0),
-            ("c".into(), 0),
-            ("d".into(), 0),
-        ],
-    )
-    .await;
+    let ids = record(&db, &one_each(&["a", "b", "c", "d"])).await;
     fail(&db, &ids[..3], "NOT_FOUND - no exchange", NextStep::Dead).await;
     let later = Utc::now() + chrono::Duration::hours(1);
     fail(&db, &ids[3..], "NO_ROUTE", NextStep::RetryAt(later)).await;
@@ -282,17 +263,7 @@ async fn purges_delete_old_sent_events_and_inbox_entries_never_dead_ones() {
     let db = TestDb::new("admin_purge").await;
     let store = db.store();
     let admin = Admin::new(store.clone()).chunk_size(2);
-    let ids = record(
-        &db,
-        &[
-            ("a".into(), 0),
-            ("b".into(), 0),
-            ("c".into(), 0),
-            ("d".into(), 0),
-            ("e".into(), 0),
-        ],
-    )
-    .await;
+    let ids = record(&db, &one_each(&["a", "b", "c", "d", "e"])).await;
     let mut claim = store.claim(10).await.unwrap().unwrap();
     claim.mark_sent(&seqs_of(&claim, &ids[..4])).await.unwrap();
     claim
@@ -541,23 +512,6 @@ async fn a_claim_for_a_paused_relay_reads_and_locks_nothing_in_either_order() {
     );
 }
 
-/// Publishes like `inner`, each call taking `delay` (asynchronously).
-struct Slow {
-    inner: RecordingPublisher,
-    delay: Duration,
-}
-
-impl outbox_core::Publisher for Slow {
-    async fn publish(
-        &self,
-        events: &[&outbox_core::EventEnvelope],
-        deadline: Option<std::time::Instant>,
-    ) -> Vec<outbox_core::PublishOutcome> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.publish(events, deadline).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_stops_a_running_relay_at_its_next_claim_and_a_resume_delivers() {
     let db = TestDb::new("admin_pause_claim").await;
@@ -567,20 +521,15 @@ async fn a_pause_stops_a_running_relay_at_its_next_claim_and_a_resume_delivers()
     // One event at a time, 100 ms each: events are pending while the relay
     // runs. Heartbeats every 5 s (the most a stats interval of an hour
     // gives): the pause below is read by the claims, before the next one.
-    let relay = Relay::builder(
-        db.store(),
-        Slow {
-            inner: publisher.clone(),
-            delay: Duration::from_millis(100),
-        },
-    )
-    .name("r1")
-    .batch_size(1)
-    .concurrency(1)
-    .poll_interval(Duration::from_millis(20))
-    .stats_interval(Duration::from_secs(3600))
-    .build()
-    .unwrap();
+    publisher.set_delay(|_| Duration::from_millis(100));
+    let relay = Relay::builder(db.store(), publisher.clone())
+        .name("r1")
+        .batch_size(1)
+        .concurrency(1)
+        .poll_interval(Duration::from_millis(20))
+        .stats_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
     let handle = relay.handle();
     let task = tokio::spawn(relay.run());
     tokio::time::timeout(Duration::from_secs(10), publisher.wait_for(1))

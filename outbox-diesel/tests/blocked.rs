@@ -11,6 +11,7 @@ use std::collections::HashSet;
 
 use chrono::Utc;
 use common::{TestDb, record, seq_of, seqs_of};
+use outbox_core::testing::fail_claimed;
 use outbox_core::{Claim, DeadSelector, FailedAttempt, NextStep, OutboxStore};
 use outbox_diesel::{Error, PgOutboxStore};
 use uuid::Uuid;
@@ -223,18 +224,11 @@ async fn a_retry_sent_releases_what_waited_behind_it() {
     let db = TestDb::new("blocked_retry_sent").await;
     let store = db.store();
     let ids = record(&db, &[("a".into(), 0), ("a".into(), 1)]).await;
-    let mut claim = store.claim(100).await.unwrap().unwrap();
-    claim
-        .mark_failed(&[FailedAttempt {
-            seq: seq_of(&claim, ids[0]),
-            attempts: 1,
-            error: "nack".into(),
-            next: NextStep::RetryAt(Utc::now()),
-            unroutable_since: None,
-        }])
-        .await
-        .unwrap();
-    claim.finish().await.unwrap();
+    fail_claimed(&store, &[ids[0]], 1, NextStep::RetryAt(Utc::now()), |_| {
+        "nack".into()
+    })
+    .await
+    .unwrap();
     // Arrives while a0 waits: held when a claim sees it.
     let late = record(&db, &[("a".into(), 2)]).await;
     let mut claim = store.claim(100).await.unwrap().unwrap();

@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use common::{TestDb, moved, record, seq_of, seqs_of};
+use common::{PgFixture, TestDb, moved, record, seq_of, seqs_of};
 use diesel_async::AsyncConnection as _;
 use outbox_core::testing::RecordingPublisher;
+use outbox_core::testing::{conformance, fail_claimed};
 use outbox_core::{
     Claim, DeadSelector, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxStore,
     PublishOutcome, Relay, RetryPolicy,
@@ -398,18 +399,11 @@ async fn a_due_retry_is_claimed_again_with_its_attempts() {
     let db = TestDb::new("claim_retry_due").await;
     let ids = record(&db, &[("a".into(), 0), ("a".into(), 1)]).await;
     let store = db.store();
-    let mut claim = store.claim(10).await.unwrap().unwrap();
-    claim
-        .mark_failed(&[FailedAttempt {
-            seq: seq_of(&claim, ids[0]),
-            attempts: 1,
-            error: "nack".into(),
-            next: NextStep::RetryAt(Utc::now()),
-            unroutable_since: None,
-        }])
-        .await
-        .unwrap();
-    claim.finish().await.unwrap();
+    fail_claimed(&store, &[ids[0]], 1, NextStep::RetryAt(Utc::now()), |_| {
+        "nack".into()
+    })
+    .await
+    .unwrap();
     assert_eq!(
         db.count("outbox_events", "WHERE status = 'held'"),
         1,
@@ -463,46 +457,22 @@ async fn dropping_a_claim_releases_it_and_marks_need_the_claim() {
 /// nothing: neither the other claim's row nor the claim's own.
 #[tokio::test]
 async fn marking_a_seq_not_in_the_claim_fails_with_not_in_claim_and_changes_nothing() {
-    let db = TestDb::new("claim_not_in_claim").await;
-    let ids = record(&db, &[("a".into(), 0), ("b".into(), 0)]).await;
-    let store = db.store();
-    let mut mine = store.claim(1).await.unwrap().unwrap();
-    let other = store.claim(1).await.unwrap().unwrap();
-    assert_eq!(ids_of(&mine), [ids[0]]);
-    assert_eq!(ids_of(&other), [ids[1]]);
-    let own = mine.records()[0].seq;
-    let foreign = other.records()[0].seq;
-    assert!(matches!(
-        mine.mark_sent(&[own, foreign]).await,
-        Err(Error::NotInClaim { seq }) if seq == foreign
-    ));
-    assert!(matches!(
-        mine.mark_suspect(&[foreign], "died").await,
-        Err(Error::NotInClaim { seq }) if seq == foreign
-    ));
-    let failure = |seq| FailedAttempt {
-        seq,
-        attempts: 1,
-        error: "nack".into(),
-        next: NextStep::Dead,
-        unroutable_since: None,
-    };
-    assert!(matches!(
-        mine.mark_failed(&[failure(own), failure(foreign)]).await,
-        Err(Error::NotInClaim { seq }) if seq == foreign
-    ));
-    let message = Error::NotInClaim { seq: foreign }.to_string();
-    assert!(message.contains(&foreign.to_string()), "{message}");
-    mine.finish().await.unwrap();
-    other.finish().await.unwrap();
-    assert_eq!(
-        db.count(
-            "outbox_events",
-            "WHERE status = 'pending' AND suspect_count = 0 AND attempts = 0"
-        ),
-        2,
-        "nothing was marked"
-    );
+    let fixture = PgFixture::new("claim_not_in_claim").await;
+    conformance::marks_refuse_seqs_not_in_the_claim(&fixture)
+        .await
+        .unwrap();
+    let message = Error::NotInClaim { seq: 1_234 }.to_string();
+    assert!(message.contains("1234"), "{message}");
+}
+
+/// The store contract of per-aggregate order with a dead (or waiting)
+/// head, replay and skip, as the in-memory store keeps it.
+#[tokio::test]
+async fn a_dead_event_holds_back_only_its_aggregate_as_the_store_contract_says() {
+    let fixture = PgFixture::new("claim_contract_dead").await;
+    conformance::a_dead_event_holds_back_only_its_aggregate(&fixture)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -653,25 +623,6 @@ async fn prepared_statements(conn: &mut diesel_async::AsyncPgConnection) -> i64 
     outbox_testkit::pg::count(conn, "SELECT count(*) AS n FROM pg_prepared_statements").await
 }
 
-/// Publishes like `inner`, taking 400 ms (asynchronously) for `slow`.
-struct SlowFor {
-    inner: RecordingPublisher,
-    slow: Uuid,
-}
-
-impl outbox_core::Publisher for SlowFor {
-    async fn publish(
-        &self,
-        events: &[&outbox_core::EventEnvelope],
-        deadline: Option<std::time::Instant>,
-    ) -> Vec<PublishOutcome> {
-        if events.iter().any(|e| e.id == self.slow) {
-            tokio::time::sleep(Duration::from_millis(400)).await;
-        }
-        self.inner.publish(events, deadline).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_event_queued_behind_a_batch_in_flight_goes_as_soon_as_that_batch_ends() {
     // a0 is being published (slowly) when a1 commits; the loop woken for
@@ -679,12 +630,16 @@ async fn an_event_queued_behind_a_batch_in_flight_goes_as_soon_as_that_batch_end
     // batch ends, a1 must go at once, not at the next poll (an hour here).
     let db = TestDb::new("claim_follow").await;
     let a0 = record(&db, &[("a".into(), 0)]).await[0];
+    // Publishes taking 400 ms for a0.
     let publisher = RecordingPublisher::new();
-    let slow = SlowFor {
-        inner: publisher.clone(),
-        slow: a0,
-    };
-    let relay = Relay::builder(db.store(), slow)
+    publisher.set_delay(move |events| {
+        if events.iter().any(|e| e.id == a0) {
+            Duration::from_millis(400)
+        } else {
+            Duration::ZERO
+        }
+    });
+    let relay = Relay::builder(db.store(), publisher.clone())
         .concurrency(2)
         .poll_interval(Duration::from_secs(3600))
         .stats_interval(Duration::from_secs(3600))

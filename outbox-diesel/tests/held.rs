@@ -9,7 +9,8 @@
 mod common;
 
 use chrono::{Duration, Utc};
-use common::{TestDb, record, seq_of, seqs_of};
+use common::{TestDb, record, seqs_of};
+use outbox_core::testing::fail_claimed;
 use outbox_core::{Claim, DeliveryOrder, FailedAttempt, NextStep, OutboxStore};
 use uuid::Uuid;
 
@@ -30,18 +31,15 @@ async fn a_pending_event_is_not_claimed_before_a_due_retry_outside_the_window() 
     let store = db.store();
     // a0 fails once; its retry is due.
     let a = record(&db, &[("a".into(), 0)]).await;
-    let mut claim = store.claim(100).await.unwrap().unwrap();
-    claim
-        .mark_failed(&[FailedAttempt {
-            seq: seq_of(&claim, a[0]),
-            attempts: 1,
-            error: "nack".into(),
-            next: NextStep::RetryAt(Utc::now() - Duration::seconds(1)),
-            unroutable_since: None,
-        }])
-        .await
-        .unwrap();
-    claim.finish().await.unwrap();
+    fail_claimed(
+        &store,
+        &[a[0]],
+        1,
+        NextStep::RetryAt(Utc::now() - Duration::seconds(1)),
+        |_| "nack".into(),
+    )
+    .await
+    .unwrap();
     // a1 is recorded after a0's retry came due: nothing holds it.
     let a1 = record(&db, &[("a".into(), 1)]).await;
     // 400 retries of other aggregates (a default window: 4 x 100) came due
@@ -80,18 +78,15 @@ async fn an_event_recorded_after_orphaned_held_events_does_not_overtake_them() {
     let db = TestDb::new("review_orphan_gate").await;
     let store = db.store();
     let ids = record(&db, &[("a".into(), 0), ("a".into(), 1)]).await;
-    let mut claim = store.claim(100).await.unwrap().unwrap();
-    claim
-        .mark_failed(&[FailedAttempt {
-            seq: seq_of(&claim, ids[0]),
-            attempts: 1,
-            error: "nack".into(),
-            next: NextStep::RetryAt(Utc::now() + Duration::hours(1)),
-            unroutable_since: None,
-        }])
-        .await
-        .unwrap();
-    claim.finish().await.unwrap();
+    fail_claimed(
+        &store,
+        &[ids[0]],
+        1,
+        NextStep::RetryAt(Utc::now() + Duration::hours(1)),
+        |_| "nack".into(),
+    )
+    .await
+    .unwrap();
     // A 0.1 relay (which scans pending and retry rows only) takes the
     // retry and marks it sent with its own statement: no release.
     db.execute(&format!(

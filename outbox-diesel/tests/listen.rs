@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::{TestDb, moved};
 use diesel::{PgConnection, RunQueryDsl as _};
 use diesel_async::{AsyncConnection as _, AsyncPgConnection};
-use futures_util::StreamExt as _;
+use futures_util::{Stream, StreamExt as _};
 use outbox_core::testing::RecordingPublisher;
 use outbox_core::{OutboxStore as _, Relay, RelayHandle};
 use outbox_diesel::{Error, PgOutboxStore};
@@ -24,13 +24,18 @@ use uuid::Uuid;
 
 const PUBLISH_BOUND: Duration = Duration::from_secs(5);
 
-/// A relay with a `LISTEN` connection and hour-long polling, running.
-fn start_relay(db: &TestDb) -> (RelayHandle, RecordingPublisher, JoinHandle<()>) {
-    let store = PgOutboxStore::builder(db.pool.clone())
+/// The store of `db` with a `LISTEN` connection.
+fn listening_store(db: &TestDb) -> PgOutboxStore {
+    PgOutboxStore::builder(db.pool.clone())
         .schema(&db.schema)
         .listen(&db.url)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// A relay with a `LISTEN` connection and hour-long polling, running.
+fn start_relay(db: &TestDb) -> (RelayHandle, RecordingPublisher, JoinHandle<()>) {
+    let store = listening_store(db);
     let publisher = RecordingPublisher::new();
     let relay = Relay::builder(store, publisher.clone())
         .poll_interval(Duration::from_secs(3600))
@@ -55,6 +60,24 @@ async fn record(db: &TestDb, conn: &mut AsyncPgConnection, n: u32) -> Uuid {
     conn.transaction::<_, Error, _>(async |conn| db.outbox.record(conn, &moved("l", n)).await)
         .await
         .unwrap()
+}
+
+/// Records `events` events one after the other, each once the previous
+/// one was published, and checks that each is published within
+/// [`PUBLISH_BOUND`] (without `handle.notify()`).
+async fn record_each_and_see_it_published(
+    db: &TestDb,
+    publisher: &RecordingPublisher,
+    events: u32,
+) {
+    let mut conn = db.conn().await;
+    for n in 1..=events {
+        let id = record(db, &mut conn, n).await;
+        tokio::time::timeout(PUBLISH_BOUND, publisher.wait_for(n as usize))
+            .await
+            .unwrap_or_else(|_| panic!("event {n} was not published within {PUBLISH_BOUND:?}"));
+        assert_eq!(publisher.published_ids().last(), Some(&id));
+    }
 }
 
 #[derive(Debug, diesel::QueryableByName)]
@@ -107,16 +130,9 @@ async fn committed_event_wakes_the_relay_through_notify() {
     let (handle, publisher, task) = start_relay(&db);
     wait_for_listener(&db, None).await;
 
-    let mut conn = db.conn().await;
     // One after the other: the listener's one wakeup on connect can explain
     // at most the first; the others need their NOTIFY (polling is an hour).
-    for n in 1..=3 {
-        let id = record(&db, &mut conn, n).await;
-        tokio::time::timeout(PUBLISH_BOUND, publisher.wait_for(n as usize))
-            .await
-            .unwrap_or_else(|_| panic!("event {n} was not published within {PUBLISH_BOUND:?}"));
-        assert_eq!(publisher.published_ids().last(), Some(&id));
-    }
+    record_each_and_see_it_published(&db, &publisher, 3).await;
     assert_eq!(publisher.published_ids().len(), 3, "each event once");
     stop_relay(handle, task).await;
     assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 3);
@@ -224,14 +240,7 @@ async fn longest_schema_name_records_and_wakes_the_relay() {
         })
         .await;
 
-    let mut conn = db.conn().await;
-    for n in 1..=3 {
-        let id = record(&db, &mut conn, n).await;
-        tokio::time::timeout(PUBLISH_BOUND, publisher.wait_for(n as usize))
-            .await
-            .unwrap_or_else(|_| panic!("event {n} was not published within {PUBLISH_BOUND:?}"));
-        assert_eq!(publisher.published_ids().last(), Some(&id));
-    }
+    record_each_and_see_it_published(&db, &publisher, 3).await;
     stop_relay(handle, task).await;
     assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 3);
     let channel = db.outbox.schema().channel();
@@ -249,35 +258,42 @@ fn listener_count(db: &TestDb) -> i64 {
     )
 }
 
+/// Waits up to `bound` for the next item of `wakeups`, which must not end.
+async fn next_wakeup(wakeups: &mut (impl Stream<Item = ()> + Unpin), bound: Duration, what: &str) {
+    tokio::time::timeout(bound, wakeups.next())
+        .await
+        .expect(what)
+        .expect("the stream does not end");
+}
+
+/// Waits until no listener session of `db`'s schema is left.
+async fn assert_no_listener(db: &TestDb, what: &str) {
+    eventually(what)
+        .equals(0, || std::future::ready(listener_count(db)))
+        .await;
+}
+
 /// The stream wakes once on connect and once per `NOTIFY`; dropping it
 /// closes its `LISTEN` connection (no task lives on without it).
 #[tokio::test(flavor = "multi_thread")]
 async fn dropping_the_wakeup_stream_closes_the_listen_connection() {
     let db = TestDb::new("listen_drop").await;
-    let store = PgOutboxStore::builder(db.pool.clone())
-        .schema(&db.schema)
-        .listen(&db.url)
-        .build()
-        .unwrap();
+    let store = listening_store(&db);
     let mut wakeups = Box::pin(store.wakeups());
-    tokio::time::timeout(PUBLISH_BOUND, wakeups.next())
-        .await
-        .expect("a wakeup once connected")
-        .expect("the stream does not end");
+    next_wakeup(&mut wakeups, PUBLISH_BOUND, "a wakeup once connected").await;
     wait_for_listener(&db, None).await;
 
     let mut conn = db.conn().await;
     record(&db, &mut conn, 1).await;
-    tokio::time::timeout(PUBLISH_BOUND, wakeups.next())
-        .await
-        .expect("a wakeup on NOTIFY")
-        .expect("the stream does not end");
+    next_wakeup(&mut wakeups, PUBLISH_BOUND, "a wakeup on NOTIFY").await;
     assert_eq!(listener_count(&db), 1, "one listener session");
 
     drop(wakeups);
-    eventually("the listener session ended after the stream was dropped")
-        .equals(0, || std::future::ready(listener_count(&db)))
-        .await;
+    assert_no_listener(
+        &db,
+        "the listener session ended after the stream was dropped",
+    )
+    .await;
     // The store itself (and its pool) is still usable.
     assert_eq!(store.schema().name(), db.schema);
 }
@@ -287,28 +303,25 @@ async fn dropping_the_wakeup_stream_closes_the_listen_connection() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_wakeup_stream_wakes_again_after_a_reconnect() {
     let db = TestDb::new("listen_rewake").await;
-    let store = PgOutboxStore::builder(db.pool.clone())
-        .schema(&db.schema)
-        .listen(&db.url)
-        .build()
-        .unwrap();
+    let store = listening_store(&db);
     let mut wakeups = Box::pin(store.wakeups());
-    tokio::time::timeout(PUBLISH_BOUND, wakeups.next())
-        .await
-        .expect("a wakeup once connected")
-        .expect("the stream does not end");
+    next_wakeup(&mut wakeups, PUBLISH_BOUND, "a wakeup once connected").await;
     let pid = wait_for_listener(&db, None).await;
     db.execute(&format!("SELECT pg_terminate_backend({pid})"));
-    tokio::time::timeout(Duration::from_secs(10), wakeups.next())
-        .await
-        .expect("a wakeup after the reconnect")
-        .expect("the stream does not end");
+    next_wakeup(
+        &mut wakeups,
+        Duration::from_secs(10),
+        "a wakeup after the reconnect",
+    )
+    .await;
     let new_pid = wait_for_listener(&db, Some(pid)).await;
     assert_ne!(new_pid, pid);
     drop(wakeups);
-    eventually("the reconnected listener session ended after the stream was dropped")
-        .equals(0, || std::future::ready(listener_count(&db)))
-        .await;
+    assert_no_listener(
+        &db,
+        "the reconnected listener session ended after the stream was dropped",
+    )
+    .await;
 }
 
 /// A relay that stops drops its wakeup stream: its `LISTEN` session ends.
@@ -318,7 +331,5 @@ async fn a_stopped_relay_leaves_no_listen_session() {
     let (handle, _publisher, task) = start_relay(&db);
     wait_for_listener(&db, None).await;
     stop_relay(handle, task).await;
-    eventually("the listener session ended with the relay")
-        .equals(0, || std::future::ready(listener_count(&db)))
-        .await;
+    assert_no_listener(&db, "the listener session ended with the relay").await;
 }

@@ -7,36 +7,33 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{database_url, moved, seqs_of};
-use diesel::{Connection as _, PgConnection, RunQueryDsl as _};
+use common::{TestDb, moved, seqs_of};
+use diesel::RunQueryDsl as _;
 use diesel_async::{AsyncConnection as _, SimpleAsyncConnection as _};
 use outbox_core::{Claim as _, OutboxStore as _};
 use outbox_diesel::{Error, Outbox, PgOutboxStore};
 use outbox_testkit::names;
-use outbox_testkit::pg::{self, TestSchema};
 
-/// A schema name of its own for one test, dropped when the test ends (also
-/// when it panics). Nothing is created up front.
-struct SchemaGuard {
-    url: String,
-    name: String,
-    _guard: TestSchema,
+/// Every table a migrated schema holds, sorted.
+const TABLES: [&str; 8] = [
+    "inbox_dead_letters",
+    "inbox_events",
+    "outbox_attempts",
+    "outbox_audit",
+    "outbox_events",
+    "outbox_relays",
+    "outbox_schema_version",
+    "outbox_settings",
+];
+
+/// A schema name of its own for `test` (nothing created up front),
+/// dropped when the test ends (also when it panics).
+fn reserve(test: &str) -> TestDb {
+    TestDb::reserve(names::unique("m", test), 2)
 }
 
-impl SchemaGuard {
-    fn new(test: &str) -> SchemaGuard {
-        let guard = TestSchema::reserve(&database_url(), names::unique("m", test));
-        SchemaGuard {
-            url: guard.url().to_owned(),
-            name: guard.name().to_owned(),
-            _guard: guard,
-        }
-    }
-
-    fn sync_conn(&self) -> PgConnection {
-        PgConnection::establish(&self.url).unwrap()
-    }
-
+/// The catalogue queries of these tests.
+impl TestDb {
     /// `to_regclass(name)::text`: `None` when no such relation exists.
     fn regclass(&self, name: &str) -> Option<String> {
         #[derive(diesel::QueryableByName)]
@@ -62,22 +59,12 @@ impl SchemaGuard {
             "SELECT tablename::text AS tablename FROM pg_tables WHERE schemaname = $1 \
              ORDER BY tablename",
         )
-        .bind::<diesel::sql_types::Text, _>(&self.name)
+        .bind::<diesel::sql_types::Text, _>(&self.schema)
         .load::<Table>(&mut self.sync_conn())
         .unwrap()
         .into_iter()
         .map(|t| t.tablename)
         .collect()
-    }
-
-    fn count(&self, table: &str, filter: &str) -> i64 {
-        pg::count_sync(
-            &mut self.sync_conn(),
-            &format!(
-                "SELECT count(*) AS n FROM \"{}\".{table} {filter}",
-                self.name
-            ),
-        )
     }
 }
 
@@ -110,36 +97,20 @@ async fn assert_outbox_works(url: &str, schema: &str) {
 
 #[tokio::test]
 async fn second_run_applies_nothing_and_keeps_the_data() {
-    let schema = SchemaGuard::new("migrate_twice");
-    let mut conn = outbox_diesel::connect(&schema.url).await.unwrap();
-    let applied = outbox_diesel::migrate(&mut conn, &schema.name)
-        .await
-        .unwrap();
+    let db = reserve("migrate_twice");
+    let mut conn = outbox_diesel::connect(&db.url).await.unwrap();
+    let applied = outbox_diesel::migrate(&mut conn, &db.schema).await.unwrap();
     assert_eq!(applied, vec![1, 2, 3, 4, 5]);
-    assert_outbox_works(&schema.url, &schema.name).await;
+    assert_outbox_works(&db.url, &db.schema).await;
 
-    let again = outbox_diesel::migrate(&mut conn, &schema.name)
-        .await
-        .unwrap();
+    let again = outbox_diesel::migrate(&mut conn, &db.schema).await.unwrap();
     assert!(again.is_empty(), "nothing left to apply: {again:?}");
-    assert_eq!(
-        schema.tables(),
-        [
-            "inbox_dead_letters",
-            "inbox_events",
-            "outbox_attempts",
-            "outbox_audit",
-            "outbox_events",
-            "outbox_relays",
-            "outbox_schema_version",
-            "outbox_settings"
-        ]
-    );
-    assert_eq!(schema.count("outbox_events", "WHERE status = 'sent'"), 1);
-    assert_eq!(schema.count("outbox_settings", ""), 1);
-    assert_eq!(schema.count("outbox_schema_version", ""), 5);
+    assert_eq!(db.tables(), TABLES);
+    assert_eq!(db.count("outbox_events", "WHERE status = 'sent'"), 1);
+    assert_eq!(db.count("outbox_settings", ""), 1);
+    assert_eq!(db.count("outbox_schema_version", ""), 5);
     // And through the URL shorthand, likewise nothing.
-    let via_url = outbox_diesel::migrate_url(&schema.url, &schema.name)
+    let via_url = outbox_diesel::migrate_url(&db.url, &db.schema)
         .await
         .unwrap();
     assert!(via_url.is_empty(), "{via_url:?}");
@@ -147,16 +118,16 @@ async fn second_run_applies_nothing_and_keeps_the_data() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_runs_apply_once_without_error() {
-    let schema = SchemaGuard::new("migrate_concurrent");
+    let db = reserve("migrate_concurrent");
     assert_eq!(
-        schema.regclass(&format!("\"{}\".outbox_events", schema.name)),
+        db.regclass(&format!("\"{}\".outbox_events", db.schema)),
         None
     );
     let start = Arc::new(tokio::sync::Barrier::new(4));
     let mut tasks = Vec::new();
     for _ in 0..4 {
-        let url = schema.url.clone();
-        let name = schema.name.clone();
+        let url = db.url.clone();
+        let name = db.schema.clone();
         let start = Arc::clone(&start);
         tasks.push(tokio::spawn(async move {
             let mut conn = outbox_diesel::connect(&url).await.unwrap();
@@ -174,67 +145,54 @@ async fn concurrent_runs_apply_once_without_error() {
         vec![vec![], vec![], vec![], vec![1, 2, 3, 4, 5]],
         "exactly one instance applies the migration"
     );
-    assert_eq!(schema.count("outbox_schema_version", ""), 5);
-    assert_eq!(schema.count("outbox_settings", ""), 1);
-    assert_outbox_works(&schema.url, &schema.name).await;
+    assert_eq!(db.count("outbox_schema_version", ""), 5);
+    assert_eq!(db.count("outbox_settings", ""), 1);
+    assert_outbox_works(&db.url, &db.schema).await;
 }
 
 #[tokio::test]
 async fn diesel_migration_table_is_never_created() {
-    let schema = SchemaGuard::new("migrate_no_diesel");
-    let public_before = schema.regclass("public.__diesel_schema_migrations");
-    let mut conn = outbox_diesel::connect(&schema.url).await.unwrap();
+    let db = reserve("migrate_no_diesel");
+    let public_before = db.regclass("public.__diesel_schema_migrations");
+    let mut conn = outbox_diesel::connect(&db.url).await.unwrap();
     assert_eq!(
-        outbox_diesel::migrate(&mut conn, &schema.name)
-            .await
-            .unwrap(),
+        outbox_diesel::migrate(&mut conn, &db.schema).await.unwrap(),
         vec![1, 2, 3, 4, 5]
     );
     assert_eq!(
-        schema.regclass(&format!("\"{}\".__diesel_schema_migrations", schema.name)),
+        db.regclass(&format!("\"{}\".__diesel_schema_migrations", db.schema)),
         None
     );
     assert_eq!(
-        schema.regclass("public.__diesel_schema_migrations"),
+        db.regclass("public.__diesel_schema_migrations"),
         public_before,
         "the user's diesel history is left as it was"
     );
     assert_eq!(
-        schema.regclass(&format!("\"{}\".outbox_schema_version", schema.name)),
-        Some(format!("{}.outbox_schema_version", schema.name))
+        db.regclass(&format!("\"{}\".outbox_schema_version", db.schema)),
+        Some(format!("{}.outbox_schema_version", db.schema))
     );
 }
 
 #[tokio::test]
 async fn ddl_applied_by_hand_gives_a_working_outbox() {
-    let schema = SchemaGuard::new("migrate_ddl");
-    let ddl = outbox_diesel::ddl(&schema.name).unwrap();
-    let mut conn = outbox_diesel::connect(&schema.url).await.unwrap();
+    let db = reserve("migrate_ddl");
+    let ddl = outbox_diesel::ddl(&db.schema).unwrap();
+    let mut conn = outbox_diesel::connect(&db.url).await.unwrap();
     conn.batch_execute(&ddl).await.unwrap();
     assert_eq!(
-        schema.tables(),
-        [
-            "inbox_dead_letters",
-            "inbox_events",
-            "outbox_attempts",
-            "outbox_audit",
-            "outbox_events",
-            "outbox_relays",
-            "outbox_schema_version",
-            "outbox_settings"
-        ],
+        db.tables(),
+        TABLES,
         "the DDL carries the version bookkeeping"
     );
-    assert_outbox_works(&schema.url, &schema.name).await;
+    assert_outbox_works(&db.url, &db.schema).await;
     // A team that started with the DDL can switch to `migrate` later.
     assert_eq!(
-        outbox_diesel::migrate(&mut conn, &schema.name)
-            .await
-            .unwrap(),
+        outbox_diesel::migrate(&mut conn, &db.schema).await.unwrap(),
         Vec::<i32>::new(),
         "nothing to redo after the hand-applied DDL"
     );
-    let inbox = outbox_diesel::PgInbox::new(&schema.name).unwrap();
+    let inbox = outbox_diesel::PgInbox::new(&db.schema).unwrap();
     let event_id = uuid::Uuid::now_v7();
     let outcome = conn
         .transaction::<_, Error, _>(async |conn| {

@@ -194,7 +194,7 @@ async fn record_all_writes_every_event_in_order() {
     let claim = store.claim(1000).await.unwrap().unwrap();
     let claimed: Vec<_> = claim.records().iter().map(|r| r.id()).collect();
     assert_eq!(claimed, ids, "seq follows the order of the slice");
-    let empty: Vec<common::Moved> = Vec::new();
+    let empty: Vec<outbox_core::testing::TestEvent> = Vec::new();
     let none = conn
         .transaction::<_, Error, _>(async |conn| db.outbox.record_all(conn, &empty).await)
         .await

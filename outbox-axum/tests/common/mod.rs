@@ -1,5 +1,6 @@
 //! Shared harness: a PostgreSQL schema per test (outbox tables + a business
-//! table), the test application's routes, and HTTP helpers for `oneshot`
+//! table; the [`TestDb`] of outbox-diesel's tests, shared), the test
+//! application's routes, and HTTP helpers for `oneshot`
 //! and for a real server on 127.0.0.1:0.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
@@ -22,10 +23,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use outbox_axum::{Events, Tx};
 use outbox_core::DomainEvent;
-use outbox_diesel::Outbox;
 use outbox_testkit::eventually::eventually;
 use outbox_testkit::names;
-use outbox_testkit::pg::{self, TestSchema, backend_pid};
+use outbox_testkit::pg::{self, backend_pid};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tower::ServiceExt as _;
@@ -33,60 +33,39 @@ use tower::ServiceExt as _;
 #[allow(unused_imports)]
 pub use outbox_testkit::urls::{DEFAULT_DATABASE_URL as DEFAULT_URL, database_url};
 
+#[path = "../../../outbox-diesel/tests/common/db.rs"]
+mod db;
+
+pub use db::TestDb;
+
 /// A migrated outbox schema with an `orders` table, dropped when the test
 /// ends (also when it panics).
-pub struct TestDb {
-    pub url: String,
-    pub schema: String,
-    pub pool: Pool<AsyncPgConnection>,
-    pub outbox: Outbox,
-    /// Drops the schema; last, after the pool.
-    guard: TestSchema,
-}
-
 impl TestDb {
     pub async fn new(test: &str) -> TestDb {
         TestDb::with_pool(test, 6).await
     }
 
     pub async fn with_pool(test: &str, pool_size: usize) -> TestDb {
-        let guard = TestSchema::reserve(&database_url(), names::unique("ax", test));
-        let url = guard.url().to_owned();
-        let schema = guard.name().to_owned();
-        let mut conn = pg::connect(&url).await;
-        outbox_diesel::migrate(&mut conn, &schema).await.unwrap();
+        let db = TestDb::reserve(names::unique("ax", test), pool_size);
+        db.migrate().await;
         // `parent` fails at COMMIT when it names no order: the injected
         // commit failure.
-        diesel::sql_query(guard.sql(
+        TestDb::execute(
+            &db,
             "CREATE TABLE {schema}.orders (
                  id bigserial PRIMARY KEY,
                  name text NOT NULL,
                  parent bigint REFERENCES {schema}.orders (id) DEFERRABLE INITIALLY DEFERRED
              )",
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-        TestDb {
-            pool: outbox_diesel::pool(&url, pool_size).unwrap(),
-            outbox: Outbox::new(&schema).unwrap(),
-            url,
-            schema,
-            guard,
-        }
-    }
-
-    pub async fn conn(&self) -> AsyncPgConnection {
-        outbox_diesel::connect(&self.url).await.unwrap()
+        );
+        db
     }
 
     /// `SELECT count(*) FROM <schema>.<table>`.
     pub async fn count(&self, table: &str) -> i64 {
         pg::count(
             &mut self.conn().await,
-            &self
-                .guard
-                .sql(&format!("SELECT count(*) AS n FROM {{schema}}.{table}")),
+            &self.sql(&format!("SELECT count(*) AS n FROM {{schema}}.{table}")),
         )
         .await
     }
@@ -300,12 +279,7 @@ async fn place_order(
     Json(cmd): Json<Cmd>,
 ) -> (StatusCode, Json<serde_json::Value>) {
     let id = insert_order(&mut tx, &app.schema, &cmd.name, cmd.parent).await;
-    events
-        .raise(OrderPlaced {
-            order_id: id,
-            name: cmd.name.clone(),
-        })
-        .unwrap();
+    raise_placed(&events, id, &cmd.name);
     if cmd.sleep_ms > 0 {
         tokio::time::sleep(Duration::from_millis(cmd.sleep_ms)).await;
     }
@@ -368,12 +342,7 @@ async fn place_nested(
 
 /// Only `Events`, no transaction.
 async fn events_only(events: Events, Json(cmd): Json<Cmd>) -> StatusCode {
-    events
-        .raise(OrderPlaced {
-            order_id: 0,
-            name: cmd.name.clone(),
-        })
-        .unwrap();
+    raise_placed(&events, 0, &cmd.name);
     status_of(&cmd)
 }
 
@@ -387,12 +356,7 @@ async fn own_tx(
     let result = conn
         .transaction::<_, diesel::result::Error, _>(async |conn| {
             let id = insert_order(conn, &app.schema, &cmd.name, None).await;
-            events
-                .raise(OrderPlaced {
-                    order_id: id,
-                    name: cmd.name.clone(),
-                })
-                .unwrap();
+            raise_placed(&events, id, &cmd.name);
             let written = events.flush(conn).await.unwrap();
             assert_eq!(written, 1);
             assert!(events.is_empty());
@@ -420,16 +384,33 @@ async fn hold(
 ) -> StatusCode {
     let _signal = DropSignal(Arc::clone(&app.gate));
     let id = insert_order(&mut tx, &app.schema, &cmd.name, None).await;
-    events
-        .raise(OrderPlaced {
-            order_id: id,
-            name: cmd.name.clone(),
-        })
-        .unwrap();
+    raise_placed(&events, id, &cmd.name);
     let released = app.gate.release.notified();
     app.gate.entered.notify_one();
     released.await;
     status_of(&cmd)
+}
+
+/// Raises `order.placed` for order `order_id`.
+fn raise_placed(events: &Events, order_id: i64, name: &str) {
+    events
+        .raise(OrderPlaced {
+            order_id,
+            name: name.to_owned(),
+        })
+        .unwrap();
+}
+
+/// How a misbehaving handler starts: notes its transaction's backend pid
+/// in the gate, inserts an order and raises its event if asked; the
+/// order's id.
+async fn misbehaving_start(app: &AppState, tx: &mut Tx, events: &Events, cmd: &Cmd) -> i64 {
+    *app.gate.backend.lock().unwrap() = Some(backend_pid(tx).await);
+    let id = insert_order(tx, &app.schema, &cmd.name, None).await;
+    if cmd.raise {
+        raise_placed(events, id, &cmd.name);
+    }
+    id
 }
 
 /// Inserts an order (and raises its event if asked), then runs a nested
@@ -441,16 +422,7 @@ async fn nested_cancelled(
     events: Events,
     Json(cmd): Json<Cmd>,
 ) -> (StatusCode, Json<serde_json::Value>) {
-    *app.gate.backend.lock().unwrap() = Some(backend_pid(&mut tx).await);
-    let id = insert_order(&mut tx, &app.schema, &cmd.name, None).await;
-    if cmd.raise {
-        events
-            .raise(OrderPlaced {
-                order_id: id,
-                name: cmd.name.clone(),
-            })
-            .unwrap();
-    }
+    let id = misbehaving_start(&app, &mut tx, &events, &cmd).await;
     let schema = app.schema.clone();
     let nested = tokio::time::timeout(
         Duration::from_millis(200),
@@ -473,16 +445,7 @@ async fn swallowed_error(
     events: Events,
     Json(cmd): Json<Cmd>,
 ) -> (StatusCode, Json<serde_json::Value>) {
-    *app.gate.backend.lock().unwrap() = Some(backend_pid(&mut tx).await);
-    let id = insert_order(&mut tx, &app.schema, &cmd.name, None).await;
-    if cmd.raise {
-        events
-            .raise(OrderPlaced {
-                order_id: id,
-                name: cmd.name.clone(),
-            })
-            .unwrap();
-    }
+    let id = misbehaving_start(&app, &mut tx, &events, &cmd).await;
     let failed = diesel::sql_query("SELECT 1 / 0").execute(&mut tx).await;
     assert!(failed.is_err(), "division by zero fails");
     (status_of(&cmd), Json(serde_json::json!({ "id": id })))

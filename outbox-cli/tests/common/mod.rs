@@ -1,16 +1,17 @@
 //! The test kit: a private, migrated schema per test on the real
-//! PostgreSQL, events recorded and failed through the store, and the built
-//! `outbox` binary pointed at that schema.
+//! PostgreSQL (the [`TestDb`] of outbox-diesel's tests, shared), events
+//! recorded and failed through the store, and the built `outbox` binary
+//! pointed at that schema.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod broker;
 
 use assert_cmd::Command;
-use diesel::{Connection as _, PgConnection, RunQueryDsl as _};
-use outbox_core::{Claim as _, FailedAttempt, NextStep, OutboxStore as _};
-use outbox_diesel::{Outbox, PgOutboxStore};
+use outbox_core::testing::{TestEvent, fail_claimed};
+use outbox_core::{Claim as _, NextStep, OutboxStore as _};
+use outbox_diesel::PgOutboxStore;
 use outbox_testkit::names;
-use outbox_testkit::pg::{self, TestSchema};
+use outbox_testkit::pg;
 use uuid::Uuid;
 
 #[allow(unused_imports)]
@@ -21,34 +22,23 @@ pub fn schema_name(test: &str) -> String {
     names::unique("t_cli", test)
 }
 
-/// A schema of its own for one test, dropped when the test ends (also when
-/// it panics).
-pub struct TestDb {
-    pub url: String,
-    pub schema: String,
-    pub outbox: Outbox,
-    guard: TestSchema,
-}
+#[path = "../../../outbox-diesel/tests/common/db.rs"]
+mod db;
 
+pub use db::TestDb;
+
+/// The CLI's own constructors and helpers.
 impl TestDb {
     /// A migrated schema.
     pub async fn new(test: &str) -> TestDb {
         let db = TestDb::unmigrated(test);
-        outbox_diesel::migrate(&mut pg::connect(&db.url).await, &db.schema)
-            .await
-            .unwrap();
+        db.migrate().await;
         db
     }
 
     /// A schema name that does not exist yet (dropped all the same).
     pub fn unmigrated(test: &str) -> TestDb {
-        let guard = TestSchema::reserve(&database_url(), schema_name(test));
-        TestDb {
-            url: guard.url().to_owned(),
-            outbox: Outbox::new(guard.name()).unwrap(),
-            schema: guard.name().to_owned(),
-            guard,
-        }
+        TestDb::reserve(schema_name(test), 2)
     }
 
     pub fn store(&self) -> PgOutboxStore {
@@ -80,21 +70,11 @@ impl TestDb {
         serde_json::from_slice(&output.stdout).unwrap()
     }
 
-    /// `UPDATE`/`INSERT` with `{schema}` replaced.
-    pub fn execute(&self, sql: &str) {
-        let mut conn = PgConnection::establish(&self.url).unwrap();
-        diesel::sql_query(self.guard.sql(sql))
-            .execute(&mut conn)
-            .unwrap();
-    }
-
     /// `SELECT count(*) FROM <schema>.<table>`.
     pub fn count(&self, table: &str) -> i64 {
         pg::count_sync(
-            &mut PgConnection::establish(&self.url).unwrap(),
-            &self
-                .guard
-                .sql(&format!("SELECT count(*) AS n FROM {{schema}}.{table}")),
+            &mut self.sync_conn(),
+            &self.sql(&format!("SELECT count(*) AS n FROM {{schema}}.{table}")),
         )
     }
 
@@ -102,12 +82,13 @@ impl TestDb {
     pub async fn record(&self, aggregates: &[&str]) -> Vec<Uuid> {
         use diesel_async::AsyncConnection as _;
         let mut conn = outbox_diesel::connect(&self.url).await.unwrap();
-        let events: Vec<Moved> = aggregates
+        let events: Vec<TestEvent> = aggregates
             .iter()
             .enumerate()
-            .map(|(n, a)| Moved {
-                aggregate: (*a).to_owned(),
-                n: n as u32,
+            .map(|(n, a)| {
+                TestEvent::new(*a)
+                    .of_type("piece", "piece.moved")
+                    .field("n", n)
             })
             .collect();
         conn.transaction::<_, outbox_diesel::Error, _>(async |conn| {
@@ -119,25 +100,9 @@ impl TestDb {
 
     /// Claims what is claimable and marks `ids` failed with `next`.
     pub async fn fail(&self, ids: &[Uuid], error: &str, next: NextStep) {
-        let store = self.store();
-        let mut claim = store.claim(1_000).await.unwrap().expect("claimable");
-        let failures: Vec<FailedAttempt> = ids
-            .iter()
-            .map(|id| FailedAttempt {
-                seq: claim
-                    .records()
-                    .iter()
-                    .find(|r| r.id() == *id)
-                    .expect("the event is part of the claim")
-                    .seq,
-                attempts: 5,
-                error: format!("{error} ({id})"),
-                next,
-                unroutable_since: None,
-            })
-            .collect();
-        claim.mark_failed(&failures).await.unwrap();
-        claim.finish().await.unwrap();
+        fail_claimed(&self.store(), ids, 5, next, |id| format!("{error} ({id})"))
+            .await
+            .unwrap();
     }
 
     /// What a relay's claim gets now (rolled back).
@@ -152,23 +117,5 @@ impl TestDb {
         // blocks on a CLI process that would wait for those rows.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         ids
-    }
-}
-
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Moved {
-    pub aggregate: String,
-    pub n: u32,
-}
-
-impl outbox_core::DomainEvent for Moved {
-    fn aggregate_type(&self) -> &'static str {
-        "piece"
-    }
-    fn event_type(&self) -> &'static str {
-        "piece.moved"
-    }
-    fn aggregate_id(&self) -> String {
-        self.aggregate.clone()
     }
 }

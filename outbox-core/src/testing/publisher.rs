@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -13,6 +13,7 @@ use crate::{EventEnvelope, PublishOutcome, Publisher};
 
 type Behaviour = Box<dyn FnMut(&EventEnvelope) -> PublishOutcome + Send>;
 type BatchBehaviour = Box<dyn FnMut(&[&EventEnvelope]) -> Vec<PublishOutcome> + Send>;
+type Delay = Box<dyn Fn(&[&EventEnvelope]) -> Duration + Send>;
 
 /// One call's view of one message: what was sent and what the "broker" said.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +34,7 @@ struct Inner {
     calls: usize,
     behaviour: Option<Behaviour>,
     batch_behaviour: Option<BatchBehaviour>,
+    delay: Option<Delay>,
 }
 
 /// A publisher for tests: acks everything by default, or answers with a
@@ -105,6 +107,13 @@ impl RecordingPublisher {
         self.lock().batch_behaviour = Some(Box::new(behaviour));
     }
 
+    /// Makes each `publish` call take `delay(events)` (tokio time, without
+    /// blocking) before it is answered, as a slow broker would; e.g. slow
+    /// for one event only.
+    pub fn set_delay(&self, delay: impl Fn(&[&EventEnvelope]) -> Duration + Send + 'static) {
+        self.lock().delay = Some(Box::new(delay));
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner
             .lock()
@@ -154,6 +163,14 @@ impl Publisher for RecordingPublisher {
         events: &[&EventEnvelope],
         deadline: Option<Instant>,
     ) -> Vec<PublishOutcome> {
+        let delay = self
+            .lock()
+            .delay
+            .as_ref()
+            .map_or(Duration::ZERO, |delay| delay(events));
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         failpoints::hit(failpoints::AFTER_PUBLISH_BEFORE_CONFIRM);
         let outcomes = {
             let mut inner = self.lock();
@@ -189,5 +206,23 @@ impl Publisher for RecordingPublisher {
         // Let other tasks run between waves, as a real broker round trip would.
         tokio::task::yield_now().await;
         outcomes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TestEvent;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delay_holds_each_call_back_before_it_is_answered() {
+        let publisher = RecordingPublisher::new();
+        publisher.set_delay(|events| Duration::from_millis(100) * events.len() as u32);
+        let event = EventEnvelope::from_event(&TestEvent::new("a")).unwrap();
+        let started = tokio::time::Instant::now();
+        let outcomes = publisher.publish(&[&event, &event], None).await;
+        assert_eq!(outcomes, [PublishOutcome::Acked, PublishOutcome::Acked]);
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert_eq!(publisher.published_ids(), [event.id, event.id]);
     }
 }

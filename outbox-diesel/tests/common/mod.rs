@@ -1,31 +1,24 @@
-//! Shared test harness: a private schema per test on the real PostgreSQL,
-//! on the workspace's test kit (`outbox-testkit`), which drops it when the
-//! test ends, also when it panics.
+//! Shared test harness: a private schema per test on the real PostgreSQL
+//! ([`TestDb`], in `db.rs`, which outbox-axum's and outbox-cli's tests
+//! share), the sample event, and the store under the conformance checks.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
-use diesel::{Connection, PgConnection, RunQueryDsl as _};
-use diesel_async::AsyncPgConnection;
-use diesel_async::pooled_connection::deadpool::Pool;
-use outbox_diesel::{Outbox, PgOutboxStore};
+use outbox_core::testing::TestEvent;
+use outbox_core::testing::conformance::{Fixture, RecordError};
+use outbox_diesel::PgOutboxStore;
 use outbox_testkit::names;
-use outbox_testkit::pg::{self, TestSchema};
-use serde::Serialize;
+use outbox_testkit::pg;
 
 #[allow(unused_imports)]
 pub use outbox_testkit::urls::{DEFAULT_DATABASE_URL as DEFAULT_URL, database_url};
 
-/// A schema of its own for one test, migrated, dropped when the test ends
-/// (also when it panics).
-pub struct TestDb {
-    pub url: String,
-    pub schema: String,
-    pub pool: Pool<AsyncPgConnection>,
-    pub outbox: Outbox,
-    /// Drops the schema; last, after the pool.
-    guard: TestSchema,
-}
+mod db;
 
+pub use db::TestDb;
+
+/// outbox-diesel's own constructors and helpers.
 impl TestDb {
+    /// A migrated schema of its own for `test`.
     pub async fn new(test: &str) -> TestDb {
         Self::with_schema(names::unique("t", test)).await
     }
@@ -39,7 +32,7 @@ impl TestDb {
     /// A schema as the first released version left it: migration 1 only.
     pub async fn at_version_1(test: &str) -> TestDb {
         use diesel_async::SimpleAsyncConnection;
-        let db = Self::reserve(names::unique("t", test));
+        let db = Self::reserve(names::unique("t", test), 6);
         let schema = outbox_diesel::Schema::new(&db.schema).unwrap();
         let first = &outbox_diesel::MIGRATIONS[0];
         assert_eq!(first.version, 1);
@@ -60,25 +53,10 @@ impl TestDb {
         db
     }
 
-    /// Schema `name`, not created yet, dropped all the same.
-    fn reserve(name: String) -> TestDb {
-        let guard = TestSchema::reserve(&database_url(), name);
-        TestDb {
-            url: guard.url().to_owned(),
-            schema: guard.name().to_owned(),
-            pool: outbox_diesel::pool(guard.url(), 6).unwrap(),
-            outbox: Outbox::new(guard.name()).unwrap(),
-            guard,
-        }
-    }
-
     async fn with_schema(name: String) -> TestDb {
-        let db = Self::reserve(name);
-        let applied = outbox_diesel::migrate(&mut pg::connect(&db.url).await, &db.schema)
-            .await
-            .unwrap();
+        let db = Self::reserve(name, 6);
         assert_eq!(
-            applied,
+            db.migrate().await,
             vec![1, 2, 3, 4, 5],
             "a fresh schema gets every migration"
         );
@@ -92,60 +70,29 @@ impl TestDb {
             .unwrap()
     }
 
-    pub async fn conn(&self) -> AsyncPgConnection {
-        outbox_diesel::connect(&self.url).await.unwrap()
-    }
-
-    pub fn sync_conn(&self) -> PgConnection {
-        PgConnection::establish(&self.url).unwrap()
-    }
-
     /// `SELECT count(*) FROM <schema>.<table> [WHERE ...]`.
     pub fn count(&self, table: &str, filter: &str) -> i64 {
         pg::count_sync(
             &mut self.sync_conn(),
-            &self.guard.sql(&format!(
+            &self.sql(&format!(
                 "SELECT count(*) AS n FROM {{schema}}.{table} {filter}"
             )),
         )
     }
-
-    /// As [`TestDb::execute`], returning the database's refusal.
-    pub fn try_execute(&self, sql: &str) -> Result<usize, diesel::result::Error> {
-        diesel::sql_query(self.guard.sql(sql)).execute(&mut self.sync_conn())
-    }
-
-    pub fn execute(&self, sql: &str) {
-        self.try_execute(sql).unwrap();
-    }
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct Moved {
-    pub aggregate: String,
-    pub n: u32,
+/// A `piece.moved` event of aggregate `piece`/`aggregate`, version `n`,
+/// payload `{"aggregate": aggregate, "n": n}`.
+pub fn moved(aggregate: &str, n: u32) -> TestEvent {
+    TestEvent::new(aggregate)
+        .of_type("piece", "piece.moved")
+        .version(i64::from(n))
+        .field("n", n)
 }
 
-impl outbox_core::DomainEvent for Moved {
-    fn aggregate_type(&self) -> &'static str {
-        "piece"
-    }
-    fn event_type(&self) -> &'static str {
-        "piece.moved"
-    }
-    fn aggregate_id(&self) -> String {
-        self.aggregate.clone()
-    }
-    fn aggregate_version(&self) -> Option<i64> {
-        Some(i64::from(self.n))
-    }
-}
-
-pub fn moved(aggregate: &str, n: u32) -> Moved {
-    Moved {
-        aggregate: aggregate.to_owned(),
-        n,
-    }
+/// The first event (n = 0) of each of `aggregates`, for [`record`].
+pub fn one_each(aggregates: &[&str]) -> Vec<(String, u32)> {
+    aggregates.iter().map(|a| ((*a).to_owned(), 0)).collect()
 }
 
 /// Records `events` (aggregate, n) as [`moved`] events, one committed
@@ -181,4 +128,46 @@ pub fn seq_of(claim: &impl outbox_core::Claim, id: uuid::Uuid) -> i64 {
         .find(|r| r.id() == id)
         .expect("the event is part of the claim")
         .seq
+}
+
+/// A fresh schema under the store contracts of
+/// [`outbox_core::testing::conformance`].
+pub struct PgFixture {
+    pub db: TestDb,
+    store: PgOutboxStore,
+}
+
+impl PgFixture {
+    pub async fn new(test: &str) -> PgFixture {
+        let db = TestDb::new(test).await;
+        PgFixture {
+            store: db.store(),
+            db,
+        }
+    }
+}
+
+impl Fixture for PgFixture {
+    type Store = PgOutboxStore;
+
+    fn store(&self) -> &PgOutboxStore {
+        &self.store
+    }
+
+    async fn record(&self, events: &[TestEvent]) -> Result<Vec<uuid::Uuid>, RecordError> {
+        use diesel_async::AsyncConnection as _;
+        let mut conn = outbox_diesel::connect(&self.db.url).await?;
+        Ok(conn
+            .transaction::<_, outbox_diesel::Error, _>(async |conn| {
+                self.db.outbox.record_all(conn, events).await
+            })
+            .await?)
+    }
+
+    fn not_in_claim(error: &outbox_diesel::Error) -> Option<i64> {
+        match error {
+            outbox_diesel::Error::NotInClaim { seq } => Some(*seq),
+            _ => None,
+        }
+    }
 }
