@@ -907,6 +907,14 @@ async fn the_in_memory_store_refuses_a_seq_not_in_the_claim_and_marks_nothing() 
         .unwrap();
 }
 
+/// A seq named twice in one mark call is refused and nothing is marked.
+#[tokio::test]
+async fn the_in_memory_store_refuses_a_seq_named_twice_in_one_mark() {
+    conformance::marks_refuse_a_seq_named_twice(&InMemoryStore::new())
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn in_the_in_memory_store_a_dead_event_holds_back_only_its_aggregate() {
     conformance::a_dead_event_holds_back_only_its_aggregate(&InMemoryStore::new())

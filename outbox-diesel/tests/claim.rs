@@ -465,6 +465,16 @@ async fn marking_a_seq_not_in_the_claim_fails_with_not_in_claim_and_changes_noth
     assert!(message.contains("1234"), "{message}");
 }
 
+/// A seq named twice in one mark call is refused with `DuplicateSeq`
+/// before any statement runs, and nothing of the call is marked.
+#[tokio::test]
+async fn marking_a_seq_twice_in_one_call_fails_with_duplicate_seq_and_changes_nothing() {
+    let fixture = PgFixture::new("claim_duplicate_seq").await;
+    conformance::marks_refuse_a_seq_named_twice(&fixture)
+        .await
+        .unwrap();
+}
+
 /// The store contract of per-aggregate order with a dead (or waiting)
 /// head, replay and skip, as the in-memory store keeps it.
 #[tokio::test]

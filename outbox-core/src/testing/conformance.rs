@@ -1,8 +1,8 @@
 //! Contracts every [`OutboxStore`] keeps, as checks any store's tests run.
 //!
 //! A store's test suite implements [`Fixture`] for a fresh, empty store
-//! (how to record events into it, and how to recognise its `NotInClaim`
-//! refusal) and runs each check in a test of its own:
+//! (how to record events into it, and how to recognise its refusals of a
+//! mark, [`Refusal`]) and runs each check in a test of its own:
 //!
 //! ```
 //! use outbox_core::testing::conformance;
@@ -49,13 +49,29 @@ pub trait Fixture: Send + Sync {
         events: &[TestEvent],
     ) -> impl Future<Output = Result<Vec<Uuid>, RecordError>> + Send;
 
-    /// The seq named by `error` if it is the store's refusal of a mark for
-    /// a seq that is not part of the claim ("not in claim"), else `None`.
-    fn not_in_claim(error: &<Self::Store as OutboxStore>::Error) -> Option<i64>;
+    /// Which refusal of a mark `error` is, if it is one, else `None`.
+    fn refusal(error: &<Self::Store as OutboxStore>::Error) -> Option<Refusal>;
+}
+
+/// A store's refusal of a whole mark call (nothing of it marked), as a
+/// [`Fixture`] recognises it in the store's own error type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The mark named a seq that is not one of the claim's records.
+    NotInClaim {
+        /// That seq.
+        seq: i64,
+    },
+    /// The mark named a seq more than once.
+    DuplicateSeq {
+        /// That seq.
+        seq: i64,
+    },
 }
 
 /// The in-memory store is its own fixture: it records directly, and its
-/// refusal is [`StoreError::NotInClaim`].
+/// refusals are [`StoreError::NotInClaim`] and [`StoreError::DuplicateSeq`].
 impl Fixture for InMemoryStore {
     type Store = InMemoryStore;
 
@@ -70,9 +86,10 @@ impl Fixture for InMemoryStore {
             .collect::<Result<_, _>>()?)
     }
 
-    fn not_in_claim(error: &StoreError) -> Option<i64> {
+    fn refusal(error: &StoreError) -> Option<Refusal> {
         match error {
-            StoreError::NotInClaim { seq } => Some(*seq),
+            StoreError::NotInClaim { seq } => Some(Refusal::NotInClaim { seq: *seq }),
+            StoreError::DuplicateSeq { seq } => Some(Refusal::DuplicateSeq { seq: *seq }),
             _ => None,
         }
     }
@@ -160,12 +177,39 @@ fn refused<F: Fixture>(
             what: format!("{mark} of a seq not in the claim succeeded"),
         }),
         Err(error) => {
-            let named = F::not_in_claim(&error);
+            let named = match F::refusal(&error) {
+                Some(Refusal::NotInClaim { seq }) => Some(seq),
+                _ => None,
+            };
             ensure!(
                 check,
                 named.is_some() && (seq.is_none() || named == seq),
                 "{mark} of a seq not in the claim: expected \"not in claim\" naming {seq:?}, \
                  got {error}"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Checks that `result` is the store's "duplicate seq" refusal naming `seq`.
+fn refused_twice<F: Fixture>(
+    check: &'static str,
+    mark: &str,
+    result: Result<(), <F::Store as OutboxStore>::Error>,
+    seq: i64,
+) -> Result<(), Violation> {
+    match result {
+        Ok(()) => Err(Violation {
+            check,
+            what: format!("{mark} naming seq {seq} twice succeeded"),
+        }),
+        Err(error) => {
+            ensure!(
+                check,
+                F::refusal(&error) == Some(Refusal::DuplicateSeq { seq }),
+                "{mark} naming seq {seq} twice: expected \"duplicate seq\" naming {seq}, got \
+                 {error}"
             );
             Ok(())
         }
@@ -286,6 +330,98 @@ pub async fn marks_refuse_seqs_not_in_the_claim<F: Fixture>(fixture: &F) -> Resu
         (stats.dead, stats.backlog) == (1, 1),
         "after marking its own seq dead: {} dead, backlog {}, expected 1 and 1",
         stats.dead,
+        stats.backlog
+    );
+    Ok(())
+}
+
+/// One mark call names each event at most once: a seq named twice in one
+/// [`mark_sent`](Claim::mark_sent), [`mark_suspect`](Claim::mark_suspect)
+/// or [`mark_failed`](Claim::mark_failed) is refused with "duplicate seq"
+/// and nothing of the call is marked (no attempt counted, no suspect
+/// counted twice); the same seq named once is marked as usual afterwards.
+///
+/// # Errors
+/// A [`Violation`] where the store breaks this (or fails).
+pub async fn marks_refuse_a_seq_named_twice<F: Fixture>(fixture: &F) -> Result<(), Violation> {
+    const CHECK: &str = "marks_refuse_a_seq_named_twice";
+    let ids = record(fixture, CHECK, &[TestEvent::new("a"), TestEvent::new("a")]).await?;
+    let Some(mut claimed) = claim(fixture, CHECK, 10).await? else {
+        return Err(Violation {
+            check: CHECK,
+            what: "nothing claimable".into(),
+        });
+    };
+    ensure!(
+        CHECK,
+        ids_of(&claimed) == ids,
+        "a claim of 10 took {:?}, expected {ids:?}",
+        ids_of(&claimed)
+    );
+    let first = claimed.records()[0].seq;
+    let second = claimed.records()[1].seq;
+    refused_twice::<F>(
+        CHECK,
+        "mark_sent",
+        claimed.mark_sent(&[first, second, first]).await,
+        first,
+    )?;
+    refused_twice::<F>(
+        CHECK,
+        "mark_suspect",
+        claimed.mark_suspect(&[second, second], "died").await,
+        second,
+    )?;
+    refused_twice::<F>(
+        CHECK,
+        "mark_failed",
+        claimed
+            .mark_failed(&[dead(first, 1), dead(second, 1), dead(first, 2)])
+            .await,
+        first,
+    )?;
+    finish(CHECK, claimed).await?;
+
+    let Some(mut again) = claim(fixture, CHECK, 10).await? else {
+        return Err(Violation {
+            check: CHECK,
+            what: "after refused marks, nothing is claimable".into(),
+        });
+    };
+    ensure!(
+        CHECK,
+        ids_of(&again) == ids,
+        "after refused marks a claim got {:?}, expected both events",
+        ids_of(&again)
+    );
+    for record in again.records() {
+        ensure!(
+            CHECK,
+            record.status == EventStatus::Pending
+                && record.attempts == 0
+                && record.suspect_count == 0,
+            "a refused mark changed event {}: {:?}, {} attempts, suspect count {}",
+            record.id(),
+            record.status,
+            record.attempts,
+            record.suspect_count
+        );
+    }
+    let seqs: Vec<i64> = again.records().iter().map(|r| r.seq).collect();
+    again
+        .mark_sent(&seqs)
+        .await
+        .map_err(|e| failed(CHECK, "mark_sent naming each seq once", &e))?;
+    finish(CHECK, again).await?;
+    let stats = fixture
+        .store()
+        .stats()
+        .await
+        .map_err(|e| failed(CHECK, "stats", &e))?;
+    ensure!(
+        CHECK,
+        stats.backlog == 0,
+        "after marking both sent the backlog is {}, expected 0",
         stats.backlog
     );
     Ok(())
@@ -479,7 +615,7 @@ mod tests {
             Fixture::record(&self.0, events)
         }
 
-        fn not_in_claim(_: &StoreError) -> Option<i64> {
+        fn refusal(_: &StoreError) -> Option<Refusal> {
             None
         }
     }

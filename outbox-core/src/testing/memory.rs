@@ -32,6 +32,16 @@ pub enum StoreError {
         /// The seq that was refused.
         seq: i64,
     },
+    /// A mark named an event's `seq` more than once: nothing of the call
+    /// was marked.
+    #[error(
+        "event seq {seq} is named more than once in one mark, nothing was marked: name each of \
+         the claim's records at most once per mark"
+    )]
+    DuplicateSeq {
+        /// The seq named twice.
+        seq: i64,
+    },
     /// An illegal status change.
     #[error(transparent)]
     Transition(#[from] Error),

@@ -4,7 +4,7 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use outbox_core::testing::TestEvent;
-use outbox_core::testing::conformance::{Fixture, RecordError};
+use outbox_core::testing::conformance::{Fixture, RecordError, Refusal};
 use outbox_diesel::PgOutboxStore;
 use outbox_testkit::names;
 use outbox_testkit::pg;
@@ -164,9 +164,10 @@ impl Fixture for PgFixture {
             .await?)
     }
 
-    fn not_in_claim(error: &outbox_diesel::Error) -> Option<i64> {
+    fn refusal(error: &outbox_diesel::Error) -> Option<Refusal> {
         match error {
-            outbox_diesel::Error::NotInClaim { seq } => Some(*seq),
+            outbox_diesel::Error::NotInClaim { seq } => Some(Refusal::NotInClaim { seq: *seq }),
+            outbox_diesel::Error::DuplicateSeq { seq } => Some(Refusal::DuplicateSeq { seq: *seq }),
             _ => None,
         }
     }

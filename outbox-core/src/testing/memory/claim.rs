@@ -97,6 +97,11 @@ impl InMemoryClaim {
         let mut state = self.lock();
         InMemoryStore::injected(&mut state)?;
         let wanted: Vec<i64> = seqs.collect();
+        let mut sorted = wanted.clone();
+        sorted.sort_unstable();
+        if let Some(pair) = sorted.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(StoreError::DuplicateSeq { seq: pair[0] });
+        }
         if let Some(&seq) = wanted.iter().find(|&&seq| {
             self.records.binary_search_by_key(&seq, |r| r.seq).is_err()
                 || state
