@@ -769,3 +769,38 @@ async fn mark_suspect_counts_in_the_row_and_every_claim_sees_it() {
     );
     claim.finish().await.unwrap();
 }
+
+/// A delivery order this version does not know (written by a newer one, its
+/// CHECK constraint widened) stops the claim with `UnknownDeliveryOrder`
+/// naming the value and the schema: the relay never guesses an order.
+#[tokio::test]
+async fn an_unknown_delivery_order_in_the_table_is_a_clear_error_not_a_guess() {
+    let db = TestDb::new("claim_unknown_order").await;
+    record(&db, &[("a".to_owned(), 1)]).await;
+    db.execute(
+        "ALTER TABLE {schema}.outbox_settings \
+         DROP CONSTRAINT outbox_settings_delivery_order_check",
+    );
+    db.execute("UPDATE {schema}.outbox_settings SET delivery_order = 'by_partition'");
+    let store = db.store();
+    let err = match store.claim(10).await {
+        Err(err) => err,
+        Ok(claimed) => panic!(
+            "a claim under an unknown order must fail, got {:?}",
+            claimed.map(|c| c.records().len())
+        ),
+    };
+    assert!(
+        matches!(&err, Error::UnknownDeliveryOrder { value, .. } if value == "by_partition"),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("by_partition") && message.contains(&db.schema),
+        "{message}"
+    );
+    assert!(matches!(
+        store.delivery_order().await,
+        Err(Error::UnknownDeliveryOrder { .. })
+    ));
+}
