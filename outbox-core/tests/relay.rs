@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_core::testing::conformance;
-use outbox_core::testing::{HookedStore, InMemoryStore, RecordingPublisher, TestEvent, run_until};
+use outbox_core::testing::{
+    HookedStore, InMemoryStore, RecordingPublisher, TestEvent, run_until, wakeup_driven,
+};
 use outbox_core::{
     DeadSelector, EventEnvelope, EventStatus, OutboxStore, PublishOutcome, Relay, RelayHandle,
     RetryPolicy,
@@ -706,18 +708,6 @@ fn invalid_settings_are_rejected_at_build() {
     assert!(err.contains("batch_size"), "{err}");
 }
 
-/// A tiny deterministic RNG for the property test's failure script.
-struct SplitMix(u64);
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 fn random_failures_case(
     seed: u64,
     aggregates: usize,
@@ -737,18 +727,18 @@ fn random_failures_case(
         } else {
             InMemoryStore::unordered()
         };
-        let mut rng = SplitMix(seed);
+        let mut rng = fastrand::Rng::with_seed(seed);
         let mut recorded: HashMap<String, Vec<Uuid>> = HashMap::new();
         for n in 0..events {
-            let aggregate = format!("agg-{}", rng.next() as usize % aggregates);
+            let aggregate = format!("agg-{}", rng.usize(..aggregates));
             let id = record(&store, &aggregate, n as u32);
             recorded.entry(aggregate).or_default().push(id);
         }
         let rejections: Arc<Mutex<HashMap<Uuid, u32>>> = Arc::default();
         let publisher = RecordingPublisher::with_behaviour({
             let rejections = Arc::clone(&rejections);
-            let mut rng = SplitMix(seed ^ 0xDEAD_BEEF);
-            move |event| match rng.next() % 10 {
+            let mut rng = fastrand::Rng::with_seed(seed ^ 0xDEAD_BEEF);
+            move |event| match rng.u64(..) % 10 {
                 0 | 1 => {
                     *rejections.lock().unwrap().entry(event.id).or_default() += 1;
                     PublishOutcome::rejected("nack")
@@ -938,10 +928,8 @@ async fn store_wakeups_wake_the_relay_and_after_they_end_polling_goes_on() {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let store = wakeups_from(rx);
     let publisher = RecordingPublisher::new();
-    let relay = Relay::builder(store.clone(), publisher.clone())
+    let relay = wakeup_driven(store.clone(), publisher.clone())
         .concurrency(1)
-        .poll_interval(Duration::from_secs(3600))
-        .stats_interval(Duration::from_secs(3600))
         .build()
         .unwrap();
     let handle = relay.handle();

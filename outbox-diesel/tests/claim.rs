@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use common::{PgFixture, TestDb, moved, record, seq_of, seqs_of};
 use diesel_async::AsyncConnection as _;
-use outbox_core::testing::RecordingPublisher;
+use outbox_core::testing::{RecordingPublisher, wakeup_driven};
 use outbox_core::testing::{conformance, fail_claimed};
 use outbox_core::{
     Claim, DeadSelector, DeliveryOrder, EventStatus, FailedAttempt, NextStep, OutboxStore,
@@ -649,10 +649,8 @@ async fn an_event_queued_behind_a_batch_in_flight_goes_as_soon_as_that_batch_end
             Duration::ZERO
         }
     });
-    let relay = Relay::builder(db.store(), publisher.clone())
+    let relay = wakeup_driven(db.store(), publisher.clone())
         .concurrency(2)
-        .poll_interval(Duration::from_secs(3600))
-        .stats_interval(Duration::from_secs(3600))
         .build()
         .unwrap();
     let handle = relay.handle();

@@ -14,8 +14,8 @@ use common::{TestDb, moved};
 use diesel::{PgConnection, RunQueryDsl as _};
 use diesel_async::{AsyncConnection as _, AsyncPgConnection};
 use futures_util::{Stream, StreamExt as _};
-use outbox_core::testing::RecordingPublisher;
-use outbox_core::{OutboxStore as _, Relay, RelayHandle};
+use outbox_core::testing::{RecordingPublisher, wakeup_driven};
+use outbox_core::{OutboxStore as _, RelayHandle};
 use outbox_diesel::{Error, PgOutboxStore};
 use outbox_testkit::eventually::eventually;
 use outbox_testkit::pg;
@@ -37,11 +37,7 @@ fn listening_store(db: &TestDb) -> PgOutboxStore {
 fn start_relay(db: &TestDb) -> (RelayHandle, RecordingPublisher, JoinHandle<()>) {
     let store = listening_store(db);
     let publisher = RecordingPublisher::new();
-    let relay = Relay::builder(store, publisher.clone())
-        .poll_interval(Duration::from_secs(3600))
-        .stats_interval(Duration::from_secs(3600))
-        .build()
-        .unwrap();
+    let relay = wakeup_driven(store, publisher.clone()).build().unwrap();
     let handle = relay.handle();
     let task = tokio::spawn(relay.run());
     (handle, publisher, task)

@@ -25,9 +25,9 @@ const RELAY: &str = env!("CARGO_BIN_EXE_outbox-fault-relay");
 /// How long a scenario may take to drain after its last fault.
 const DRAIN: Duration = Duration::from_secs(120);
 
-/// A small deterministic generator for kill times and victims (the seed is
-/// printed, so a failing run can be replayed with `FAULT_SEED`).
-struct Rng(u64);
+/// A seeded generator for kill times and victims (the seed is printed, so
+/// a failing run can be replayed with `FAULT_SEED`).
+struct Rng(fastrand::Rng);
 
 impl Rng {
     fn new(test: &str) -> Rng {
@@ -41,24 +41,15 @@ impl Rng {
                     .as_nanos() as u64
             });
         println!("{test}: FAULT_SEED={seed}");
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        Rng(fastrand::Rng::with_seed(seed))
     }
 
     fn millis(&mut self, min: u64, max: u64) -> Duration {
-        Duration::from_millis(min + self.next() % (max - min))
+        Duration::from_millis(self.0.u64(min..max))
     }
 
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.usize(..n)
     }
 }
 

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use diesel::sql_types::Bool;
 use diesel_async::{AsyncConnection as _, AsyncPgConnection, RunQueryDsl as _};
+use outbox::DomainEvent;
 use outbox::postgres::{Error, Outbox, PgOutboxStore};
-use outbox::testing::RecordingPublisher;
-use outbox::{DomainEvent, Relay};
+use outbox::testing::{RecordingPublisher, wakeup_driven};
 use outbox_testkit::eventually::eventually;
 use outbox_testkit::pg;
 use outbox_testkit::pki::TestPki;
@@ -200,11 +200,7 @@ async fn pool_migrations_and_listen_use_tls() {
         .build()
         .unwrap();
     let publisher = RecordingPublisher::new();
-    let relay = Relay::builder(store, publisher.clone())
-        .poll_interval(Duration::from_secs(3600))
-        .stats_interval(Duration::from_secs(3600))
-        .build()
-        .unwrap();
+    let relay = wakeup_driven(store, publisher.clone()).build().unwrap();
     let handle = relay.handle();
     let task = tokio::spawn(relay.run());
     // Wait for the LISTEN session, so the event below needs its NOTIFY.

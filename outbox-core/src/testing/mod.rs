@@ -28,4 +28,4 @@ pub use hooked::HookedStore;
 pub use inbox::{InMemoryInbox, InboxTx};
 pub use memory::{InMemoryClaim, InMemoryStore, StoreError};
 pub use publisher::{PublishAttempt, RecordingPublisher};
-pub use run::{RunUntil, run_until};
+pub use run::{RunUntil, run_until, wakeup_driven};

@@ -1,9 +1,10 @@
 //! [`run_until`]: run a relay on the in-memory store until the store
-//! reaches a state, then stop it.
+//! reaches a state, then stop it; [`wakeup_driven`]: a relay that claims
+//! only when woken.
 
 use std::time::Duration;
 
-use crate::{OutboxRecord, Publisher, Relay};
+use crate::{OutboxRecord, OutboxStore, Publisher, Relay, RelayBuilder};
 
 use super::InMemoryStore;
 
@@ -77,4 +78,25 @@ pub async fn run_until<P: Publisher>(
         0 => Ok(()),
         claimed => Err(RunUntil::LeftClaimed(claimed)),
     }
+}
+
+/// A relay builder whose polling and stats are an hour away, so that in a
+/// test only wakeups make it claim (a store's wakeup stream, a `NOTIFY`,
+/// [`RelayHandle::notify`](crate::RelayHandle::notify)) and one that does
+/// not come shows as a missing publish, not a late one.
+///
+/// ```
+/// use outbox_core::testing::{InMemoryStore, RecordingPublisher, wakeup_driven};
+///
+/// let relay = wakeup_driven(InMemoryStore::new(), RecordingPublisher::new())
+///     .concurrency(1)
+///     .build()
+///     .unwrap();
+/// # drop(relay);
+/// ```
+pub fn wakeup_driven<S: OutboxStore, P: Publisher>(store: S, publisher: P) -> RelayBuilder<S, P> {
+    const HOUR: Duration = Duration::from_secs(3600);
+    Relay::builder(store, publisher)
+        .poll_interval(HOUR)
+        .stats_interval(HOUR)
 }
