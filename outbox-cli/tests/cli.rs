@@ -19,6 +19,36 @@ async fn three_dead(db: &TestDb) -> Vec<uuid::Uuid> {
     ids
 }
 
+/// `--no-prepared-statements` (or its environment variable) reaches the
+/// store: reads and a chunked mutation work, with the same answers.
+#[tokio::test]
+async fn without_prepared_statements_reads_and_mutations_give_the_same_answers() {
+    let db = TestDb::new("unprepared").await;
+    let ids = db.record(&["a", "b", "c"]).await;
+    db.fail(&ids[..2], "nack", NextStep::Dead).await;
+
+    let prepared = db.json(&["status"]);
+    let unprepared = db.json(&["--no-prepared-statements", "status"]);
+    assert_eq!(unprepared["counts"], prepared["counts"]);
+    assert_eq!(unprepared["counts"]["dead"], 2);
+
+    db.outbox()
+        .env("OUTBOX_NO_PREPARED_STATEMENTS", "1")
+        .args(["replay", "--all-dead", "--yes"])
+        .assert()
+        .success();
+    let after = db.json(&["--no-prepared-statements", "status"]);
+    assert_eq!(after["counts"]["dead"], 0);
+    assert_eq!(after["counts"]["pending"], 3);
+
+    db.outbox()
+        .env("OUTBOX_NO_PREPARED_STATEMENTS", "maybe")
+        .arg("status")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("no-prepared-statements"));
+}
+
 #[tokio::test]
 async fn status_json_counts_events_per_status() {
     let db = TestDb::new("status").await;

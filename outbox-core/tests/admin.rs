@@ -292,13 +292,12 @@ async fn purge_deletes_old_sent_events_but_never_dead_ones() {
     let sent_seqs: Vec<i64> = sent.iter().map(|id| seq_of(&claim, *id)).collect();
     claim.mark_sent(&sent_seqs).await.unwrap();
     claim
-        .mark_failed(&[FailedAttempt {
-            seq: seq_of(&claim, dead),
-            attempts: 5,
-            error: "x".into(),
-            next: NextStep::Dead,
-            unroutable_since: None,
-        }])
+        .mark_failed(&[FailedAttempt::new(
+            seq_of(&claim, dead),
+            5,
+            "x",
+            NextStep::Dead,
+        )])
         .await
         .unwrap();
     claim.finish().await.unwrap();

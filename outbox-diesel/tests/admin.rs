@@ -267,13 +267,12 @@ async fn purges_delete_old_sent_events_and_inbox_entries_never_dead_ones() {
     let mut claim = store.claim(10).await.unwrap().unwrap();
     claim.mark_sent(&seqs_of(&claim, &ids[..4])).await.unwrap();
     claim
-        .mark_failed(&[FailedAttempt {
-            seq: seq_of(&claim, ids[4]),
-            attempts: 5,
-            error: "x".into(),
-            next: NextStep::Dead,
-            unroutable_since: None,
-        }])
+        .mark_failed(&[FailedAttempt::new(
+            seq_of(&claim, ids[4]),
+            5,
+            "x",
+            NextStep::Dead,
+        )])
         .await
         .unwrap();
     claim.finish().await.unwrap();

@@ -136,13 +136,12 @@ async fn dead_head(db: &TestDb, store: &PgOutboxStore) -> Vec<Uuid> {
     let mut claim = store.claim(100).await.unwrap().unwrap();
     assert_eq!(claim.records().len(), 3);
     claim
-        .mark_failed(&[FailedAttempt {
-            seq: seq_of(&claim, ids[0]),
-            attempts: 10,
-            error: "nack".into(),
-            next: NextStep::Dead,
-            unroutable_since: None,
-        }])
+        .mark_failed(&[FailedAttempt::new(
+            seq_of(&claim, ids[0]),
+            10,
+            "nack",
+            NextStep::Dead,
+        )])
         .await
         .unwrap();
     claim.finish().await.unwrap();

@@ -280,20 +280,13 @@ async fn dead_event_blocks_only_its_aggregate_until_replayed_or_skipped() {
     assert_eq!(ids_of(&claim), ids, "the head holder takes the followers");
     claim
         .mark_failed(&[
-            FailedAttempt {
-                seq: seq_of(&claim, a0),
-                attempts: 3,
-                error: "NO_ROUTE".into(),
-                next: NextStep::Dead,
-                unroutable_since: None,
-            },
-            FailedAttempt {
-                seq: seq_of(&claim, b0),
-                attempts: 1,
-                error: "nack".into(),
-                next: NextStep::RetryAt(Utc::now() + chrono::Duration::hours(1)),
-                unroutable_since: None,
-            },
+            FailedAttempt::new(seq_of(&claim, a0), 3, "NO_ROUTE", NextStep::Dead),
+            FailedAttempt::new(
+                seq_of(&claim, b0),
+                1,
+                "nack",
+                NextStep::RetryAt(Utc::now() + chrono::Duration::hours(1)),
+            ),
         ])
         .await
         .unwrap();
@@ -552,13 +545,12 @@ async fn keep_sent_false_deletes_confirmed_events_only() {
     let mut claim = store.claim(10).await.unwrap().unwrap();
     claim.mark_sent(&seqs_of(&claim, &ids[..1])).await.unwrap();
     claim
-        .mark_failed(&[FailedAttempt {
-            seq: seq_of(&claim, ids[1]),
-            attempts: 1,
-            error: "nack".into(),
-            next: NextStep::Dead,
-            unroutable_since: None,
-        }])
+        .mark_failed(&[FailedAttempt::new(
+            seq_of(&claim, ids[1]),
+            1,
+            "nack",
+            NextStep::Dead,
+        )])
         .await
         .unwrap();
     claim.finish().await.unwrap();
@@ -733,13 +725,12 @@ async fn mark_suspect_counts_in_the_row_and_every_claim_sees_it() {
         .await
         .unwrap();
     claim
-        .mark_failed(&[FailedAttempt {
-            seq: seq_of(&claim, a0),
-            attempts: 0,
-            error: "the connection died 3 times".into(),
-            next: NextStep::Dead,
-            unroutable_since: None,
-        }])
+        .mark_failed(&[FailedAttempt::new(
+            seq_of(&claim, a0),
+            0,
+            "the connection died 3 times",
+            NextStep::Dead,
+        )])
         .await
         .unwrap();
     claim.finish().await.unwrap();

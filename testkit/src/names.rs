@@ -5,8 +5,8 @@
 //! A name is `<prefix>_<test>_<pid>_<n>`: the process id and a counter of
 //! this process make it unique; the prefix and the test name say whose it
 //! is when one is left behind. The counter starts at a value read off the
-//! clock, so a process that gets the pid of an earlier, killed run does not
-//! meet the names that run left behind. PostgreSQL cuts identifiers at
+//! clock, so a process that gets the pid of an earlier, killed run is
+//! unlikely to meet the names that run left behind. PostgreSQL cuts identifiers at
 //! [`MAX_IDENTIFIER`] bytes, so a name is cut to that length, in the test
 //! part (the unique tail stays) and at a character boundary.
 

@@ -53,15 +53,21 @@ impl From<outbox::postgres::Error> for Error {
 /// `error` and its sources, joined by `: ` (for one-line logs).
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
+    let mut parent = text.clone();
     let mut source = error.source();
     while let Some(cause) = source {
         let cause_text = cause.to_string();
-        // `#[error(transparent)]` and "...: {source}; hint" messages
-        // already hold their source's text (as sqlx's do).
-        if !text.contains(&cause_text) {
+        // `#[error(transparent)]`, "...: {source}" and "...: {source}; hint"
+        // messages already hold their source's text (as sqlx's do): only
+        // where the parent's own message shows it whole, after a `: `.
+        let shown = parent == cause_text
+            || parent.ends_with(&format!(": {cause_text}"))
+            || parent.contains(&format!(": {cause_text};"));
+        if !shown {
             text.push_str(": ");
             text.push_str(&cause_text);
         }
+        parent = cause_text;
         source = cause.source();
     }
     text
@@ -85,6 +91,16 @@ mod tests {
         struct Hinted(#[source] std::io::Error);
         let error = Hinted(std::io::Error::other("refused"));
         assert_eq!(error_chain(&error), "not reachable: refused; start it");
+
+        // A source whose words the message merely contains is appended.
+        #[derive(Debug, thiserror::Error)]
+        #[error("pool timed out waiting for a connection")]
+        struct Pool(#[source] std::io::Error);
+        let error = Pool(std::io::Error::other("timed out"));
+        assert_eq!(
+            error_chain(&error),
+            "pool timed out waiting for a connection: timed out"
+        );
 
         // A source the message does not hold is appended.
         #[derive(Debug, thiserror::Error)]

@@ -257,13 +257,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         if next == NextStep::Dead {
                             report.dead += 1;
                         }
-                        failures.push(FailedAttempt {
-                            seq: record.seq,
-                            attempts,
-                            error: reason,
-                            next,
-                            unroutable_since: None,
-                        });
+                        failures.push(FailedAttempt::new(record.seq, attempts, reason, next));
                         waves.block(i);
                     }
                     if alone && !unconfirmed.is_empty() {
@@ -387,11 +381,5 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
 
 /// Releases `record` until `at` without spending an attempt.
 fn held(record: &crate::OutboxRecord, at: chrono::DateTime<Utc>, error: String) -> FailedAttempt {
-    FailedAttempt {
-        seq: record.seq,
-        attempts: record.attempts,
-        error,
-        next: NextStep::RetryAt(at),
-        unroutable_since: None,
-    }
+    FailedAttempt::new(record.seq, record.attempts, error, NextStep::RetryAt(at))
 }

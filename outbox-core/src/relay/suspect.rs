@@ -83,13 +83,12 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 );
                 report.dead += 1;
                 report.parked += 1;
-                failures.push(FailedAttempt {
-                    seq: record.seq,
-                    attempts: record.attempts,
+                failures.push(FailedAttempt::new(
+                    record.seq,
+                    record.attempts,
                     error,
-                    next: NextStep::Dead,
-                    unroutable_since: None,
-                });
+                    NextStep::Dead,
+                ));
             } else {
                 warn!(
                     event_id = %record.id(),

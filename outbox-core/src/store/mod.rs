@@ -72,6 +72,27 @@ pub struct FailedAttempt {
     pub unroutable_since: Option<DateTime<Utc>>,
 }
 
+impl FailedAttempt {
+    /// The `attempts`-th failed attempt of event `seq`, going `next`, not
+    /// held as unroutable.
+    ///
+    /// ```
+    /// use outbox_core::{FailedAttempt, NextStep};
+    ///
+    /// let failed = FailedAttempt::new(7, 5, "nack", NextStep::Dead);
+    /// assert_eq!((failed.seq, failed.attempts, failed.unroutable_since), (7, 5, None));
+    /// ```
+    pub fn new(seq: i64, attempts: u32, error: impl Into<String>, next: NextStep) -> Self {
+        FailedAttempt {
+            seq,
+            attempts,
+            error: error.into(),
+            next,
+            unroutable_since: None,
+        }
+    }
+}
+
 /// Which `Dead` events an operator replays.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

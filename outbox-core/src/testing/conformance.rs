@@ -217,13 +217,7 @@ fn refused_twice<F: Fixture>(
 }
 
 fn dead(seq: i64, attempts: u32) -> FailedAttempt {
-    FailedAttempt {
-        seq,
-        attempts,
-        error: "nack".into(),
-        next: NextStep::Dead,
-        unroutable_since: None,
-    }
+    FailedAttempt::new(seq, attempts, "nack", NextStep::Dead)
 }
 
 /// Marks name events by their seq, and a claim refuses a seq that is not
@@ -275,6 +269,14 @@ pub async fn marks_refuse_seqs_not_in_the_claim<F: Fixture>(fixture: &F) -> Resu
         mine.mark_failed(&[dead(own, 1), dead(foreign, 1)]).await,
         Some(foreign),
     )?;
+    // Checked in call order: the foreign seq comes first, so it is the
+    // refusal, not the duplicate after it.
+    refused::<F>(
+        CHECK,
+        "mark_sent",
+        mine.mark_sent(&[foreign, own, own]).await,
+        Some(foreign),
+    )?;
     let stranger = own.max(foreign) + 1_000;
     refused::<F>(CHECK, "mark_sent", mine.mark_sent(&[stranger]).await, None)?;
     finish(CHECK, mine).await?;
@@ -315,6 +317,12 @@ pub async fn marks_refuse_seqs_not_in_the_claim<F: Fixture>(fixture: &F) -> Resu
             what: "nothing claimable the second time".into(),
         });
     };
+    ensure!(
+        CHECK,
+        ids_of(&mine) == [a],
+        "the claim of one after refused marks took {:?}, expected [{a}]",
+        ids_of(&mine)
+    );
     let own = mine.records()[0].seq;
     mine.mark_failed(&[dead(own, 1)])
         .await
@@ -338,7 +346,8 @@ pub async fn marks_refuse_seqs_not_in_the_claim<F: Fixture>(fixture: &F) -> Resu
 /// One mark call names each event at most once: a seq named twice in one
 /// [`mark_sent`](Claim::mark_sent), [`mark_suspect`](Claim::mark_suspect)
 /// or [`mark_failed`](Claim::mark_failed) is refused with "duplicate seq"
-/// and nothing of the call is marked (no attempt counted, no suspect
+/// naming the first seq named again, in call order, and nothing of the call
+/// is marked (no attempt counted, no suspect
 /// counted twice); the same seq named once is marked as usual afterwards.
 ///
 /// # Errors
@@ -365,6 +374,13 @@ pub async fn marks_refuse_a_seq_named_twice<F: Fixture>(fixture: &F) -> Result<(
         "mark_sent",
         claimed.mark_sent(&[first, second, first]).await,
         first,
+    )?;
+    // Checked in call order: the first seq named again is the one named.
+    refused_twice::<F>(
+        CHECK,
+        "mark_sent",
+        claimed.mark_sent(&[second, first, second, first]).await,
+        second,
     )?;
     refused_twice::<F>(
         CHECK,
@@ -469,13 +485,12 @@ pub async fn a_dead_event_holds_back_only_its_aggregate<F: Fixture>(
             .map(|r| r.seq)
             .unwrap_or(i64::MIN)
     };
-    let retry = FailedAttempt {
-        seq: seq(&batch, b0),
-        attempts: 1,
-        error: "nack".into(),
-        next: NextStep::RetryAt(Utc::now() + chrono::Duration::hours(1)),
-        unroutable_since: None,
-    };
+    let retry = FailedAttempt::new(
+        seq(&batch, b0),
+        1,
+        "nack",
+        NextStep::RetryAt(Utc::now() + chrono::Duration::hours(1)),
+    );
     batch
         .mark_failed(&[dead(seq(&batch, a0), 3), retry])
         .await

@@ -63,13 +63,7 @@ pub async fn fail_claimed<S: OutboxStore>(
                 .iter()
                 .find(|r| r.id() == *id)
                 .ok_or(FailClaimed::NotClaimed(*id))?;
-            Ok(FailedAttempt {
-                seq: record.seq,
-                attempts,
-                error: error(*id),
-                next,
-                unroutable_since: None,
-            })
+            Ok(FailedAttempt::new(record.seq, attempts, error(*id), next))
         })
         .collect::<Result<Vec<_>, _>>()?;
     claim

@@ -11,6 +11,9 @@ use super::InMemoryStore;
 /// How long [`run_until`] waits (tokio time) for the state.
 const LIMIT: Duration = Duration::from_secs(600);
 
+/// How long [`run_until`] waits (tokio time) for the relay to stop.
+const STOP_LIMIT: Duration = Duration::from_secs(60);
+
 /// Why [`run_until`] failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -22,6 +25,10 @@ pub enum RunUntil {
         /// Every record, as the relay left them.
         records: Vec<OutboxRecord>,
     },
+    /// The relay did not stop within 60 s (tokio time) of its shutdown;
+    /// its task was aborted.
+    #[error("the relay did not stop within 60 s of its shutdown")]
+    DidNotStop,
     /// The relay's task panicked or was cancelled.
     #[error("the relay's task failed: {0}")]
     Task(#[source] tokio::task::JoinError),
@@ -67,12 +74,19 @@ pub async fn run_until<P: Publisher>(
         tokio::time::sleep(Duration::from_millis(5)).await;
         reached = done(store);
     }
+    // What the relay had done at the deadline, before it stops.
+    let at_deadline = (!reached).then(|| store.records());
     handle.shutdown();
-    task.await.map_err(RunUntil::Task)?;
-    if !reached {
-        return Err(RunUntil::NotReached {
-            records: store.records(),
-        });
+    let mut task = task;
+    match tokio::time::timeout(STOP_LIMIT, &mut task).await {
+        Ok(joined) => joined.map_err(RunUntil::Task)?,
+        Err(_) => {
+            task.abort();
+            return Err(RunUntil::DidNotStop);
+        }
+    }
+    if let Some(records) = at_deadline {
+        return Err(RunUntil::NotReached { records });
     }
     match store.claimed() {
         0 => Ok(()),

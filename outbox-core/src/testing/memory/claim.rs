@@ -97,19 +97,24 @@ impl InMemoryClaim {
         let mut state = self.lock();
         InMemoryStore::injected(&mut state)?;
         let wanted: Vec<i64> = seqs.collect();
-        let mut sorted = wanted.clone();
-        sorted.sort_unstable();
-        if let Some(pair) = sorted.windows(2).find(|pair| pair[0] == pair[1]) {
-            return Err(StoreError::DuplicateSeq { seq: pair[0] });
-        }
-        if let Some(&seq) = wanted.iter().find(|&&seq| {
-            self.records.binary_search_by_key(&seq, |r| r.seq).is_err()
-                || state
-                    .rows
-                    .get(&seq)
-                    .is_none_or(|row| row.claimed_by != Some(self.id))
-        }) {
-            return Err(StoreError::NotInClaim { seq });
+        // One pass in call order, as the PostgreSQL store checks: the first
+        // seq not held by this claim, or the first named again, refuses
+        // the whole call.
+        let mut named = vec![false; self.records.len()];
+        for &seq in &wanted {
+            let held = state
+                .rows
+                .get(&seq)
+                .is_some_and(|row| row.claimed_by == Some(self.id));
+            let at = self
+                .records
+                .binary_search_by_key(&seq, |r| r.seq)
+                .ok()
+                .filter(|_| held)
+                .ok_or(StoreError::NotInClaim { seq })?;
+            if std::mem::replace(&mut named[at], true) {
+                return Err(StoreError::DuplicateSeq { seq });
+            }
         }
         // Validate every transition before changing anything.
         let mut updated = Vec::with_capacity(wanted.len());
