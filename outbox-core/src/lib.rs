@@ -40,7 +40,7 @@
 //! | [`context`] | headers (correlation, causation, trace) inherited by events recorded in a scope |
 //! | [`relay::metric_names`] | names of the metrics it emits |
 //! | [`failpoints`] | named points where fault tests can stop the relay |
-//! | `testing` | in-memory store, inbox and recording publisher (feature `test-util`) |
+//! | `testing` | in-memory store, inbox and recording publisher; the tests' shared harness and the store contracts (`testing::conformance`) (feature `test-util`) |
 //!
 //! # Guarantees of the relay
 //! - An event is marked `Sent` only after the publisher reported

@@ -3,8 +3,8 @@
 //! harness every store's and adapter's tests share: a sample event
 //! ([`TestEvent`]), failing events through a claim ([`fail_claimed`]), a
 //! store wrapper with hooks ([`HookedStore`]), running a relay until the
-//! store reaches a state ([`run_until`]) and the store contracts
-//! ([`conformance`]).
+//! store reaches a state ([`run_until`]), a relay only wakeups move
+//! ([`wakeup_driven`]) and the store contracts ([`conformance`]).
 //!
 //! They follow the same contracts as the real adapters (claims, per-aggregate
 //! order, the status machine, fencing) so relay logic and application code can
