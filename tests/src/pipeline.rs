@@ -118,6 +118,15 @@ impl Pipeline {
         sql.replace("{schema}", &format!("\"{}\"", self.schema))
     }
 
+    /// Retries 10 ms apart, `max_attempts` in all: a failing event ends
+    /// dead within the test's time.
+    pub fn quick_retries(max_attempts: u32) -> RetryPolicy {
+        RetryPolicy::default()
+            .base_delay(Duration::from_millis(10))
+            .max_delay(Duration::from_millis(10))
+            .max_attempts(max_attempts)
+    }
+
     /// A store on the schema.
     pub fn store(&self) -> PgOutboxStore {
         PgOutboxStore::builder(self.pool.clone())

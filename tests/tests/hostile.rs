@@ -835,10 +835,7 @@ async fn the_longest_aggregate_id_ends_dead_when_unroutable_and_a_longer_one_is_
         })
         .build()
         .unwrap();
-    let retry = RetryPolicy::default()
-        .base_delay(Duration::from_millis(10))
-        .max_delay(Duration::from_millis(10))
-        .max_attempts(2);
+    let retry = Pipeline::quick_retries(2);
     let (handle, task) = env.start_with(publisher, retry, outbox::UnroutablePolicy::SpendAttempts);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

@@ -201,10 +201,7 @@ async fn an_unroutable_event_spends_its_attempts_and_ends_dead_when_told_to() {
         .routing_key(|_| "refund.issued".into())
         .build()
         .unwrap();
-    let retry = RetryPolicy::default()
-        .base_delay(Duration::from_millis(10))
-        .max_delay(Duration::from_millis(10))
-        .max_attempts(3);
+    let retry = Pipeline::quick_retries(3);
     let received = env.collect().await;
     let (handle, task) = env.start_with(publisher, retry, outbox::UnroutablePolicy::SpendAttempts);
     wait_until("the event is dead", Duration::from_secs(30), || {
@@ -246,10 +243,7 @@ async fn unroutable_events_are_held_without_attempts_until_their_binding_appears
     let received = env.collect().await;
     let (handle, task) = env.start_with(
         publisher,
-        RetryPolicy::default()
-            .base_delay(Duration::from_millis(10))
-            .max_delay(Duration::from_millis(10))
-            .max_attempts(2),
+        Pipeline::quick_retries(2),
         outbox::UnroutablePolicy::hold(Duration::from_secs(600), Duration::from_secs(1)),
     );
     wait_until("o-2 delivered", Duration::from_secs(30), || {
@@ -302,10 +296,7 @@ async fn a_missing_exchange_costs_attempts_only_for_its_events() {
         .exchange_for(move |e| (e.aggregate_id == "o-7").then(|| ghost.clone()))
         .build()
         .unwrap();
-    let retry = RetryPolicy::default()
-        .base_delay(Duration::from_millis(10))
-        .max_delay(Duration::from_millis(10))
-        .max_attempts(2);
+    let retry = Pipeline::quick_retries(2);
     let received = env.collect().await;
     let (handle, task) = env.start(publisher, retry);
     wait_until("57 events received", Duration::from_secs(60), || {
