@@ -43,12 +43,12 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     ) -> Option<Result<BatchReport, S::Error>> {
         let grace = async {
             self.handle.shutdown_requested().await;
-            tokio::time::sleep(self.shutdown_grace).await;
+            tokio::time::sleep(self.settings.shutdown_grace).await;
         };
         tokio::select! {
             report = self.process(claim) => Some(report),
             () = grace => {
-                warn!(grace = ?self.shutdown_grace, "outbox relay: batch did not finish within the shutdown grace period; releasing it unmarked");
+                warn!(grace = ?self.settings.shutdown_grace, "outbox relay: batch did not finish within the shutdown grace period; releasing it unmarked");
                 None
             }
         }
@@ -186,7 +186,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                                 continue;
                             }
                             PublishOutcome::Unroutable { reason } => {
-                                match self.unroutable.policy(&record.envelope.event_type) {
+                                match self.settings.unroutable.policy(&record.envelope.event_type) {
                                     UnroutablePolicy::Accept => {
                                         ::metrics::counter!(
                                             metric_names::UNROUTABLE_ACCEPTED_TOTAL
@@ -202,7 +202,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                                         let now = Utc::now();
                                         let since = record.unroutable_since.unwrap_or(now);
                                         if (now - since).to_std().unwrap_or_default() <= max_hold {
-                                            if self.unroutable.should_warn(destination) {
+                                            if self.settings.unroutable.should_warn(destination) {
                                                 warn!(
                                                     %destination,
                                                     event_type = %record.envelope.event_type,
@@ -244,7 +244,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         let next = if hopeless {
                             NextStep::Dead
                         } else {
-                            self.retry.next_step(attempts, Utc::now())
+                            self.settings.retry.next_step(attempts, Utc::now())
                         };
                         warn!(
                             event_id = %record.id(),
@@ -359,7 +359,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             let record = &records[i];
             let at = *until
                 .entry(destination)
-                .or_insert_with(|| self.breakers.trip(destination, &self.retry, now));
+                .or_insert_with(|| self.breakers.trip(destination, &self.settings.retry, now));
             warn!(
                 event_id = %record.id(),
                 event_type = %record.envelope.event_type,

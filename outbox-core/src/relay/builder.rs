@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::settings::Settings;
 use crate::{Error, OutboxStore, Publisher, Relay, RelayHandle, RetryPolicy, UnroutablePolicy};
 
 /// Configures a [`Relay`]. Every setting has a default; [`build`](Self::build)
@@ -29,16 +30,7 @@ pub struct RelayBuilder<S, P> {
     publisher: P,
     handle: Option<RelayHandle>,
     name: Option<String>,
-    batch_size: usize,
-    concurrency: usize,
-    poll_interval: Duration,
-    stats_interval: Duration,
-    shutdown_grace: Duration,
-    retry: RetryPolicy,
-    pause_min: Duration,
-    pause_max: Duration,
-    suspect_limit: u32,
-    unroutable: super::unroutable::Unroutable,
+    settings: Settings,
 }
 
 impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
@@ -48,16 +40,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             publisher,
             handle: None,
             name: None,
-            batch_size: 100,
-            concurrency: 2,
-            poll_interval: Duration::from_secs(1),
-            stats_interval: Duration::from_secs(10),
-            shutdown_grace: Duration::from_secs(30),
-            retry: RetryPolicy::default(),
-            pause_min: Duration::from_millis(100),
-            pause_max: Duration::from_secs(30),
-            suspect_limit: 3,
-            unroutable: super::unroutable::Unroutable::default(),
+            settings: Settings::default(),
         }
     }
 
@@ -72,7 +55,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
 
     /// Events claimed per batch (1..=10 000). Default 100.
     pub fn batch_size(mut self, n: usize) -> Self {
-        self.batch_size = n;
+        self.settings.batch_size = n;
         self
     }
 
@@ -81,7 +64,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     /// database round trips overlap the broker's. Each in-flight batch holds
     /// one pooled connection for its duration.
     pub fn concurrency(mut self, n: usize) -> Self {
-        self.concurrency = n;
+        self.settings.concurrency = n;
         self
     }
 
@@ -92,26 +75,26 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     /// per-aggregate order): within one relay, a loop that found such an
     /// event claims again as soon as the batch in front of it ends.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
+        self.settings.poll_interval = interval;
         self
     }
 
     /// How often the backlog/dead/blocked gauges are refreshed. Default 10 s.
     pub fn stats_interval(mut self, interval: Duration) -> Self {
-        self.stats_interval = interval;
+        self.settings.stats_interval = interval;
         self
     }
 
     /// How long a shutdown waits for the batch in flight before releasing it
     /// unmarked (its events are published again later). Default 30 s.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
-        self.shutdown_grace = grace;
+        self.settings.shutdown_grace = grace;
         self
     }
 
     /// Backoff and attempt limit for failed publishes.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = policy;
+        self.settings.retry = policy;
         self
     }
 
@@ -121,8 +104,8 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     /// ([`Backoff`](crate::Backoff)), so relays that lost the same broker do
     /// not reconnect in lockstep.
     pub fn pause(mut self, min: Duration, max: Duration) -> Self {
-        self.pause_min = min;
-        self.pause_max = max;
+        self.settings.pause_min = min;
+        self.settings.pause_max = max;
         self
     }
 
@@ -151,7 +134,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     /// against that suspect too, so set the limit above the number of such
     /// crashes you expect in a row.
     pub fn suspect_limit(mut self, n: u32) -> Self {
-        self.suspect_limit = n;
+        self.settings.suspect_limit = n;
         self
     }
 
@@ -159,7 +142,7 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     /// [`unroutable_for`](Self::unroutable_for). Default
     /// [`UnroutablePolicy::default`].
     pub fn unroutable(mut self, policy: UnroutablePolicy) -> Self {
-        self.unroutable.default = policy;
+        self.settings.unroutable.default = policy;
         self
     }
 
@@ -169,7 +152,8 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
         event_type: impl Into<String>,
         policy: UnroutablePolicy,
     ) -> Self {
-        self.unroutable
+        self.settings
+            .unroutable
             .by_event_type
             .insert(event_type.into(), policy);
         self
@@ -186,40 +170,40 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     /// # Errors
     /// [`Error::Config`] naming the setting that is out of range.
     pub fn build(self) -> Result<Relay<S, P>, Error> {
-        if !(1..=10_000).contains(&self.batch_size) {
+        if !(1..=10_000).contains(&self.settings.batch_size) {
             return Err(Error::Config(format!(
                 "relay batch_size must be between 1 and 10000, got {}",
-                self.batch_size
+                self.settings.batch_size
             )));
         }
-        if !(1..=16).contains(&self.concurrency) {
+        if !(1..=16).contains(&self.settings.concurrency) {
             return Err(Error::Config(format!(
                 "relay concurrency must be between 1 and 16, got {}",
-                self.concurrency
+                self.settings.concurrency
             )));
         }
         for (name, value) in [
-            ("poll_interval", self.poll_interval),
-            ("stats_interval", self.stats_interval),
-            ("pause min", self.pause_min),
+            ("poll_interval", self.settings.poll_interval),
+            ("stats_interval", self.settings.stats_interval),
+            ("pause min", self.settings.pause_min),
         ] {
             if value.is_zero() {
                 return Err(Error::Config(format!("relay {name} must be positive")));
             }
         }
-        if self.pause_max < self.pause_min {
+        if self.settings.pause_max < self.settings.pause_min {
             return Err(Error::Config(
                 "relay pause max must not be below pause min".into(),
             ));
         }
-        if self.suspect_limit < 2 {
+        if self.settings.suspect_limit < 2 {
             return Err(Error::Config(
                 "relay suspect_limit must be at least 2 (an event's first connection death is \
                  never with it alone: it was not a suspect yet)"
                     .into(),
             ));
         }
-        self.retry.validate()?;
+        self.settings.retry.validate()?;
         let name = match self.name {
             Some(name)
                 if name.trim().is_empty()
@@ -237,7 +221,8 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
         Ok(Relay {
             registration: crate::RelayRegistration::new(
                 name,
-                self.stats_interval
+                self.settings
+                    .stats_interval
                     .min(super::heartbeat::MAX_HEARTBEAT_INTERVAL),
             ),
             paused: std::sync::atomic::AtomicBool::new(false),
@@ -245,22 +230,13 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
             store: self.store,
             publisher: self.publisher,
             handle: self.handle.unwrap_or_default(),
-            batch_size: self.batch_size,
-            concurrency: self.concurrency,
-            poll_interval: self.poll_interval,
-            stats_interval: self.stats_interval,
-            shutdown_grace: self.shutdown_grace,
-            retry: self.retry,
-            pause_min: self.pause_min,
-            pause_max: self.pause_max,
-            suspect_limit: self.suspect_limit,
+            settings: self.settings,
             solo: tokio::sync::RwLock::new(()),
             busy: std::sync::atomic::AtomicUsize::new(0),
             batch_done: tokio::sync::Notify::new(),
             empty_claim_done: tokio::sync::Notify::new(),
             empty_claims: std::sync::atomic::AtomicU64::new(0),
             breakers: super::breaker::Breakers::default(),
-            unroutable: self.unroutable,
         })
     }
 }

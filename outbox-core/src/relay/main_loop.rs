@@ -19,7 +19,7 @@ use crate::{Claim, Claimed, OutboxStore, Publisher};
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     pub(super) async fn main_loop(&self, pause: &Pause, polls: PollGrid) {
         let mut wait = false;
-        let mut store_backoff = Backoff::new(self.pause_min, self.pause_max);
+        let mut store_backoff = Backoff::new(self.settings.pause_min, self.settings.pause_max);
         // Set when another loop held rows while this one claimed: its claim
         // may have skipped them and the events queued behind them (per
         // aggregate), which nothing else announces. Completes when any
@@ -99,7 +99,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             let others_before = self.busy.fetch_add(1, Ordering::SeqCst) > 0;
             let claimed = self
                 .store
-                .claim_for(&self.registration.name, self.batch_size)
+                .claim_for(&self.registration.name, self.settings.batch_size)
                 .await;
             let others_busy = others_before || self.busy.load(Ordering::SeqCst) > 1;
             if others_busy {
@@ -173,7 +173,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         pause.reset();
                         // A short batch means the backlog is drained: wait for
                         // news, unless a sent retry released events behind it.
-                        wait = claimed < self.batch_size && report.sent_retries == 0;
+                        wait = claimed < self.settings.batch_size && report.sent_retries == 0;
                     }
                 }
                 Some(Err(err)) => {

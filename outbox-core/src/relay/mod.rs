@@ -29,6 +29,7 @@ mod main_loop;
 pub mod metric_names;
 mod pause;
 mod poll;
+mod settings;
 mod stats;
 mod suspect;
 mod unroutable;
@@ -43,9 +44,10 @@ pub use builder::RelayBuilder;
 pub use handle::RelayHandle;
 pub use unroutable::UnroutablePolicy;
 
-use crate::{OutboxStore, Publisher, RetryPolicy};
+use crate::{OutboxStore, Publisher};
 use heartbeat::HEARTBEAT_TIMEOUT;
 use pause::Pause;
+use settings::Settings;
 
 /// Moves committed events from an [`OutboxStore`] to a [`Publisher`].
 ///
@@ -56,7 +58,7 @@ use pause::Pause;
 ///    an aggregate goes out only after its (k-1)-th was confirmed, while
 ///    different aggregates share each wave; unordered, everything is one wave;
 /// 3. **mark** confirmed events `Sent` in one statement, failed ones `Retry`
-///    or `Dead` per the [`RetryPolicy`], release the rest, and finish.
+///    or `Dead` per the [`RetryPolicy`](crate::RetryPolicy), release the rest, and finish.
 ///
 /// Outcomes:
 /// - only [`PublishOutcome::Acked`] marks an event sent;
@@ -86,7 +88,7 @@ use pause::Pause;
 ///   pauses as for a lost connection. Otherwise the events are released
 ///   (status `Retry`, attempts unchanged) until the circuit breaker of
 ///   their [destination](Publisher::destination) closes again, after a
-///   capped exponential backoff (the [`RetryPolicy`]'s delays); while it is
+///   capped exponential backoff (the [`RetryPolicy`](crate::RetryPolicy)'s delays); while it is
 ///   open, the relay holds that destination's events back the same way
 ///   without sending them, so one stuck queue delays only its own events.
 ///   The first confirm for the destination closes the breaker.
@@ -154,15 +156,8 @@ pub struct Relay<S, P> {
     store: S,
     publisher: P,
     handle: RelayHandle,
-    batch_size: usize,
-    concurrency: usize,
-    poll_interval: Duration,
-    stats_interval: Duration,
-    shutdown_grace: Duration,
-    retry: RetryPolicy,
-    pause_min: Duration,
-    pause_max: Duration,
-    suspect_limit: u32,
+    /// What the builder set.
+    settings: Settings,
     /// Held shared by every publish of a batch's wave and exclusively by the
     /// publish of a suspect event, so that a suspect is the only message in
     /// flight on this relay's publisher.
@@ -177,7 +172,6 @@ pub struct Relay<S, P> {
     empty_claims: std::sync::atomic::AtomicU64,
     /// Per destination, for unconfirmed messages.
     breakers: breaker::Breakers,
-    unroutable: unroutable::Unroutable,
 }
 
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
@@ -211,8 +205,8 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     pub async fn run(self) {
         info!(
             relay = %self.registration.name,
-            batch_size = self.batch_size,
-            concurrency = self.concurrency,
+            batch_size = self.settings.batch_size,
+            concurrency = self.settings.concurrency,
             "outbox relay started"
         );
         // Registered and told whether an operator paused it before the
@@ -220,10 +214,11 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         // a store that does not answer in time is retried by the stats loop.
         let mut registered = false;
         let _ = tokio::time::timeout(HEARTBEAT_TIMEOUT, self.heartbeat(&mut registered)).await;
-        let pause = Pause::new(self.pause_min, self.pause_max);
+        let pause = Pause::new(self.settings.pause_min, self.settings.pause_max);
         let started = tokio::time::Instant::now();
         let loops = futures_util::future::join_all(
-            (0..self.concurrency).map(|i| self.main_loop(&pause, self.poll_grid(started, i))),
+            (0..self.settings.concurrency)
+                .map(|i| self.main_loop(&pause, self.poll_grid(started, i))),
         );
         tokio::select! {
             biased;

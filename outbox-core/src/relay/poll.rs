@@ -12,13 +12,13 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// event committed without a wakeup waits at most `poll_interval` /
     /// `concurrency` for one) and keep a fixed rate however long claims take.
     pub(super) fn poll_grid(&self, started: tokio::time::Instant, i: usize) -> PollGrid {
-        let loops = u32::try_from(self.concurrency.max(1)).unwrap_or(u32::MAX);
+        let loops = u32::try_from(self.settings.concurrency.max(1)).unwrap_or(u32::MAX);
         let i = u32::try_from(i).unwrap_or(0);
         PollGrid {
             origin: started
-                .checked_add(self.poll_interval / loops * i)
+                .checked_add(self.settings.poll_interval / loops * i)
                 .unwrap_or_else(|| started + FAR_FUTURE),
-            interval: self.poll_interval,
+            interval: self.settings.poll_interval,
         }
     }
 }

@@ -31,7 +31,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 warn!(error = %err, "outbox relay: outbox housekeeping failed");
             }
             tokio::select! {
-                () = tokio::time::sleep(self.stats_interval) => {}
+                () = tokio::time::sleep(self.settings.stats_interval) => {}
                 () = self.handle.shutdown_requested() => return,
             }
         }

@@ -31,7 +31,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 info!(
                     event_id = %record.id(),
                     suspect_count = record.suspect_count,
-                    suspect_limit = self.suspect_limit,
+                    suspect_limit = self.settings.suspect_limit,
                     "outbox relay: publishing a suspect event alone (the broker connection died \
                      while it was in flight before)",
                 );
@@ -59,7 +59,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         failures: &mut Vec<FailedAttempt>,
     ) -> Option<(Vec<i64>, String)> {
         let cause = died.first().map(|(_, _, reason)| reason.clone())?;
-        let limit = self.suspect_limit;
+        let limit = self.settings.suspect_limit;
         ::metrics::counter!(metric_names::SUSPECT_EVENTS_TOTAL).increment(died.len() as u64);
         let mut seqs = Vec::with_capacity(died.len());
         for (i, alone, reason) in died {
