@@ -9,7 +9,8 @@ use lapin::ExchangeKind;
 use outbox_core::EventEnvelope;
 use tokio::sync::Mutex;
 
-use super::{ExchangeFn, Inner, LapinPublisher, RoutingKeyFn};
+use super::settings::Settings;
+use super::{Inner, LapinPublisher};
 use crate::error::redact_url;
 use crate::{Error, Result};
 
@@ -27,23 +28,14 @@ use crate::{Error, Result};
 /// | [`connection_name`](Self::connection_name) | `outbox-relay` |
 #[must_use]
 pub struct LapinPublisherBuilder {
-    url: String,
-    exchange: String,
-    kind: ExchangeKind,
-    declare: bool,
-    source: String,
-    routing_key: Option<Arc<RoutingKeyFn>>,
-    exchange_for: Option<Arc<ExchangeFn>>,
-    confirm_timeout: Duration,
-    operation_timeout: Duration,
-    connection_name: String,
+    settings: Settings,
 }
 
 impl fmt::Debug for LapinPublisherBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LapinPublisherBuilder")
-            .field("url", &redact_url(&self.url))
-            .field("exchange", &self.exchange)
+            .field("url", &redact_url(&self.settings.url))
+            .field("exchange", &self.settings.exchange)
             .finish_non_exhaustive()
     }
 }
@@ -51,27 +43,27 @@ impl fmt::Debug for LapinPublisherBuilder {
 impl LapinPublisherBuilder {
     /// The exchange to publish to. Default `outbox.events`.
     pub fn exchange(mut self, name: impl Into<String>) -> Self {
-        self.exchange = name.into();
+        self.settings.exchange = name.into();
         self
     }
 
     /// The exchange's kind, when the publisher declares it. Default topic.
     pub fn exchange_kind(mut self, kind: ExchangeKind) -> Self {
-        self.kind = kind;
+        self.settings.kind = kind;
         self
     }
 
     /// Whether to declare the exchange (durable) on connect. Default yes;
     /// turn it off when the exchange is managed elsewhere.
     pub fn declare_exchange(mut self, declare: bool) -> Self {
-        self.declare = declare;
+        self.settings.declare = declare;
         self
     }
 
     /// The `cloudEvents:source` of every message, a URI naming the producing
     /// service (e.g. `/ecommerce`). Default `/outbox`.
     pub fn source(mut self, source: impl Into<String>) -> Self {
-        self.source = source.into();
+        self.settings.source = source.into();
         self
     }
 
@@ -81,7 +73,7 @@ impl LapinPublisherBuilder {
         mut self,
         f: impl Fn(&EventEnvelope) -> String + Send + Sync + 'static,
     ) -> Self {
-        self.routing_key = Some(Arc::new(f));
+        self.settings.routing_key = Some(Arc::new(f));
         self
     }
 
@@ -93,7 +85,7 @@ impl LapinPublisherBuilder {
         mut self,
         f: impl Fn(&EventEnvelope) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        self.exchange_for = Some(Arc::new(f));
+        self.settings.exchange_for = Some(Arc::new(f));
         self
     }
 
@@ -108,7 +100,7 @@ impl LapinPublisherBuilder {
     ///
     /// [`PublishOutcome::Unconfirmed`]: outbox_core::PublishOutcome::Unconfirmed
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
-        self.confirm_timeout = timeout;
+        self.settings.confirm_timeout = timeout;
         self
     }
 
@@ -119,14 +111,14 @@ impl LapinPublisherBuilder {
     /// relay pauses, no attempt is spent) and its connection is not used
     /// again. Default 10 s.
     pub fn operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = timeout;
+        self.settings.operation_timeout = timeout;
         self
     }
 
     /// The client-provided connection name (visible in the management UI and
     /// `rabbitmqctl list_connections`). Default `outbox-relay`.
     pub fn connection_name(mut self, name: impl Into<String>) -> Self {
-        self.connection_name = name.into();
+        self.settings.connection_name = name.into();
         self
     }
 
@@ -137,33 +129,24 @@ impl LapinPublisherBuilder {
     /// [`Error::Config`] for an empty or over-long exchange name, or a zero
     /// confirm or operation timeout.
     pub fn build(self) -> Result<LapinPublisher> {
-        if self.exchange.len() > 255 {
+        if self.settings.exchange.len() > 255 {
             return Err(Error::Config("exchange name longer than 255 bytes".into()));
         }
-        if self.exchange.is_empty() && self.declare {
+        if self.settings.exchange.is_empty() && self.settings.declare {
             return Err(Error::Config(
                 "the default exchange (\"\") cannot be declared; set declare_exchange(false)"
                     .into(),
             ));
         }
-        if self.confirm_timeout.is_zero() {
+        if self.settings.confirm_timeout.is_zero() {
             return Err(Error::Config("confirm_timeout must be positive".into()));
         }
-        if self.operation_timeout.is_zero() {
+        if self.settings.operation_timeout.is_zero() {
             return Err(Error::Config("operation_timeout must be positive".into()));
         }
         Ok(LapinPublisher {
             inner: Arc::new(Inner {
-                url: self.url,
-                exchange: self.exchange,
-                kind: self.kind,
-                declare: self.declare,
-                source: self.source,
-                routing_key: self.routing_key,
-                exchange_for: self.exchange_for,
-                confirm_timeout: self.confirm_timeout,
-                operation_timeout: self.operation_timeout,
-                connection_name: self.connection_name,
+                settings: self.settings,
                 state: std::sync::Mutex::default(),
                 connecting: Mutex::new(()),
             }),
@@ -175,16 +158,7 @@ impl LapinPublisher {
     /// Starts configuring a publisher for the broker at `url`.
     pub fn builder(url: impl Into<String>) -> LapinPublisherBuilder {
         LapinPublisherBuilder {
-            url: url.into(),
-            exchange: "outbox.events".into(),
-            kind: ExchangeKind::Topic,
-            declare: true,
-            source: "/outbox".into(),
-            routing_key: None,
-            exchange_for: None,
-            confirm_timeout: Duration::from_secs(10),
-            operation_timeout: Duration::from_secs(10),
-            connection_name: "outbox-relay".into(),
+            settings: Settings::new(url.into()),
         }
     }
 }

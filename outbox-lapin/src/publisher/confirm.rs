@@ -53,7 +53,7 @@ impl LapinPublisher {
                 routing_key.as_str().into(),
                 options,
                 envelope.payload.as_bytes(),
-                wire::properties(envelope, &self.inner.source),
+                wire::properties(envelope, &self.inner.settings.source),
             );
             match tokio::time::timeout_at(deadline, publishing).await {
                 Ok(sent) => {
@@ -175,7 +175,7 @@ impl LapinPublisher {
                     Round::Done(PublishOutcome::unconfirmed(format!(
                         "no publisher confirm in time (confirm timeout {:?}, or the claim's \
                          deadline if sooner)",
-                        self.inner.confirm_timeout
+                        self.inner.settings.confirm_timeout
                     )))
                 })
             })

@@ -21,13 +21,12 @@ mod classify;
 mod confirm;
 mod pool;
 mod publish;
+mod settings;
 mod target;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use lapin::ExchangeKind;
 use outbox_core::EventEnvelope;
 
 pub use builder::LapinPublisherBuilder;
@@ -152,16 +151,8 @@ pub struct LapinPublisher {
 }
 
 struct Inner {
-    url: String,
-    exchange: String,
-    kind: ExchangeKind,
-    declare: bool,
-    source: String,
-    routing_key: Option<Arc<RoutingKeyFn>>,
-    exchange_for: Option<Arc<ExchangeFn>>,
-    confirm_timeout: Duration,
-    operation_timeout: Duration,
-    connection_name: String,
+    /// What the builder set.
+    settings: settings::Settings,
     /// The connection and idle channels. Never held across an await: every
     /// broker call runs outside it, bounded.
     state: std::sync::Mutex<State>,
@@ -174,12 +165,12 @@ impl fmt::Debug for LapinPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &self.inner;
         f.debug_struct("LapinPublisher")
-            .field("url", &redact_url(&inner.url))
-            .field("exchange", &inner.exchange)
-            .field("source", &inner.source)
-            .field("confirm_timeout", &inner.confirm_timeout)
-            .field("operation_timeout", &inner.operation_timeout)
-            .field("connection_name", &inner.connection_name)
+            .field("url", &redact_url(&inner.settings.url))
+            .field("exchange", &inner.settings.exchange)
+            .field("source", &inner.settings.source)
+            .field("confirm_timeout", &inner.settings.confirm_timeout)
+            .field("operation_timeout", &inner.settings.operation_timeout)
+            .field("connection_name", &inner.settings.connection_name)
             .finish_non_exhaustive()
     }
 }

@@ -72,23 +72,31 @@ impl LapinPublisher {
         if let Some(current) = self.current() {
             return Ok(current);
         }
-        let connection = connect(&self.inner.url, &self.inner.connection_name).await?;
+        let connection = connect(
+            &self.inner.settings.url,
+            &self.inner.settings.connection_name,
+        )
+        .await?;
         let channel = self.open_channel(&connection).await?;
-        if self.inner.declare {
-            let limit = self.inner.operation_timeout;
+        if self.inner.settings.declare {
+            let limit = self.inner.settings.operation_timeout;
             tokio::time::timeout(
                 limit,
-                declare_exchange(&channel, &self.inner.exchange, self.inner.kind.clone()),
+                declare_exchange(
+                    &channel,
+                    &self.inner.settings.exchange,
+                    self.inner.settings.kind.clone(),
+                ),
             )
             .await
             .map_err(|_| Error::Timeout {
-                operation: format!("declare exchange {}", self.inner.exchange),
+                operation: format!("declare exchange {}", self.inner.settings.exchange),
                 after: limit,
             })??;
         }
         tracing::info!(
-            connection = %self.inner.connection_name,
-            exchange = %self.inner.exchange,
+            connection = %self.inner.settings.connection_name,
+            exchange = %self.inner.settings.exchange,
             "outbox publisher connected"
         );
         let connection = Arc::new(connection);
@@ -114,7 +122,7 @@ impl LapinPublisher {
             .is_some_and(|s| s.generation == generation)
         {
             tracing::warn!(
-                connection = %self.inner.connection_name,
+                connection = %self.inner.settings.connection_name,
                 reason = why,
                 "outbox publisher drops its RabbitMQ connection; the next batch reconnects"
             );
@@ -124,7 +132,7 @@ impl LapinPublisher {
 
     /// A new confirm-mode channel, each step bounded.
     async fn open_channel(&self, connection: &Connection) -> Result<Channel> {
-        let limit = self.inner.operation_timeout;
+        let limit = self.inner.settings.operation_timeout;
         let channel = bounded("open channel", limit, connection.create_channel()).await?;
         bounded(
             "confirm.select",
@@ -231,7 +239,7 @@ impl LapinPublisher {
                 return;
             }
         }
-        let limit = self.inner.operation_timeout;
+        let limit = self.inner.settings.operation_timeout;
         tokio::spawn(async move {
             if let Err(error) = bounded(
                 "close channel",

@@ -65,7 +65,7 @@ impl Publisher for LapinPublisher {
             let frame_max = checkout.connection.configuration().frame_max();
             let mut fitting = Vec::with_capacity(group.len());
             for i in group {
-                match header_frame_fits(events[i], &self.inner.source, frame_max) {
+                match header_frame_fits(events[i], &self.inner.settings.source, frame_max) {
                     Ok(()) => fitting.push(i),
                     Err(reason) => {
                         tracing::warn!(event_id = %events[i].id, %reason, "event cannot be published");
@@ -82,10 +82,10 @@ impl Publisher for LapinPublisher {
             let batch_targets: Vec<&(String, String)> =
                 group.iter().map(|&i| &targets[i]).collect();
             // Sending and confirming share one deadline.
-            let deadline = claim_deadline
-                .map_or(Instant::now() + self.inner.confirm_timeout, |claim| {
-                    claim.min(Instant::now() + self.inner.confirm_timeout)
-                });
+            let deadline = claim_deadline.map_or(
+                Instant::now() + self.inner.settings.confirm_timeout,
+                |claim| claim.min(Instant::now() + self.inner.settings.confirm_timeout),
+            );
             let pending = self
                 .send(&checkout.channel, &batch, &batch_targets, deadline)
                 .await;
@@ -105,7 +105,7 @@ impl Publisher for LapinPublisher {
                 let reason = format!(
                     "publishing did not complete within {:?}: RabbitMQ stopped reading \
                      (TCP backpressure, e.g. a memory or disk alarm raised mid-batch)",
-                    self.inner.confirm_timeout
+                    self.inner.settings.confirm_timeout
                 );
                 self.discard(checkout.generation, &reason);
                 clean = false;

@@ -10,14 +10,15 @@ use crate::wire;
 impl LapinPublisher {
     pub(super) fn exchange(&self, envelope: &EventEnvelope) -> String {
         self.inner
+            .settings
             .exchange_for
             .as_ref()
             .and_then(|f| f(envelope))
-            .unwrap_or_else(|| self.inner.exchange.clone())
+            .unwrap_or_else(|| self.inner.settings.exchange.clone())
     }
 
     pub(super) fn routing_key(&self, envelope: &EventEnvelope) -> String {
-        match &self.inner.routing_key {
+        match &self.inner.settings.routing_key {
             Some(f) => f(envelope),
             None => envelope.event_type.clone(),
         }
