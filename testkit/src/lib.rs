@@ -33,10 +33,11 @@
 //!
 //! | module | for |
 //! |---|---|
-//! | [`urls`] | where the shared servers are (`DATABASE_URL`, `AMQP_URL`, or the defaults of `scripts/dev-services`), a URL naming another database, redaction, the "not reachable: start it with scripts/dev-services" message |
+//! | [`urls`] | where the shared servers are (`DATABASE_URL`, `AMQP_URL`, `MYSQL_URL`, or the defaults of `scripts/dev-services`), a URL naming another database, redaction, the "not reachable: start it with scripts/dev-services" message |
 //! | [`names`] | unique names (`<prefix>_<test>_<pid>_<n>`, one counter per process) cut to PostgreSQL's 63 bytes at a character boundary, the unique tail kept |
 //! | [`eventually`] | polling until something holds, equals a value or is found, failing with what was awaited and the last value seen; [`within`](eventually::within) for a future that must finish |
 //! | [`pg`] | [`TestSchema`](pg::TestSchema) (a schema and a pool on its database) and [`TestDatabase`](pg::TestDatabase) guards, [`connect`](pg::connect), [`count`](pg::count), [`backend_pid`](pg::backend_pid) |
+//! | [`mysql`] | [`TestMysqlDatabase`](mysql::TestMysqlDatabase) (a database of the test on MariaDB, dropped with the sessions using it killed), [`connect`](mysql::connect), [`count`](mysql::count) |
 //! | [`amqp`] | [`TestBroker`](amqp::TestBroker) (exchanges and queues declared through it, deleted on drop; publish with confirm, ready count, drain, peek), [`BrokerCleanup`](amqp::BrokerCleanup) (the same deletion for objects declared over connections of the test's own, holding no connection until then), [`connect`](amqp::connect), finding and force-closing connections with `rabbitmqctl` |
 //! | [`net`] | [`free_port`](net::free_port) |
 //! | [`servers`] | [`PrivatePostgres`](servers::PrivatePostgres) (a throwaway `initdb` cluster) and [`PrivateRabbit`](servers::PrivateRabbit) (a second node) that a test may crash, restart, freeze |
@@ -87,6 +88,7 @@
 
 pub mod amqp;
 pub mod eventually;
+pub mod mysql;
 pub mod names;
 pub mod net;
 pub mod pg;

@@ -1,5 +1,5 @@
-//! Where the shared servers are: `DATABASE_URL` and `AMQP_URL`, or the local
-//! defaults that `scripts/dev-services` sets up.
+//! Where the shared servers are: `DATABASE_URL`, `AMQP_URL` and `MYSQL_URL`,
+//! or the local defaults that `scripts/dev-services` sets up.
 
 /// PostgreSQL of `scripts/dev-services`, when `DATABASE_URL` is not set.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -7,9 +7,13 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postg
 /// RabbitMQ of `scripts/dev-services`, when `AMQP_URL` is not set.
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
+/// MariaDB of `scripts/dev-services` (user `outbox`, database
+/// `outbox_test`), when `MYSQL_URL` is not set.
+pub const DEFAULT_MYSQL_URL: &str = "mysql://outbox:outbox@127.0.0.1:3306/outbox_test";
+
 /// How to get the servers, appended to every "not reachable" panic.
-pub const HOW_TO_START: &str =
-    "start the servers with scripts/dev-services, or set DATABASE_URL and AMQP_URL";
+pub const HOW_TO_START: &str = "start the servers with scripts/dev-services, or set DATABASE_URL, \
+                                AMQP_URL and MYSQL_URL";
 
 /// The shared PostgreSQL: `DATABASE_URL`, or [`DEFAULT_DATABASE_URL`].
 pub fn database_url() -> String {
@@ -19,6 +23,11 @@ pub fn database_url() -> String {
 /// The shared RabbitMQ: `AMQP_URL`, or [`DEFAULT_AMQP_URL`].
 pub fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned())
+}
+
+/// The shared MariaDB: `MYSQL_URL`, or [`DEFAULT_MYSQL_URL`].
+pub fn mysql_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_owned())
 }
 
 /// `url` naming database `name` instead of its own (its query, e.g.
@@ -99,6 +108,11 @@ mod tests {
             Ok(url) => assert_eq!(amqp_url(), url),
             Err(_) => assert_eq!(amqp_url(), DEFAULT_AMQP_URL),
         }
+        assert!(DEFAULT_MYSQL_URL.starts_with("mysql://outbox:outbox@127.0.0.1:3306/"));
+        match std::env::var("MYSQL_URL") {
+            Ok(url) => assert_eq!(mysql_url(), url),
+            Err(_) => assert_eq!(mysql_url(), DEFAULT_MYSQL_URL),
+        }
     }
 
     #[test]
@@ -135,7 +149,8 @@ mod tests {
         assert_eq!(
             message,
             "RabbitMQ not reachable at amqp://guest:***@127.0.0.1:1/%2f: refused; \
-             start the servers with scripts/dev-services, or set DATABASE_URL and AMQP_URL"
+             start the servers with scripts/dev-services, or set DATABASE_URL, AMQP_URL and \
+             MYSQL_URL"
         );
     }
 }

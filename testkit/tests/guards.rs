@@ -1,7 +1,7 @@
 //! The guards clean up after a test that panics: its schema (even with a
-//! session of the test still holding locks in it), its database, its
-//! exchange and queues are gone once the panicking thread has unwound,
-//! inside a runtime or outside any.
+//! session of the test still holding locks in it), its database (on
+//! PostgreSQL and on MariaDB), its exchange and queues are gone once the
+//! panicking thread has unwound, inside a runtime or outside any.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use diesel_async::SimpleAsyncConnection;
@@ -9,9 +9,10 @@ use lapin::ExchangeKind;
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use outbox_testkit::amqp::{self, TestBroker};
+use outbox_testkit::mysql::{self, TestMysqlDatabase};
 use outbox_testkit::names::unique;
 use outbox_testkit::pg::{self, TestDatabase, TestSchema};
-use outbox_testkit::urls::{amqp_url, database_url};
+use outbox_testkit::urls::{amqp_url, database_url, mysql_url};
 
 /// Whether schema `name` exists.
 async fn schema_exists(name: &str) -> bool {
@@ -320,4 +321,75 @@ async fn connections_are_found_and_closed_by_name() {
     outbox_testkit::eventually::eventually("the client sees the close")
         .until(|| std::future::ready(!conn.status().connected()))
         .await;
+}
+
+/// Whether MariaDB database `name` exists.
+async fn mysql_database_exists(name: &str) -> bool {
+    let mut conn = mysql::connect(&mysql_url()).await;
+    mysql::count(
+        &mut conn,
+        &format!(
+            "SELECT COUNT(*) AS n FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = '{name}'"
+        ),
+    )
+    .await
+        == 1
+}
+
+/// The MariaDB guard drops its database when the test ends, even while a
+/// session of the test sits in a transaction holding a lock on one of its
+/// tables (which would make a plain `DROP DATABASE` wait for a year).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_database_is_dropped_with_its_guard_even_while_a_session_holds_a_lock() {
+    let name = unique("t_kit_my", "guard");
+    let database = TestMysqlDatabase::create(&mysql_url(), name.clone()).await;
+    assert!(mysql_database_exists(&name).await);
+    let mut conn = mysql::connect(database.url()).await;
+    conn.batch_execute("CREATE TABLE claims (id INT PRIMARY KEY)")
+        .await
+        .unwrap();
+    conn.batch_execute("INSERT INTO claims VALUES (1)")
+        .await
+        .unwrap();
+    conn.batch_execute("BEGIN").await.unwrap();
+    conn.batch_execute("SELECT id FROM claims FOR UPDATE")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    drop(database);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "the drop waited for the locking session: {:?}",
+        started.elapsed()
+    );
+    assert!(!mysql_database_exists(&name).await, "{name} left behind");
+    // The killed session is gone: its next statement fails.
+    assert!(conn.batch_execute("SELECT 1").await.is_err());
+}
+
+/// A panicking test leaves no MariaDB database behind.
+#[test]
+fn a_panicking_test_leaves_no_mysql_database_behind() {
+    let name = unique("t_kit_my", "panics");
+    let made = name.clone();
+    let outcome = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let _database = TestMysqlDatabase::create(&mysql_url(), made).await;
+                panic!("the test fails with its database open");
+            });
+    })
+    .join();
+    assert!(outcome.is_err(), "the test panicked");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    assert!(
+        !runtime.block_on(mysql_database_exists(&name)),
+        "{name} left behind"
+    );
 }
