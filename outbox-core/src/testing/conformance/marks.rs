@@ -1,5 +1,7 @@
 //! How a claim's marks name events: only its own, each once per call.
 
+use uuid::Uuid;
+
 use super::{
     Fixture, Violation, claim, dead, failed, finish, ids_of, record, refused, refused_twice,
 };
@@ -69,31 +71,7 @@ pub async fn marks_refuse_seqs_not_in_the_claim<F: Fixture>(fixture: &F) -> Resu
     finish(CHECK, other).await?;
 
     // Nothing of the refused calls was marked.
-    let Some(again) = claim(fixture, CHECK, 10).await? else {
-        return Err(Violation {
-            check: CHECK,
-            what: "after refused marks, nothing is claimable".into(),
-        });
-    };
-    ensure!(
-        CHECK,
-        ids_of(&again) == [a, b],
-        "after refused marks a claim got {:?}, expected both events",
-        ids_of(&again)
-    );
-    for record in again.records() {
-        ensure!(
-            CHECK,
-            record.status == EventStatus::Pending
-                && record.attempts == 0
-                && record.suspect_count == 0,
-            "a refused mark changed event {}: {:?}, {} attempts, suspect count {}",
-            record.id(),
-            record.status,
-            record.attempts,
-            record.suspect_count
-        );
-    }
+    let again = untouched(fixture, CHECK, &[a, b]).await?;
     finish(CHECK, again).await?;
 
     // The claim's own seq is marked as usual.
@@ -184,31 +162,7 @@ pub async fn marks_refuse_a_seq_named_twice<F: Fixture>(fixture: &F) -> Result<(
     )?;
     finish(CHECK, claimed).await?;
 
-    let Some(mut again) = claim(fixture, CHECK, 10).await? else {
-        return Err(Violation {
-            check: CHECK,
-            what: "after refused marks, nothing is claimable".into(),
-        });
-    };
-    ensure!(
-        CHECK,
-        ids_of(&again) == ids,
-        "after refused marks a claim got {:?}, expected both events",
-        ids_of(&again)
-    );
-    for record in again.records() {
-        ensure!(
-            CHECK,
-            record.status == EventStatus::Pending
-                && record.attempts == 0
-                && record.suspect_count == 0,
-            "a refused mark changed event {}: {:?}, {} attempts, suspect count {}",
-            record.id(),
-            record.status,
-            record.attempts,
-            record.suspect_count
-        );
-    }
+    let mut again = untouched(fixture, CHECK, &ids).await?;
     let seqs: Vec<i64> = again.records().iter().map(|r| r.seq).collect();
     again
         .mark_sent(&seqs)
@@ -227,4 +181,39 @@ pub async fn marks_refuse_a_seq_named_twice<F: Fixture>(fixture: &F) -> Result<(
         stats.backlog
     );
     Ok(())
+}
+
+/// After refused marks: a claim takes exactly `ids` again, each still
+/// `Pending` with no attempt and no suspect counted. The claim, for more.
+async fn untouched<F: Fixture>(
+    fixture: &F,
+    check: &'static str,
+    ids: &[Uuid],
+) -> Result<<F::Store as OutboxStore>::Claim, Violation> {
+    let Some(again) = claim(fixture, check, 10).await? else {
+        return Err(Violation {
+            check,
+            what: "after refused marks, nothing is claimable".into(),
+        });
+    };
+    ensure!(
+        check,
+        ids_of(&again) == ids,
+        "after refused marks a claim got {:?}, expected {ids:?}",
+        ids_of(&again)
+    );
+    for record in again.records() {
+        ensure!(
+            check,
+            record.status == EventStatus::Pending
+                && record.attempts == 0
+                && record.suspect_count == 0,
+            "a refused mark changed event {}: {:?}, {} attempts, suspect count {}",
+            record.id(),
+            record.status,
+            record.attempts,
+            record.suspect_count
+        );
+    }
+    Ok(again)
 }
