@@ -14,7 +14,9 @@
 //! `Drop` blocks. So teardown kills every other session using the database
 //! (`information_schema.PROCESSLIST`), then drops it with a
 //! `lock_wait_timeout` of 1 s, and tries again, up to [`TEARDOWN_TRIES`]
-//! times.
+//! times. "Using" means the session's current database: a session of
+//! another database that locks the test's tables by qualified name is not
+//! killed, and the database is then left behind with a warning.
 
 use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
