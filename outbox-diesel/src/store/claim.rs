@@ -268,28 +268,20 @@ impl Claim for PgClaim {
 
 #[cfg(test)]
 mod tests {
-    use outbox_core::{DomainEvent, EventEnvelope};
+    use outbox_core::EventEnvelope;
+
+    use outbox_core::testing::TestEvent;
 
     use super::*;
 
-    #[derive(serde::Serialize)]
-    struct Placed;
-
-    impl DomainEvent for Placed {
-        fn aggregate_type(&self) -> &'static str {
-            "order"
-        }
-        fn event_type(&self) -> &'static str {
-            "order.placed"
-        }
-        fn aggregate_id(&self) -> String {
-            "1".into()
-        }
-    }
-
     fn records(seqs: &[i64]) -> Vec<OutboxRecord> {
         seqs.iter()
-            .map(|&seq| OutboxRecord::pending(seq, EventEnvelope::from_event(&Placed).unwrap()))
+            .map(|&seq| {
+                OutboxRecord::pending(
+                    seq,
+                    EventEnvelope::from_event(&TestEvent::new("1")).unwrap(),
+                )
+            })
             .collect()
     }
 

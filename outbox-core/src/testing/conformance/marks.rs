@@ -3,7 +3,7 @@
 use uuid::Uuid;
 
 use super::{
-    Fixture, Violation, claim, dead, failed, finish, ids_of, record, refused, refused_twice,
+    Fixture, Violation, claim, dead, failed, finish, ids_of, record, refused, refused_twice, stats,
 };
 use crate::testing::TestEvent;
 use crate::{Claim, EventStatus, OutboxStore};
@@ -92,11 +92,7 @@ pub async fn marks_refuse_seqs_not_in_the_claim<F: Fixture>(fixture: &F) -> Resu
         .await
         .map_err(|e| failed(CHECK, "mark_failed of the claim's own seq", &e))?;
     finish(CHECK, mine).await?;
-    let stats = fixture
-        .store()
-        .stats()
-        .await
-        .map_err(|e| failed(CHECK, "stats", &e))?;
+    let stats = stats(fixture, CHECK).await?;
     ensure!(
         CHECK,
         (stats.dead, stats.backlog) == (1, 1),
@@ -169,11 +165,7 @@ pub async fn marks_refuse_a_seq_named_twice<F: Fixture>(fixture: &F) -> Result<(
         .await
         .map_err(|e| failed(CHECK, "mark_sent naming each seq once", &e))?;
     finish(CHECK, again).await?;
-    let stats = fixture
-        .store()
-        .stats()
-        .await
-        .map_err(|e| failed(CHECK, "stats", &e))?;
+    let stats = stats(fixture, CHECK).await?;
     ensure!(
         CHECK,
         stats.backlog == 0,

@@ -31,7 +31,7 @@ use std::future::Future;
 
 use uuid::Uuid;
 
-use crate::{Claim, FailedAttempt, NextStep, OutboxStore};
+use crate::{Claim, FailedAttempt, NextStep, OutboxStats, OutboxStore};
 
 use super::{InMemoryStore, StoreError, TestEvent};
 
@@ -162,6 +162,14 @@ async fn finish<C: Claim>(check: &'static str, claim: C) -> Result<(), Violation
         .finish()
         .await
         .map_err(|e| failed(check, "finish", &e))
+}
+
+async fn stats<F: Fixture>(fixture: &F, check: &'static str) -> Result<OutboxStats, Violation> {
+    fixture
+        .store()
+        .stats()
+        .await
+        .map_err(|e| failed(check, "stats", &e))
 }
 
 fn ids_of(claim: &impl Claim) -> Vec<Uuid> {

@@ -3,7 +3,7 @@
 use chrono::Utc;
 use uuid::Uuid;
 
-use super::{Fixture, Violation, claim, dead, failed, finish, ids_of, record};
+use super::{Fixture, Violation, claim, dead, failed, finish, ids_of, record, stats};
 use crate::testing::TestEvent;
 use crate::{Claim, DeadSelector, EventStatus, FailedAttempt, NextStep, OutboxStore};
 
@@ -24,9 +24,6 @@ pub async fn a_dead_event_holds_back_only_its_aggregate<F: Fixture>(
     let events = ["a", "b", "a", "b", "a"].map(TestEvent::new);
     let ids = record(fixture, CHECK, &events).await?;
     let (a0, b0, a1, b1, a2) = (ids[0], ids[1], ids[2], ids[3], ids[4]);
-    let stats = |doing: &'static str| async move {
-        store.stats().await.map_err(|e| failed(CHECK, doing, &e))
-    };
 
     // a0 dies, b0 waits for a retry an hour away; the rest is released.
     let Some(mut batch) = claim(fixture, CHECK, 100).await? else {
@@ -68,7 +65,7 @@ pub async fn a_dead_event_holds_back_only_its_aggregate<F: Fixture>(
             what: format!("both aggregates are blocked, yet a claim got {got:?}"),
         });
     }
-    let now = stats("stats").await?;
+    let now = stats(fixture, CHECK).await?;
     ensure!(
         CHECK,
         (now.dead, now.backlog, now.blocked_aggregates) == (1, 4, 2),
@@ -163,7 +160,7 @@ pub async fn a_dead_event_holds_back_only_its_aggregate<F: Fixture>(
         .await
         .map_err(|e| failed(CHECK, "mark_sent", &e))?;
     finish(CHECK, batch).await?;
-    let now = stats("stats").await?;
+    let now = stats(fixture, CHECK).await?;
     ensure!(
         CHECK,
         (now.dead, now.backlog, now.blocked_aggregates) == (0, 2, 1),
