@@ -19,7 +19,13 @@ use crate::{Claim, Claimed, OutboxStore, Publisher};
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     pub(super) async fn main_loop(&self, pause: &Pause, polls: PollGrid) {
         let mut wait = false;
-        let mut store_backoff = Backoff::new(self.settings.pause_min, self.settings.pause_max);
+        // Two backoffs, each reset only by a success of its own kind: a
+        // claim that answers (even empty) says nothing of whether marking
+        // works, and with two loops (or two relays) one loop's empty claims
+        // would otherwise keep resetting the other's wait after its marks
+        // failed, re-publishing the same batch every `pause_min`.
+        let mut claim_backoff = Backoff::new(self.settings.pause_min, self.settings.pause_max);
+        let mut mark_backoff = Backoff::new(self.settings.pause_min, self.settings.pause_max);
         // Set when another loop held rows while this one claimed: its claim
         // may have skipped them and the events queued behind them (per
         // aggregate), which nothing else announces. Completes when any
@@ -105,22 +111,23 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             if others_busy {
                 follow = Some(batch_ended);
             }
+            if claimed.is_ok() {
+                // The store answered the claim: its next claim error starts
+                // the backoff afresh, not where an earlier outage left it.
+                claim_backoff.reset();
+            }
             let claim = match claimed {
                 Ok(Claimed::Batch(claim)) => claim,
                 Ok(Claimed::Paused) => {
                     // The claim read the pause (without waiting for a
                     // heartbeat) and took nothing; a heartbeat resumes.
                     self.busy.fetch_sub(1, Ordering::SeqCst);
-                    store_backoff.reset();
                     self.operator_paused(true);
                     wait = false;
                     continue;
                 }
                 Ok(Claimed::Empty) => {
                     self.busy.fetch_sub(1, Ordering::SeqCst);
-                    // The store answered: its next error starts the
-                    // backoff afresh, not where an earlier outage left it.
-                    store_backoff.reset();
                     // An empty claim may have locked rows for a moment
                     // (and released them): a loop whose claim skipped them
                     // meanwhile claims again.
@@ -140,7 +147,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 Err(err) => {
                     self.busy.fetch_sub(1, Ordering::SeqCst);
                     ::metrics::counter!(metric_names::STORE_ERRORS_TOTAL).increment(1);
-                    let delay = store_backoff.next_delay();
+                    let delay = claim_backoff.next_delay();
                     error!(error = %err, retry_in = ?delay, "outbox relay: claim failed");
                     self.sleep_unless_shutdown(delay).await;
                     continue;
@@ -160,7 +167,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             self.batch_done.notify_waiters();
             match processed {
                 Some(Ok(report)) => {
-                    store_backoff.reset();
+                    mark_backoff.reset();
                     if let Some(reason) = report.connection_lost {
                         ::metrics::counter!(metric_names::CONNECTION_LOST_TOTAL).increment(1);
                         let delay = pause.start();
@@ -178,7 +185,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 }
                 Some(Err(err)) => {
                     ::metrics::counter!(metric_names::STORE_ERRORS_TOTAL).increment(1);
-                    let delay = store_backoff.next_delay();
+                    let delay = mark_backoff.next_delay();
                     error!(error = %err, retry_in = ?delay, "outbox relay: marking the batch failed; its events stay unsent and will be published again");
                     self.sleep_unless_shutdown(delay).await;
                 }
