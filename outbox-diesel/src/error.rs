@@ -18,11 +18,11 @@ pub enum Error {
     Database(#[from] diesel::result::Error),
     /// No connection could be taken from the pool (the driver's error is
     /// the source).
-    #[error("could not get a PostgreSQL connection from the pool: {0}")]
+    #[error("could not get a database connection from the pool: {0}")]
     Pool(#[from] diesel_async::pooled_connection::deadpool::PoolError),
     /// A direct connection (for `LISTEN` or migrations) could not be opened.
     #[error(
-        "PostgreSQL not reachable at {url}: {source}; start it with scripts/dev-services \
+        "database not reachable at {url}: {source}; start it with scripts/dev-services \
          or check DATABASE_URL"
     )]
     Connect {

@@ -10,10 +10,10 @@ use outbox_core::admin::DeadLetter;
 use outbox_core::{InboxDatabase, InboxOutcome, InboxStore};
 use uuid::Uuid;
 
+use crate::connection::in_transaction;
 use crate::prepared::PreparedExt;
 use crate::schema::Schema;
 use crate::sql::Sql;
-use crate::transaction::in_transaction;
 use crate::{Error, PgTransaction, Result};
 
 /// The inbox (`inbox_events`): one row per `(consumer, event_id)`.

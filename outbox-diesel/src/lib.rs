@@ -1,5 +1,7 @@
-//! PostgreSQL adapter of the `outbox` transactional outbox, on diesel and
-//! diesel-async: record events in your transaction, relay them with
+//! The Diesel adapter of the `outbox` transactional outbox, on diesel and
+//! diesel-async, one back end per feature: PostgreSQL (`postgres`, the
+//! default, described here) and MariaDB (module `mysql`, feature `mysql`).
+//! On PostgreSQL: record events in your transaction, relay them with
 //! [`PgOutboxStore`], and deduplicate deliveries with [`PgInbox`]. An
 //! outbox in another schema, or behind a pooler, is configured once with
 //! [`PgSettings`], which hands out all three.
@@ -261,127 +263,84 @@
 //! # Feature flags
 //! | feature | default | enables |
 //! |---|---|---|
-//! | `sync` | yes | recording on sync `diesel::PgConnection` (links libpq) |
+//! | `postgres` | yes | the PostgreSQL back end (the crate root's types), on diesel-async (tokio-postgres, no libpq) |
+//! | `sync` | yes | recording on sync `diesel::PgConnection` (links libpq); implies `postgres` |
+//! | `mysql` | no | the MariaDB back end, module `mysql` (mysql_async, pure Rust); tested on MariaDB 10.6+ |
 //! | `postgres-tls` | no | TLS to PostgreSQL (rustls with ring, no OpenSSL) for every connection the crate opens, honouring `sslmode` and `sslrootcert`; see [TLS](#tls). Without it, connections are plaintext and a URL asking for `require` or `verify-*` is refused |
 
+#[cfg(feature = "postgres")]
 mod audit;
+#[cfg(feature = "postgres")]
 mod connect;
+mod connection;
+#[cfg(feature = "postgres")]
 mod dead_letters;
 mod error;
+#[cfg(feature = "postgres")]
 mod inbox;
+#[cfg(feature = "postgres")]
 mod migrate;
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod prepared;
+#[cfg(feature = "postgres")]
 mod record;
 pub mod schema;
+#[cfg(feature = "postgres")]
 mod settings;
+#[cfg(feature = "postgres")]
 mod sql;
+#[cfg(feature = "postgres")]
 mod store;
 mod transaction;
 
+pub use connection::Connection;
+#[cfg(feature = "postgres")]
 pub use dead_letters::PgDeadLetters;
 pub use error::{Error, Result};
+#[cfg(feature = "postgres")]
 pub use inbox::{PgInbox, PgInboxDatabase};
+#[cfg(feature = "postgres")]
 pub use migrate::{migrate, migrate_contract, migrate_url};
+#[cfg(feature = "postgres")]
+pub use postgres::{connect, pool, record, record_all};
+#[cfg(feature = "postgres")]
 pub use record::Outbox;
-pub use schema::{
-    MIGRATIONS, Migration, Phase, Schema, Step, StepKind, ddl, inbox_events, outbox_events,
-};
+#[cfg(feature = "postgres")]
+pub use schema::{MIGRATIONS, ddl, inbox_events, outbox_events};
+pub use schema::{Migration, Phase, Schema, Step, StepKind};
+#[cfg(feature = "postgres")]
 pub use settings::PgSettings;
+#[cfg(feature = "postgres")]
 pub use store::{PgClaim, PgOutboxStore, PgOutboxStoreBuilder};
-pub use transaction::{PgTransaction, commit_top_level, in_top_level_transaction};
+#[cfg(feature = "mysql")]
+pub use transaction::MysqlTransaction;
+#[cfg(feature = "postgres")]
+pub use transaction::PgTransaction;
+pub use transaction::{Transaction, begin_top_level, commit_top_level, in_top_level_transaction};
 
-use diesel_async::AsyncPgConnection;
-use diesel_async::pooled_connection::deadpool::Pool;
-use diesel_async::pooled_connection::{
-    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
-};
-use futures_util::FutureExt as _;
-use outbox_core::DomainEvent;
-use uuid::Uuid;
-
-/// Records `event` in the transaction open on `conn`, in the `public` outbox.
-/// Shorthand for [`Outbox::default().record(conn, event)`](Outbox::record).
-///
-/// # Errors
-/// As [`Outbox::record`].
-pub async fn record<E: DomainEvent + Sync>(
-    conn: &mut AsyncPgConnection,
-    event: &E,
-) -> Result<Uuid> {
-    Outbox::default().record(conn, event).await
-}
-
-/// Records `events` with one `INSERT` in the `public` outbox. Shorthand for
-/// [`Outbox::record_all`].
-///
-/// # Errors
-/// As [`Outbox::record`].
-pub async fn record_all<E: DomainEvent + Sync>(
-    conn: &mut AsyncPgConnection,
-    events: &[E],
-) -> Result<Vec<Uuid>> {
-    Outbox::default().record_all(conn, events).await
-}
-
-/// Opens a direct connection, honouring `sslmode` and `sslrootcert` in
-/// `url` (see [TLS](crate#tls)).
-///
-/// # Errors
-/// [`Error::Tls`] if `url` asks for TLS this build cannot give (no
-/// `postgres-tls` feature) or its TLS settings are unusable;
-/// [`Error::Config`] if it cannot be read; [`Error::Connect`], naming the
-/// (redacted) URL, if the server cannot be reached or refuses the
-/// connection (a certificate that does not verify included).
-pub async fn connect(url: &str) -> Result<AsyncPgConnection> {
-    connect::Connector::new(url)?
-        .connect()
-        .await
-        .map_err(|source| Error::Connect {
-            url: error::redact_url(url),
-            source,
-        })
-}
-
-/// How long [`pool`]'s `get` waits for a free connection before it fails.
+/// How long a pool's `get` (`pool`, `mysql::pool`) waits for a free connection before it fails.
 pub const POOL_WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-/// How long [`pool`] waits for a new connection to open before it fails.
+/// How long a pool waits for a new connection to open before it fails.
 pub const POOL_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A deadpool pool of diesel-async connections to `url`, at most `max_size`.
-/// Connections are opened lazily, on first use.
-///
-/// Getting a connection never waits forever: at most [`POOL_WAIT_TIMEOUT`]
-/// for a free one (an exhausted pool, e.g. a leak or too small a size), and
-/// at most [`POOL_CONNECT_TIMEOUT`] for a new one to open (a database that
-/// does not answer). Both then fail with deadpool's timeout error, which the
-/// relay and the inbox consumer treat as the database being unavailable.
-/// Build your own `Pool` for other limits.
-///
-/// A connection handed out is not pinged first (diesel-async's
-/// `RecyclingMethod::Fast`, not its default `Verified`): a connection whose
-/// server side closed is still dropped and replaced (its client notices the
-/// closed socket), and the `SELECT 1` that `Verified` runs on every checkout
-/// would add a round trip to every claim and every request transaction
-/// (measured: about 0.1 ms of the relay's commit-to-publish latency, see the
-/// crate docs). A query on a connection that broke silently fails once with
-/// [`Error::Database`]; the relay and the inbox consumer retry it.
-///
-/// Each connection honours `sslmode` and `sslrootcert` in `url` as
-/// [`connect`] does (see [TLS](crate#tls)); the root certificate file is
-/// read once, here.
-///
-/// # Errors
-/// [`Error::Tls`] as [`connect`]; [`Error::Config`] if the pool cannot be
-/// built.
-pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncPgConnection>> {
-    let connector = std::sync::Arc::new(connect::Connector::new(url)?);
+/// A deadpool pool of at most `max_size` connections to `url`, each opened
+/// by `open` (lazily, on first use), with this crate's timeouts.
+fn pool_of<C: Connection>(
+    url: &str,
+    max_size: usize,
+    open: impl Fn() -> futures_util::future::BoxFuture<'static, diesel::ConnectionResult<C>>
+    + Send
+    + Sync
+    + 'static,
+) -> Result<deadpool::managed::Pool<C::Manager>> {
+    use diesel_async::pooled_connection::{ManagerConfig, RecyclingMethod};
     let mut config = ManagerConfig::default();
     config.recycling_method = RecyclingMethod::Fast;
-    config.custom_setup = Box::new(move |_url| {
-        let connector = std::sync::Arc::clone(&connector);
-        async move { connector.connect().await }.boxed()
-    });
-    Pool::builder(AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(url, config))
+    config.custom_setup = Box::new(move |_url| open());
+    deadpool::managed::Pool::builder(C::manager(url, config))
         .max_size(max_size)
         .runtime(deadpool::Runtime::Tokio1)
         .wait_timeout(Some(POOL_WAIT_TIMEOUT))

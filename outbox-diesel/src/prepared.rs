@@ -12,7 +12,7 @@
 //! keep prepared statements.
 
 use diesel::QueryResult;
-use diesel::pg::Pg;
+use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 
 /// `Q`, marked safe to keep prepared when `keep` (see the module docs); as
@@ -31,12 +31,12 @@ impl<Q> Prepared<Q> {
     }
 }
 
-impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for Prepared<Q> {
-    fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+impl<DB: Backend, Q: QueryFragment<DB>> QueryFragment<DB> for Prepared<Q> {
+    fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.query.walk_ast(pass)
     }
 
-    fn is_safe_to_cache_prepared(&self, _backend: &Pg) -> QueryResult<bool> {
+    fn is_safe_to_cache_prepared(&self, _backend: &DB) -> QueryResult<bool> {
         Ok(self.keep)
     }
 }

@@ -214,7 +214,7 @@ mod async_pg {
 
     use super::{Outbox, envelopes, ids};
     use crate::Result;
-    use crate::transaction::in_transaction;
+    use crate::connection::in_transaction;
 
     impl Outbox {
         /// Records `event` in the transaction open on `conn`; returns its id.

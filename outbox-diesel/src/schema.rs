@@ -57,10 +57,12 @@
 //! relays before migration 2 scan, is dropped by the contract migration 3
 //! ([`migrate_contract`](crate::migrate_contract)).
 
+#[cfg(feature = "postgres")]
 use std::fmt::Write as _;
 
 use crate::{Error, Result};
 
+#[cfg(feature = "postgres")]
 diesel::table! {
     /// The outbox (`outbox_events`). This definition has no schema: it names
     /// the table found through `search_path` (the default schema `public`).
@@ -103,6 +105,7 @@ diesel::table! {
     }
 }
 
+#[cfg(feature = "postgres")]
 diesel::table! {
     /// The inbox (`inbox_events`), found through `search_path`.
     inbox_events (consumer, event_id) {
@@ -202,6 +205,7 @@ impl Migration {
     }
 }
 
+#[cfg(feature = "postgres")]
 /// Every migration, in order.
 pub const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -236,10 +240,12 @@ pub const MIGRATIONS: &[Migration] = &[
     },
 ];
 
+#[cfg(feature = "postgres")]
 /// The newest migration a store of this version needs applied; relays
 /// refuse to claim from an outbox below it (run [`migrate`](crate::migrate)).
 pub(crate) const REQUIRED_VERSION: i32 = 5;
 
+#[cfg(feature = "postgres")]
 /// The newest migration this version knows; relays refuse to claim from an
 /// outbox migrated past it by a newer version.
 pub(crate) const KNOWN_VERSION: i32 = 5;
@@ -344,6 +350,7 @@ impl Schema {
         format!("\"{}\"", self.channel().replace('"', "\"\""))
     }
 
+    #[cfg(feature = "postgres")]
     /// The key of the advisory lock that serializes migrations of this schema.
     pub(crate) fn lock_key(&self) -> i64 {
         // FNV-1a: stable across builds and platforms (std's hasher is not).
@@ -365,6 +372,7 @@ impl Schema {
     }
 }
 
+#[cfg(feature = "postgres")]
 /// `CREATE TABLE IF NOT EXISTS` of the library's migration history table.
 pub(crate) fn version_table_sql(schema: &Schema) -> String {
     format!(
@@ -377,6 +385,7 @@ pub(crate) fn version_table_sql(schema: &Schema) -> String {
     )
 }
 
+#[cfg(feature = "postgres")]
 /// The whole DDL of a **new** outbox in `schema`, for teams that run their
 /// own migrations: apply it once (it may run in one transaction). To
 /// upgrade an existing outbox by hand, run each new migration's

@@ -1,19 +1,34 @@
-//! [`PgTransaction`]: a pooled connection with an open transaction that
-//! rolls back (by closing the connection) when dropped; and
+//! [`Transaction`] ([`PgTransaction`] on PostgreSQL): a pooled connection
+//! with an open transaction that rolls back (by closing the connection) when dropped; and
 //! [`commit_top_level`], the one checked commit every transaction this
 //! workspace finishes goes through.
 
 use std::ops::{Deref, DerefMut};
 
-use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
-use diesel_async::pooled_connection::deadpool::{Object, Pool};
-use diesel_async::{
-    AnsiTransactionManager, AsyncConnection, AsyncPgConnection, SimpleAsyncConnection,
-    TransactionManager,
-};
+use deadpool::managed::{Object, Pool};
 
-use crate::sql::{PROBE, PROBE_AND_COMMIT};
-use crate::{Error, Result};
+use crate::{Connection, Error, Result};
+
+/// [`Transaction`] on PostgreSQL.
+#[cfg(feature = "postgres")]
+pub type PgTransaction = Transaction<diesel_async::AsyncPgConnection>;
+
+/// [`Transaction`] on MariaDB/MySQL.
+#[cfg(feature = "mysql")]
+pub type MysqlTransaction = Transaction<diesel_async::AsyncMysqlConnection>;
+
+/// Begins a top-level transaction on `conn` the way [`commit_top_level`]
+/// expects it: `BEGIN` on PostgreSQL; on MariaDB/MySQL `BEGIN` and a
+/// savepoint whose loss tells the commit that the server rolled the
+/// transaction back (see [`Connection`]).
+///
+/// # Errors
+/// [`Error::Database`] if `BEGIN` fails, or a transaction is already open
+/// (diesel then opens a savepoint instead: commit refuses it).
+pub async fn begin_top_level<C: Connection>(conn: &mut C) -> Result<()> {
+    conn.begin().await?;
+    Ok(())
+}
 
 /// Commits the transaction open on `conn`, but only if that is a real
 /// top-level `COMMIT` of a healthy transaction; otherwise commits nothing and
@@ -30,22 +45,26 @@ use crate::{Error, Result};
 ///   and turns `COMMIT` into `ROLLBACK` *without an error*.
 ///
 /// This checks diesel's transaction depth is exactly 1 (no round trip),
-/// then sends `SELECT 1; COMMIT` as one message: the `SELECT 1` fails in an
+/// then (on PostgreSQL) sends `SELECT 1; COMMIT` as one message: the `SELECT 1` fails in an
 /// aborted transaction and the `COMMIT` is then skipped. Cost: no extra
 /// round trip, one trivial statement parsed and run by the server (about
 /// 10 µs; measured in the crate docs, "Checked commits").
 ///
-/// The Axum layer, [`PgTransaction::commit`] (the inbox consumer's and the
+/// On MariaDB/MySQL the transaction must have been begun by
+/// [`begin_top_level`] (or [`Transaction::begin`]): the commit probes the
+/// savepoint it opens (see [`Connection`]).
+///
+/// The Axum layer, [`Transaction::commit`] (the inbox consumer's and the
 /// relay's transactions) use it. Call it yourself where you hold a
 /// transaction open across API boundaries. After an error the connection
 /// may still be inside the (aborted or nested) transaction: close it
 /// rather than pooling it (deadpool: `Object::take`), which rolls back.
 ///
 /// ```no_run
-/// use diesel_async::{AnsiTransactionManager, AsyncPgConnection, TransactionManager};
+/// use diesel_async::AsyncPgConnection;
 ///
 /// # async fn run(conn: &mut AsyncPgConnection) -> Result<(), outbox_diesel::Error> {
-/// AnsiTransactionManager::begin_transaction(conn).await?;
+/// outbox_diesel::begin_top_level(conn).await?;
 /// // ... the business change and `outbox_diesel::record(conn, ..)` ...
 /// outbox_diesel::commit_top_level(conn).await?;
 /// # Ok(()) }
@@ -57,8 +76,8 @@ use crate::{Error, Result};
 /// the transaction is aborted: nothing was committed. [`Error::Database`]
 /// if the `COMMIT` itself fails (e.g. a deferred constraint): PostgreSQL has
 /// rolled the transaction back.
-pub async fn commit_top_level(conn: &mut AsyncPgConnection) -> Result<()> {
-    let status = AnsiTransactionManager::transaction_manager_status_mut(conn);
+pub async fn commit_top_level<C: Connection>(conn: &mut C) -> Result<()> {
+    let status = conn.transaction_status();
     match status.transaction_depth() {
         Ok(Some(depth)) if depth.get() == 1 => {}
         Ok(Some(depth)) => {
@@ -91,85 +110,55 @@ pub async fn commit_top_level(conn: &mut AsyncPgConnection) -> Result<()> {
             });
         }
     }
-    if let Err(error) = conn.batch_execute(PROBE_AND_COMMIT).await {
-        return Err(classify_failed_commit(conn, error).await);
-    }
-    // The server left the transaction; tell diesel.
-    if let TransactionManagerStatus::Valid(valid) =
-        AnsiTransactionManager::transaction_manager_status_mut(conn)
-    {
-        valid.change_transaction_depth(TransactionDepthChange::DecreaseDepth)?;
-    }
-    Ok(())
-}
-
-/// Which statement of [`PROBE_AND_COMMIT`] failed. Runs on the failure path
-/// only: a transaction that the probe found aborted is still open, so a
-/// second probe fails again; after a failed `COMMIT` the session is outside
-/// any transaction and it succeeds. (The SQLSTATE would say it directly, but
-/// diesel does not expose it.)
-async fn classify_failed_commit(
-    conn: &mut AsyncPgConnection,
-    error: diesel::result::Error,
-) -> Error {
-    use diesel::result::{DatabaseErrorKind, Error as Diesel};
-    match conn.batch_execute(PROBE).await {
-        Err(Diesel::DatabaseError(DatabaseErrorKind::Unknown, _)) => Error::NotCommitted {
-            reason: "the transaction was aborted by an earlier statement that failed, and \
-                     the code went on as if it had not (e.g. a handler that caught a database \
-                     error and still returned success); PostgreSQL rolls such a transaction \
-                     back at COMMIT. Fail when a statement fails, or run a statement that may \
-                     fail in a nested `transaction(..)` (a savepoint), which rolls back only \
-                     that statement"
-                .into(),
-            source: Some(error),
-        },
-        // `COMMIT` failed (the transaction is over, rolled back), or the
-        // connection is gone.
-        _ => Error::Database(error),
-    }
+    conn.commit_checked().await
 }
 
 /// A transaction on a pooled connection, held across `await`s and API
 /// boundaries (a relay's claim, an inbox consumer's handler).
 ///
-/// Use it as a `&mut AsyncPgConnection` (it dereferences to one). Finish it
+/// Use it as a `&mut C` (it dereferences to the connection, e.g.
+/// `AsyncPgConnection`). Finish it
 /// with [`commit`](Self::commit) or [`rollback`](Self::rollback); if it is
 /// dropped instead (an error, a panic, a cancelled future), the connection is
 /// closed rather than returned to the pool, so PostgreSQL rolls the
 /// transaction back at once and no pooled connection is left inside it.
-pub struct PgTransaction {
+pub struct Transaction<C: Connection> {
     // `Some` from `begin` until `commit`, `rollback` or drop, all of which
     // consume `self`: every `&self` method sees `Some`.
-    conn: Option<Object<AsyncPgConnection>>,
+    conn: Option<Object<C::Manager>>,
 }
 
-impl std::fmt::Debug for PgTransaction {
+impl<C: Connection> std::fmt::Debug for Transaction<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgTransaction")
+        f.debug_struct("Transaction")
+            .field("backend", &C::BACKEND)
             .field("open", &self.conn.is_some())
             .finish()
     }
 }
 
-impl PgTransaction {
+impl<C: Connection> Transaction<C> {
     /// Takes a connection from `pool` and opens a transaction on it.
     ///
     /// # Errors
     /// [`Error::Pool`] or [`Error::Database`].
-    pub async fn begin(pool: &Pool<AsyncPgConnection>) -> Result<Self> {
+    pub async fn begin(pool: &Pool<C::Manager>) -> Result<Self> {
         let mut conn = pool.get().await.map_err(Error::Pool)?;
-        AnsiTransactionManager::begin_transaction(&mut *conn).await?;
-        Ok(PgTransaction { conn: Some(conn) })
+        conn.begin().await?;
+        Ok(Transaction { conn: Some(conn) })
     }
 
     /// As [`begin`](Self::begin), with `sql` (a simple-query batch that
     /// starts with `BEGIN`, e.g. followed by `SET LOCAL`s) in the one round
     /// trip.
-    pub(crate) async fn begin_with(pool: &Pool<AsyncPgConnection>, sql: &str) -> Result<Self> {
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn begin_with(pool: &Pool<C::Manager>, sql: &str) -> Result<Self>
+    where
+        C: diesel_async::AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
+    {
         let mut conn = pool.get().await.map_err(Error::Pool)?;
-        AnsiTransactionManager::begin_transaction_sql(&mut *conn, sql).await?;
-        Ok(PgTransaction { conn: Some(conn) })
+        diesel_async::AnsiTransactionManager::begin_transaction_sql(&mut *conn, sql).await?;
+        Ok(Transaction { conn: Some(conn) })
     }
 
     /// Commits with [`commit_top_level`] and returns the connection to the
@@ -184,7 +173,7 @@ impl PgTransaction {
     /// [`Error::Database`] if the `COMMIT` fails (PostgreSQL rolls back).
     pub async fn commit(mut self) -> Result<()> {
         if let Some(mut conn) = self.conn.take()
-            && let Err(err) = commit_top_level(&mut conn).await
+            && let Err(err) = commit_top_level(&mut *conn).await
         {
             drop(Object::take(conn));
             return Err(err);
@@ -200,13 +189,13 @@ impl PgTransaction {
     /// [`Error::Database`] if the rollback fails (the connection is closed).
     pub async fn rollback(mut self) -> Result<()> {
         if let Some(mut conn) = self.conn.take() {
-            if !in_top_level_transaction(&mut conn) {
+            if !in_top_level_transaction(&mut *conn) {
                 // `ROLLBACK` would only roll back to the innermost
                 // savepoint and leave the transaction open.
                 drop(Object::take(conn));
                 return Ok(());
             }
-            if let Err(err) = AnsiTransactionManager::rollback_transaction(&mut *conn).await {
+            if let Err(err) = conn.rollback().await {
                 drop(Object::take(conn));
                 return Err(err.into());
             }
@@ -215,56 +204,36 @@ impl PgTransaction {
     }
 }
 
-/// `Ok` if a transaction (diesel-managed, any depth) is open on `conn`:
-/// what recording and the inbox require, so that they never autocommit.
-///
-/// # Errors
-/// [`Error::NoTransaction`] when none is open; [`Error::Database`] when
-/// diesel's transaction manager is broken.
-pub(crate) fn in_transaction(conn: &mut AsyncPgConnection) -> Result<()> {
-    let status =
-        <AsyncPgConnection as AsyncConnection>::TransactionManager::transaction_manager_status_mut(
-            conn,
-        );
-    match status.transaction_depth()? {
-        Some(_) => Ok(()),
-        None => Err(Error::NoTransaction),
-    }
-}
-
 /// `true` if exactly one transaction is open on `conn` as diesel counts
 /// (no nested transaction, i.e. savepoint, left open and the transaction
 /// manager not broken): only then does a `ROLLBACK` through diesel end the
 /// transaction. Otherwise roll back by closing the connection.
-pub fn in_top_level_transaction(conn: &mut AsyncPgConnection) -> bool {
+pub fn in_top_level_transaction<C: Connection>(conn: &mut C) -> bool {
     matches!(
-        <AsyncPgConnection as AsyncConnection>::TransactionManager::transaction_manager_status_mut(
-            conn
-        )
-        .transaction_depth(),
+        conn.transaction_status().transaction_depth(),
         Ok(Some(depth)) if depth.get() == 1
     )
 }
 
-impl Deref for PgTransaction {
-    type Target = AsyncPgConnection;
+impl<C: Connection> Deref for Transaction<C> {
+    type Target = C;
 
     #[allow(clippy::expect_used)]
-    fn deref(&self) -> &AsyncPgConnection {
+    fn deref(&self) -> &C {
         // Infallible: `conn` is `Some` for as long as `self` can be borrowed.
         self.conn.as_deref().expect("open transaction")
     }
 }
 
-impl DerefMut for PgTransaction {
+impl<C: Connection> DerefMut for Transaction<C> {
     #[allow(clippy::expect_used)]
-    fn deref_mut(&mut self) -> &mut AsyncPgConnection {
+    fn deref_mut(&mut self) -> &mut C {
         // Infallible: `conn` is `Some` for as long as `self` can be borrowed.
         self.conn.as_deref_mut().expect("open transaction")
     }
 }
 
-impl Drop for PgTransaction {
+impl<C: Connection> Drop for Transaction<C> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             // Still inside the transaction: close the connection instead of

@@ -74,7 +74,7 @@ async fn a_healthy_transaction_commits_and_its_connection_is_pooled_again() {
     tx.rollback().await.unwrap();
     let mut conn = db.pool.get().await.unwrap();
     assert!(
-        !outbox_diesel::in_top_level_transaction(&mut conn),
+        !outbox_diesel::in_top_level_transaction(&mut *conn),
         "diesel knows the transaction ended"
     );
 }
@@ -99,7 +99,7 @@ async fn a_nested_transaction_left_open_is_not_committed() {
     )
     .await;
     assert!(cancelled.is_err());
-    assert!(!outbox_diesel::in_top_level_transaction(&mut tx));
+    assert!(!outbox_diesel::in_top_level_transaction(&mut *tx));
 
     let error = tx.commit().await.unwrap_err();
     assert!(
@@ -127,7 +127,7 @@ async fn an_aborted_transaction_is_not_committed() {
             .await
             .is_err()
     );
-    assert!(outbox_diesel::in_top_level_transaction(&mut tx));
+    assert!(outbox_diesel::in_top_level_transaction(&mut *tx));
 
     let error = tx.commit().await.unwrap_err();
     assert!(

@@ -1,0 +1,223 @@
+//! [`Connection`]: the diesel-async connections this crate works on, one
+//! per back end, and what differs between them when a transaction begins
+//! and commits.
+
+use std::future::Future;
+
+use diesel::QueryResult;
+use diesel::connection::TransactionManagerStatus;
+use diesel_async::pooled_connection::PoolableConnection;
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
+use diesel_async::{AnsiTransactionManager, SimpleAsyncConnection, TransactionManager};
+
+use crate::Error;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A diesel-async connection of a back end this crate supports:
+/// `AsyncPgConnection` (feature `postgres`) and `AsyncMysqlConnection`
+/// (feature `mysql`). Sealed: the crate's checked commit and its
+/// transactions ([`Transaction`](crate::Transaction)) rely on what each
+/// back end does to a transaction after a failed statement, which only
+/// this crate knows.
+///
+/// # How each back end begins and commits
+/// - **PostgreSQL**: `BEGIN`; the commit sends `SELECT 1; COMMIT` in one
+///   message: in a transaction that an earlier failed statement aborted the
+///   probe fails and the `COMMIT` (which would roll back without an error)
+///   never runs.
+/// - **MariaDB/MySQL**: `BEGIN; SAVEPOINT outbox_tx`; the commit sends
+///   `RELEASE SAVEPOINT outbox_tx; COMMIT`. A deadlock (or a lock wait
+///   timeout with `innodb_rollback_on_timeout`) rolls the whole transaction
+///   back, savepoints included, and the statements after it run in
+///   autocommit: the release then fails, so the `COMMIT` never runs and the
+///   commit reports [`Error::NotCommitted`]. Other failed statements (a
+///   duplicate key, a lock wait timeout by default) roll back only
+///   themselves and leave the transaction open, as MySQL defines: a handler
+///   that catches such an error and carries on commits the rest, where
+///   PostgreSQL would refuse the commit.
+pub trait Connection:
+    PoolableConnection + SimpleAsyncConnection + Send + 'static + sealed::Sealed
+{
+    /// The back end's name, for error messages.
+    #[doc(hidden)]
+    const BACKEND: &'static str;
+
+    /// diesel-async's deadpool manager of this connection
+    /// (`AsyncDieselConnectionManager<Self>`), named here because deadpool's
+    /// bounds on it hold only for the concrete connection types.
+    #[doc(hidden)]
+    type Manager: deadpool::managed::Manager<Type = Self, Error = diesel_async::pooled_connection::PoolError>
+        + Send
+        + Sync;
+
+    /// diesel-async's manager for `url` with `config`.
+    #[doc(hidden)]
+    fn manager(url: &str, config: ManagerConfig<Self>) -> Self::Manager;
+
+    /// Begins a top-level transaction the way [`commit_checked`] expects.
+    ///
+    /// [`commit_checked`]: Connection::commit_checked
+    #[doc(hidden)]
+    fn begin(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Rolls back the innermost transaction (or savepoint).
+    #[doc(hidden)]
+    fn rollback(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// diesel's record of the open transactions.
+    #[doc(hidden)]
+    fn transaction_status(&mut self) -> &mut TransactionManagerStatus;
+
+    /// Commits a top-level transaction begun by [`begin`](Connection::begin)
+    /// only if the server still has it, in one round trip; tells diesel the
+    /// transaction is over when it succeeds.
+    #[doc(hidden)]
+    fn commit_checked(&mut self) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// Whether a transaction is open on `conn` (at any depth).
+pub(crate) fn in_transaction<C: Connection>(conn: &mut C) -> crate::Result<()> {
+    match conn.transaction_status().transaction_depth()? {
+        Some(_) => Ok(()),
+        None => Err(Error::NoTransaction),
+    }
+}
+
+/// Tells diesel that the server left the top-level transaction.
+fn left_transaction(status: &mut TransactionManagerStatus) -> crate::Result<()> {
+    use diesel::connection::TransactionDepthChange;
+    if let TransactionManagerStatus::Valid(valid) = status {
+        valid.change_transaction_depth(TransactionDepthChange::DecreaseDepth)?;
+    }
+    Ok(())
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use diesel_async::AsyncPgConnection;
+
+    use super::*;
+    use crate::sql::{PROBE, PROBE_AND_COMMIT};
+
+    impl sealed::Sealed for AsyncPgConnection {}
+
+    impl Connection for AsyncPgConnection {
+        type Manager = AsyncDieselConnectionManager<Self>;
+
+        fn manager(url: &str, config: ManagerConfig<Self>) -> Self::Manager {
+            AsyncDieselConnectionManager::new_with_config(url, config)
+        }
+        const BACKEND: &'static str = "PostgreSQL";
+
+        async fn begin(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction(self).await
+        }
+
+        async fn rollback(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::rollback_transaction(self).await
+        }
+
+        fn transaction_status(&mut self) -> &mut TransactionManagerStatus {
+            AnsiTransactionManager::transaction_manager_status_mut(self)
+        }
+
+        async fn commit_checked(&mut self) -> Result<(), Error> {
+            if let Err(error) = self.batch_execute(PROBE_AND_COMMIT).await {
+                return Err(classify_failed_commit(self, error).await);
+            }
+            left_transaction(self.transaction_status())
+        }
+    }
+
+    async fn classify_failed_commit(
+        conn: &mut AsyncPgConnection,
+        error: diesel::result::Error,
+    ) -> Error {
+        use diesel::result::{DatabaseErrorKind, Error as Diesel};
+        match conn.batch_execute(PROBE).await {
+            Err(Diesel::DatabaseError(DatabaseErrorKind::Unknown, _)) => Error::NotCommitted {
+                reason: "the transaction was aborted by an earlier statement that failed, and \
+                         the code went on as if it had not (e.g. a handler that caught a \
+                         database error and still returned success); PostgreSQL rolls such a \
+                         transaction back at COMMIT. Fail when a statement fails, or run a \
+                         statement that may fail in a nested `transaction(..)` (a savepoint), \
+                         which rolls back only that statement"
+                    .into(),
+                source: Some(error),
+            },
+            // `COMMIT` failed (the transaction is over, rolled back), or the
+            // connection is gone.
+            _ => Error::Database(error),
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use diesel_async::AsyncMysqlConnection;
+
+    use super::*;
+
+    /// The savepoint every checked transaction opens first; it exists as
+    /// long as the server still has the transaction.
+    pub(crate) const BEGIN: &str = "BEGIN; SAVEPOINT outbox_tx";
+    /// Fails, and stops the batch before the `COMMIT`, when the savepoint
+    /// is gone: the server rolled the transaction back.
+    pub(crate) const PROBE_AND_COMMIT: &str = "RELEASE SAVEPOINT outbox_tx; COMMIT";
+
+    impl sealed::Sealed for AsyncMysqlConnection {}
+
+    impl Connection for AsyncMysqlConnection {
+        type Manager = AsyncDieselConnectionManager<Self>;
+
+        fn manager(url: &str, config: ManagerConfig<Self>) -> Self::Manager {
+            AsyncDieselConnectionManager::new_with_config(url, config)
+        }
+        const BACKEND: &'static str = "MariaDB";
+
+        async fn begin(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(self, BEGIN).await
+        }
+
+        async fn rollback(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::rollback_transaction(self).await
+        }
+
+        fn transaction_status(&mut self) -> &mut TransactionManagerStatus {
+            AnsiTransactionManager::transaction_manager_status_mut(self)
+        }
+
+        async fn commit_checked(&mut self) -> Result<(), Error> {
+            if let Err(error) = self.batch_execute(PROBE_AND_COMMIT).await {
+                // MySQL's error codes do not survive diesel-async (only the
+                // message does): 1305 reads "SAVEPOINT outbox_tx does not
+                // exist".
+                let lost = matches!(
+                    &error,
+                    diesel::result::Error::DatabaseError(_, info)
+                        if info.message().contains("outbox_tx")
+                );
+                return Err(if lost {
+                    Error::NotCommitted {
+                        reason: "MariaDB rolled the transaction back before the commit (a \
+                                 deadlock, or a lock wait timeout with \
+                                 innodb_rollback_on_timeout), and the code went on as if it \
+                                 had not (e.g. a handler that caught the database error and \
+                                 still returned success); statements run after that were \
+                                 committed one by one (autocommit), everything before it is \
+                                 rolled back. Fail when a statement fails, and retry the \
+                                 whole transaction after a deadlock"
+                            .into(),
+                        source: Some(error),
+                    }
+                } else {
+                    Error::Database(error)
+                });
+            }
+            left_transaction(self.transaction_status())
+        }
+    }
+}
