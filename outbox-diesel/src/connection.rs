@@ -139,7 +139,8 @@ mod postgres {
         use diesel::result::{DatabaseErrorKind, Error as Diesel};
         match conn.batch_execute(PROBE).await {
             Err(Diesel::DatabaseError(DatabaseErrorKind::Unknown, _)) => Error::NotCommitted {
-                reason: "the transaction was aborted by an earlier statement that failed, and \
+                reason: "nothing of it is stored: the transaction was aborted by an earlier \
+                         statement that failed, and \
                          the code went on as if it had not (e.g. a handler that caught a \
                          database error and still returned success); PostgreSQL rolls such a \
                          transaction back at COMMIT. Fail when a statement fails, or run a \
@@ -156,6 +157,9 @@ mod postgres {
 }
 
 #[cfg(feature = "mysql")]
+pub(crate) use mysql::BEGIN as MYSQL_BEGIN;
+
+#[cfg(feature = "mysql")]
 mod mysql {
     use diesel_async::AsyncMysqlConnection;
 
@@ -167,6 +171,15 @@ mod mysql {
     /// Fails, and stops the batch before the `COMMIT`, when the savepoint
     /// is gone: the server rolled the transaction back.
     pub(crate) const PROBE_AND_COMMIT: &str = "RELEASE SAVEPOINT outbox_tx; COMMIT";
+
+    /// Whether the server has a transaction open (`open`: 1 or 0).
+    const OPEN: &str = "SELECT @@in_transaction AS open";
+
+    #[derive(diesel::QueryableByName)]
+    struct Open {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        open: i64,
+    }
 
     impl sealed::Sealed for AsyncMysqlConnection {}
 
@@ -200,21 +213,32 @@ mod mysql {
                     diesel::result::Error::DatabaseError(_, info)
                         if info.message().contains("outbox_tx")
                 );
-                return Err(if lost {
-                    Error::NotCommitted {
-                        reason: "MariaDB rolled the transaction back before the commit (a \
-                                 deadlock, or a lock wait timeout with \
-                                 innodb_rollback_on_timeout), and the code went on as if it \
-                                 had not (e.g. a handler that caught the database error and \
-                                 still returned success); statements run after that were \
-                                 committed one by one (autocommit), everything before it is \
-                                 rolled back. Fail when a statement fails, and retry the \
-                                 whole transaction after a deadlock"
-                            .into(),
-                        source: Some(error),
+                if !lost {
+                    return Err(Error::Database(error));
+                }
+                // No savepoint: either the server rolled the transaction
+                // back, or it was not begun by `begin` (a plain `BEGIN`).
+                let open: Result<Vec<Open>, _> =
+                    diesel_async::RunQueryDsl::load(diesel::sql_query(OPEN), self).await;
+                let still_open = matches!(open.as_deref(), Ok([Open { open: 1 }]));
+                return Err(Error::NotCommitted {
+                    reason: if still_open {
+                        "the transaction was not begun by outbox_diesel::begin_top_level (or \
+                         Transaction::begin), whose savepoint the MariaDB commit checks; it is \
+                         still open, nothing of it is committed: begin it with \
+                         begin_top_level, or commit it yourself"
+                    } else {
+                        "MariaDB rolled the transaction back before the commit (a deadlock, \
+                         or a lock wait timeout with innodb_rollback_on_timeout), and the \
+                         code went on as if it had not (e.g. a handler that caught the \
+                         database error and still returned success): what ran before is \
+                         rolled back, but statements run after it were committed one by one \
+                         (autocommit), except this library's own inserts (events, inbox \
+                         entries), which refuse to run outside a transaction. Fail when a \
+                         statement fails, and retry the whole transaction after a deadlock"
                     }
-                } else {
-                    Error::Database(error)
+                    .into(),
+                    source: Some(error),
                 });
             }
             left_transaction(self.transaction_status())

@@ -36,7 +36,7 @@ pub enum Error {
     /// `COMMIT` of a healthy transaction (a nested transaction left open, an
     /// aborted transaction): nothing was committed. See
     /// [`commit_top_level`](crate::commit_top_level).
-    #[error("transaction not committed, nothing of it is stored: {reason}")]
+    #[error("transaction not committed: {reason}")]
     NotCommitted {
         /// What was wrong, and what to change.
         reason: String,
@@ -47,7 +47,7 @@ pub enum Error {
     /// The connection URL asks for TLS this build cannot give (no
     /// `postgres-tls` feature), or its TLS settings are unusable (an
     /// unreadable `sslrootcert`, `verify-full` without one).
-    #[error("TLS to PostgreSQL at {url}: {reason}")]
+    #[error("TLS to the database at {url}: {reason}")]
     Tls {
         /// The URL, with any password redacted.
         url: String,

@@ -282,6 +282,8 @@ mod inbox;
 mod migrate;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod plan;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod prepared;
@@ -328,17 +330,19 @@ pub const POOL_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_
 
 /// A deadpool pool of at most `max_size` connections to `url`, each opened
 /// by `open` (lazily, on first use), with this crate's timeouts.
+/// Connections are checked on checkout as `recycling` says.
 fn pool_of<C: Connection>(
     url: &str,
     max_size: usize,
+    recycling: diesel_async::pooled_connection::RecyclingMethod<C>,
     open: impl Fn() -> futures_util::future::BoxFuture<'static, diesel::ConnectionResult<C>>
     + Send
     + Sync
     + 'static,
 ) -> Result<deadpool::managed::Pool<C::Manager>> {
-    use diesel_async::pooled_connection::{ManagerConfig, RecyclingMethod};
+    use diesel_async::pooled_connection::ManagerConfig;
     let mut config = ManagerConfig::default();
-    config.recycling_method = RecyclingMethod::Fast;
+    config.recycling_method = recycling;
     config.custom_setup = Box::new(move |_url| open());
     deadpool::managed::Pool::builder(C::manager(url, config))
         .max_size(max_size)

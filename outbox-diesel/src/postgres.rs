@@ -82,7 +82,8 @@ pub async fn connect(url: &str) -> Result<AsyncPgConnection> {
 /// built.
 pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncPgConnection>> {
     let connector = std::sync::Arc::new(crate::connect::Connector::new(url)?);
-    crate::pool_of(url, max_size, move || {
+    let fast = diesel_async::pooled_connection::RecyclingMethod::Fast;
+    crate::pool_of(url, max_size, fast, move || {
         let connector = std::sync::Arc::clone(&connector);
         async move { connector.connect().await }.boxed()
     })

@@ -23,8 +23,9 @@ pub type MysqlTransaction = Transaction<diesel_async::AsyncMysqlConnection>;
 /// transaction back (see [`Connection`]).
 ///
 /// # Errors
-/// [`Error::Database`] if `BEGIN` fails, or a transaction is already open
-/// (diesel then opens a savepoint instead: commit refuses it).
+/// [`Error::Database`] if `BEGIN` fails. With a transaction already open
+/// PostgreSQL opens a savepoint instead (which the commit then refuses as
+/// nested), and MariaDB fails.
 pub async fn begin_top_level<C: Connection>(conn: &mut C) -> Result<()> {
     conn.begin().await?;
     Ok(())
@@ -144,20 +145,29 @@ impl<C: Connection> Transaction<C> {
     /// [`Error::Pool`] or [`Error::Database`].
     pub async fn begin(pool: &Pool<C::Manager>) -> Result<Self> {
         let mut conn = pool.get().await.map_err(Error::Pool)?;
-        conn.begin().await?;
+        if let Err(err) = conn.begin().await {
+            // Its session is in doubt (a dead socket, a half-run batch):
+            // closed, not pooled.
+            drop(Object::take(conn));
+            return Err(err.into());
+        }
         Ok(Transaction { conn: Some(conn) })
     }
 
     /// As [`begin`](Self::begin), with `sql` (a simple-query batch that
     /// starts with `BEGIN`, e.g. followed by `SET LOCAL`s) in the one round
     /// trip.
-    #[cfg(feature = "postgres")]
     pub(crate) async fn begin_with(pool: &Pool<C::Manager>, sql: &str) -> Result<Self>
     where
         C: diesel_async::AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
     {
         let mut conn = pool.get().await.map_err(Error::Pool)?;
-        diesel_async::AnsiTransactionManager::begin_transaction_sql(&mut *conn, sql).await?;
+        if let Err(err) =
+            diesel_async::AnsiTransactionManager::begin_transaction_sql(&mut *conn, sql).await
+        {
+            drop(Object::take(conn));
+            return Err(err.into());
+        }
         Ok(Transaction { conn: Some(conn) })
     }
 
@@ -172,13 +182,45 @@ impl<C: Connection> Transaction<C> {
     /// the caller went on): the transaction is rolled back.
     /// [`Error::Database`] if the `COMMIT` fails (PostgreSQL rolls back).
     pub async fn commit(mut self) -> Result<()> {
-        if let Some(mut conn) = self.conn.take()
-            && let Err(err) = commit_top_level(&mut *conn).await
+        // The connection stays in `self` while the commit is awaited: if the
+        // future is dropped there, `Drop` closes it (never pooled inside a
+        // transaction).
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        let committed = commit_top_level(&mut **conn).await;
+        self.finish(committed)
+    }
+
+    /// Gives the connection back to the pool after `outcome` succeeded;
+    /// closes it otherwise.
+    fn finish(&mut self, outcome: Result<()>) -> Result<()> {
+        if let Some(conn) = self.conn.take()
+            && outcome.is_err()
         {
             drop(Object::take(conn));
-            return Err(err);
         }
-        Ok(())
+        outcome
+    }
+
+    /// [`commit`](Self::commit), then `after` (a batch that resets what the
+    /// transaction's `begin_with` set for the session) before the
+    /// connection goes back to the pool. If `after` fails the connection is
+    /// closed instead; the commit stands.
+    ///
+    /// # Errors
+    /// As [`commit`](Self::commit); [`Error::Database`] if `after` fails.
+    #[cfg(feature = "mysql")]
+    pub(crate) async fn commit_then(mut self, after: &str) -> Result<()> {
+        use diesel_async::SimpleAsyncConnection as _;
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        let mut outcome = commit_top_level(&mut **conn).await;
+        if outcome.is_ok() {
+            outcome = conn.batch_execute(after).await.map_err(Error::from);
+        }
+        self.finish(outcome)
     }
 
     /// Rolls back and returns the connection to the pool. If a nested
@@ -188,19 +230,17 @@ impl<C: Connection> Transaction<C> {
     /// # Errors
     /// [`Error::Database`] if the rollback fails (the connection is closed).
     pub async fn rollback(mut self) -> Result<()> {
-        if let Some(mut conn) = self.conn.take() {
-            if !in_top_level_transaction(&mut *conn) {
-                // `ROLLBACK` would only roll back to the innermost
-                // savepoint and leave the transaction open.
-                drop(Object::take(conn));
-                return Ok(());
-            }
-            if let Err(err) = conn.rollback().await {
-                drop(Object::take(conn));
-                return Err(err.into());
-            }
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        if !in_top_level_transaction(&mut **conn) {
+            // `ROLLBACK` would only roll back to the innermost savepoint
+            // and leave the transaction open: close the connection.
+            let _ = self.finish(Err(Error::NoTransaction));
+            return Ok(());
         }
-        Ok(())
+        let rolled_back = conn.rollback().await.map_err(Error::from);
+        self.finish(rolled_back)
     }
 }
 

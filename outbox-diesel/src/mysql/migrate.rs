@@ -79,6 +79,8 @@ pub(crate) async fn run(conn: &mut AsyncMysqlConnection, sql: &MysqlSql) -> Resu
         None => current_database(conn).await?,
     };
     let lock = lock_name(&database);
+    let started = std::time::Instant::now();
+    let mut warned = std::time::Duration::ZERO;
     loop {
         let locked: Locked = diesel::sql_query("SELECT GET_LOCK(?, 0) AS locked")
             .bind::<Text, _>(&lock)
@@ -86,6 +88,17 @@ pub(crate) async fn run(conn: &mut AsyncMysqlConnection, sql: &MysqlSql) -> Resu
             .await?;
         if locked.locked == Some(1) {
             break;
+        }
+        // Another instance migrates; say so every 10 s (a holder that never
+        // lets go is a session to find with IS_USED_LOCK(lock) and kill).
+        if started.elapsed() >= warned + std::time::Duration::from_secs(10) {
+            warned = started.elapsed();
+            tracing::warn!(
+                lock,
+                waited_secs = warned.as_secs(),
+                "outbox migration waits for another instance's migration lock \
+                 (SELECT IS_USED_LOCK(lock) names its session)"
+            );
         }
         tokio::time::sleep(LOCK_POLL).await;
     }

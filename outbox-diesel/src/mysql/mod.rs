@@ -1,13 +1,39 @@
 //! MariaDB (and the MySQL protocol) through diesel-async's
 //! `AsyncMysqlConnection` (mysql_async: pure Rust, no libmysqlclient).
-//! Feature `mysql`. Tested on MariaDB 10.6+ (CI: 10.11); MySQL 8 is not
-//! tested, so not claimed.
+//! Feature `mysql`. MariaDB 10.6+ (CI: 10.11): the SQL uses MariaDB's
+//! `@@in_transaction`, `utf8mb4_nopad_bin` and `idle_transaction_timeout`,
+//! which MySQL 8 does not have, so MySQL is not supported.
 //!
 //! The same parts as on PostgreSQL, from one [`MysqlSettings`]: the
-//! recorder ([`MysqlOutbox`]), the inbox ([`MysqlInbox`],
-//! [`MysqlInboxDatabase`]) and the migrations ([`migrate`]), on
-//! [`MysqlTransaction`]s checked the same way at
-//! commit (see [`Connection`]).
+//! recorder ([`MysqlOutbox`]), the relay's store ([`MysqlOutboxStore`],
+//! run by `outbox_core::Relay` like PostgreSQL's), the inbox
+//! ([`MysqlInbox`], [`MysqlInboxDatabase`]) and the migrations
+//! ([`migrate`]), on [`MysqlTransaction`]s checked at commit (see
+//! [`Connection`]). Not yet on MariaDB: the admin API (CLI, admin router),
+//! the Axum layer's `Tx`, TLS.
+//!
+//! ```no_run
+//! # async fn f() -> outbox_diesel::Result<()> {
+//! use outbox_diesel::mysql::{self, MysqlSettings, MysqlTransaction};
+//! # #[derive(serde::Serialize)] struct OrderPlaced { order_id: u64 }
+//! # impl outbox_core::DomainEvent for OrderPlaced {
+//! #     fn aggregate_type(&self) -> &'static str { "order" }
+//! #     fn event_type(&self) -> &'static str { "order.placed" }
+//! #     fn aggregate_id(&self) -> String { self.order_id.to_string() }
+//! # }
+//! let url = "mysql://shop:secret@127.0.0.1:3306/shop";
+//! mysql::migrate_url(url).await?; // once at start, under GET_LOCK
+//! let pool = mysql::pool(url, 8)?;
+//!
+//! let mut tx = MysqlTransaction::begin(&pool).await?;
+//! // ... the business change on `&mut *tx` ...
+//! mysql::record(&mut tx, &OrderPlaced { order_id: 1 }).await?;
+//! tx.commit().await?; // the event is stored if and only if this commits
+//!
+//! // The relay's store, for outbox_core::Relay::builder(store, publisher):
+//! let store = MysqlSettings::default().store(pool.clone());
+//! # Ok(()) }
+//! ```
 //!
 //! # Where the outbox lives
 //! MySQL has no schemas inside a database: the outbox's tables live in a
@@ -24,8 +50,19 @@
 //!   own; they then fail with [`Error::NotCommitted`].
 //! - **A failed statement rolls back only itself** (but a deadlock): see
 //!   [`Connection`].
+//! - **Sessions run in strict SQL mode** (`STRICT_ALL_TABLES` is added to
+//!   each connection's `sql_mode`) **with autocommit on**: a value too long
+//!   for its column is an error, not a silent truncation, and recording is
+//!   refused in a session with autocommit off.
+//! - **Statements that commit implicitly** (DDL, `LOCK TABLES`, a `BEGIN`
+//!   inside the transaction) end the transaction on MariaDB: never run them
+//!   inside one of the outbox's transactions.
 //! - **No `NOTIFY`**: relays learn of new events from in-process wakeups
 //!   and polling.
+//! - **The pool pings each connection on checkout** (see [`pool`]).
+//! - **Claims take three statements** where PostgreSQL takes one (see
+//!   [`MysqlOutboxStore`]); held events are released by the store, not by a
+//!   trigger.
 //! - **Exact payload bytes**: MySQL's `JSON` type rewrites the text
 //!   (MariaDB's is an alias of `LONGTEXT`); the payload is a binary-collated
 //!   `LONGTEXT`, stored and returned byte for byte.
@@ -39,11 +76,13 @@ mod migrate;
 mod record;
 mod settings;
 mod sql;
+mod store;
 
 pub use inbox::{MysqlInbox, MysqlInboxDatabase};
 pub use migrate::{MYSQL_MIGRATIONS, migrate, migrate_url};
 pub use record::MysqlOutbox;
 pub use settings::MysqlSettings;
+pub use store::{MysqlClaim, MysqlOutboxStore};
 
 // What a MariaDB user needs from the crate root, here too (the facade's
 // `outbox::mysql` is this module).
@@ -83,32 +122,89 @@ pub async fn record_all<E: DomainEvent + Sync>(
     MysqlOutbox::default().record_all(conn, events).await
 }
 
-/// Opens a direct connection to `url` (`mysql://user:password@host:port/db`).
+/// Opens a direct connection to `url` (`mysql://user:password@host:port/db`),
+/// in strict SQL mode (see below).
+///
+/// The session's `sql_mode` gets `STRICT_ALL_TABLES` added: without it
+/// MariaDB truncates a value too long for its column (a consumer name, an
+/// aggregate id) with a warning instead of an error, which could make two
+/// consumers one or store a date as `0000-00-00`.
+///
+/// Connections are plaintext: TLS to MariaDB is not built in yet, and a
+/// URL that asks for it (`require_ssl`, `verify_ca`, `verify_identity`,
+/// `built_in_roots`, `ssl…`) is refused rather than silently unencrypted.
 ///
 /// # Errors
-/// [`Error::Connect`], naming the (redacted) URL, if the server cannot be
-/// reached or refuses the login.
+/// [`Error::Tls`] if `url` asks for TLS; [`Error::Connect`], naming the
+/// (redacted) URL, if the server cannot be reached, refuses the login or
+/// the session setup.
 pub async fn connect(url: &str) -> Result<AsyncMysqlConnection> {
-    AsyncMysqlConnection::establish(url)
-        .await
-        .map_err(|source| Error::Connect {
-            url: crate::error::redact_url(url),
-            source,
-        })
+    refuse_tls(url)?;
+    open(url.to_owned()).await.map_err(|source| Error::Connect {
+        url: crate::error::redact_url(url),
+        source,
+    })
 }
 
-/// A deadpool pool of at most `max_size` connections to `url`, with the
-/// same timeouts and recycling as PostgreSQL's [`pool`](crate#functions)
-/// ([`POOL_WAIT_TIMEOUT`],
-/// [`POOL_CONNECT_TIMEOUT`], no ping on
-/// checkout). Connections are opened lazily, on first use.
+/// A deadpool pool of at most `max_size` connections to `url`, each set up
+/// as [`connect`] sets it up, with the same timeouts as PostgreSQL's pool
+/// ([`POOL_WAIT_TIMEOUT`], [`POOL_CONNECT_TIMEOUT`]). Connections are
+/// opened lazily, on first use.
+///
+/// Unlike PostgreSQL's pool, each checkout pings the connection (diesel's
+/// `RecyclingMethod::Verified`, one `SELECT 1` round trip): mysql_async does
+/// not tell diesel-async that a connection's socket closed (the server's
+/// `wait_timeout`, a restart, a `KILL`, a proxy's idle timeout), so without
+/// the ping a dead connection would be handed out, fail, and go back to the
+/// pool, for ever.
 ///
 /// # Errors
-/// [`Error::Config`] if the pool cannot be built.
+/// [`Error::Tls`] as [`connect`]; [`Error::Config`] if the pool cannot be
+/// built.
 pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncMysqlConnection>> {
-    let url = url.to_owned();
-    crate::pool_of(&url.clone(), max_size, move || {
-        let url = url.clone();
-        async move { AsyncMysqlConnection::establish(&url).await }.boxed()
-    })
+    refuse_tls(url)?;
+    let owned = url.to_owned();
+    let verified = diesel_async::pooled_connection::RecyclingMethod::Verified;
+    crate::pool_of(url, max_size, verified, move || open(owned.clone()).boxed())
+}
+
+/// Establishes and sets up a connection.
+async fn open(url: String) -> diesel::ConnectionResult<AsyncMysqlConnection> {
+    use diesel_async::SimpleAsyncConnection as _;
+    let mut conn = AsyncMysqlConnection::establish(&url).await?;
+    conn.batch_execute(STRICT)
+        .await
+        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+    Ok(conn)
+}
+
+/// Adds `STRICT_ALL_TABLES` to the session's SQL mode.
+const STRICT: &str =
+    "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@sql_mode, ''), 'STRICT_ALL_TABLES')";
+
+/// `Err` if `url` asks for TLS (see [`connect`]).
+fn refuse_tls(url: &str) -> Result<()> {
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let asks = query.split('&').any(|pair| {
+        let key = pair
+            .split('=')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        key.starts_with("ssl")
+            || matches!(
+                key.as_str(),
+                "require_ssl" | "verify_ca" | "verify_identity" | "built_in_roots"
+            )
+    });
+    if asks {
+        return Err(Error::Tls {
+            url: crate::error::redact_url(url),
+            reason: "TLS to MariaDB is not supported by this version (connections are \
+                     plaintext); remove the TLS parameters, or reach the server over a \
+                     trusted network or a TLS tunnel"
+                .into(),
+        });
+    }
+    Ok(())
 }

@@ -10,7 +10,7 @@ use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 use outbox_core::{DomainEvent, EventEnvelope, Headers};
 use uuid::Uuid;
 
-use super::sql::{IN_TRANSACTION_PROBE, MysqlSql};
+use super::sql::{IN_TRANSACTION_PROBE, MysqlSql, RECORD_CHUNK};
 use crate::connection::in_transaction;
 use crate::prepared::Prepared;
 use crate::{Error, Result};
@@ -100,6 +100,12 @@ impl MysqlOutbox {
         if envelopes.is_empty() {
             return Ok(());
         }
+        // All of them before any is inserted: nothing is recorded if one is
+        // invalid.
+        for envelope in envelopes {
+            envelope.validate()?;
+            check_json(envelope)?;
+        }
         if envelopes.len() > 1 {
             let probe: Open = diesel::sql_query(IN_TRANSACTION_PROBE)
                 .get_result(conn)
@@ -108,25 +114,26 @@ impl MysqlOutbox {
                 return Err(rolled_back());
             }
         }
-        let inserted = self.insert_query(envelopes)?.execute(conn).await?;
-        if inserted != envelopes.len() {
-            return Err(rolled_back());
+        for chunk in envelopes.chunks(RECORD_CHUNK) {
+            let inserted = self.insert_query(chunk).execute(&mut *conn).await?;
+            if inserted != chunk.len() {
+                return Err(rolled_back());
+            }
         }
         Ok(())
     }
 
+    /// The `INSERT` of `envelopes` (validated), at most [`RECORD_CHUNK`].
     fn insert_query(
         &self,
         envelopes: &[EventEnvelope],
-    ) -> Result<Prepared<BoxedSqlQuery<'static, Mysql, SqlQuery>>> {
+    ) -> Prepared<BoxedSqlQuery<'static, Mysql, SqlQuery>> {
         let (text, keep) = match envelopes {
             [_] => (self.sql.record_one.clone(), self.prepare),
             _ => (self.sql.record_many(envelopes.len()), false),
         };
         let mut query = diesel::sql_query(text).into_boxed::<Mysql>();
         for envelope in envelopes {
-            envelope.validate()?;
-            check_json(envelope)?;
             query = query
                 .bind::<Text, _>(envelope.id.to_string())
                 .bind::<Text, _>(envelope.aggregate_type.clone())
@@ -138,7 +145,7 @@ impl MysqlOutbox {
                 .bind::<Text, _>(headers_json(&envelope.headers))
                 .bind::<Datetime, _>(envelope.occurred_at.naive_utc());
         }
-        Ok(Prepared::new(query, keep))
+        Prepared::new(query, keep)
     }
 }
 
@@ -153,10 +160,12 @@ struct Open {
 /// `innodb_rollback_on_timeout`) rolled it back.
 pub(crate) fn rolled_back() -> Error {
     Error::NotCommitted {
-        reason: "MariaDB rolled the transaction back (a deadlock, or a lock wait timeout \
-                 with innodb_rollback_on_timeout) and the code went on as if it had not: \
-                 nothing was recorded. Fail when a statement fails, and retry the whole \
-                 transaction after a deadlock"
+        reason: "nothing was recorded: MariaDB rolled the transaction back (a deadlock, or \
+                 a lock wait timeout with innodb_rollback_on_timeout) and the code went on \
+                 as if it had not; fail when a statement fails, and retry the whole \
+                 transaction after a deadlock. (Or the session runs with autocommit off, \
+                 which this library refuses: after a deadlock such a session starts a new \
+                 transaction silently)"
             .into(),
         source: None,
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use diesel_async::AsyncMysqlConnection;
 
 use super::sql::MysqlSql;
-use super::{MysqlInbox, MysqlOutbox};
+use super::{MysqlInbox, MysqlOutbox, MysqlOutboxStore};
 use crate::Result;
 
 /// One value for everything a MariaDB outbox's parts share: the database
@@ -86,6 +86,15 @@ impl MysqlSettings {
     /// The recorder.
     pub fn outbox(&self) -> MysqlOutbox {
         MysqlOutbox::from_sql(Arc::clone(&self.sql), self.prepare)
+    }
+
+    /// The relay's store on `pool` (see [`MysqlOutboxStore`] for its
+    /// settings).
+    pub fn store(
+        &self,
+        pool: diesel_async::pooled_connection::deadpool::Pool<AsyncMysqlConnection>,
+    ) -> MysqlOutboxStore {
+        MysqlOutboxStore::new(pool, Arc::clone(&self.sql), self.prepare)
     }
 
     /// The inbox.

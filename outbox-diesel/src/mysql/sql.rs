@@ -16,14 +16,24 @@ const EVENT_COLUMNS: &str = "id, aggregate_type, aggregate_id, aggregate_version
 /// The guard of every `INSERT` that must never autocommit: after a
 /// deadlock the server has rolled the transaction back while diesel still
 /// counts it open, and a plain `INSERT` would commit on its own.
-pub(crate) const IN_TRANSACTION: &str = "@@in_transaction = 1";
+///
+/// `@@autocommit = 1` too: in a session with autocommit off, the statement
+/// after a deadlock silently starts a new transaction (`@@in_transaction`
+/// is 1 again), which a later commit would commit on its own. Such
+/// sessions are refused.
+pub(crate) const IN_TRANSACTION: &str = "@@in_transaction = 1 AND @@autocommit = 1";
 
 /// Whether the server has a transaction open on the connection (`open`:
 /// 1 or 0), for statements that cannot carry [`IN_TRANSACTION`]. Run
 /// right before such a statement: a deadlock can only roll the
 /// transaction back while a statement of its own waits for a lock, so
 /// nothing can end it in between.
-pub(crate) const IN_TRANSACTION_PROBE: &str = "SELECT @@in_transaction AS open";
+pub(crate) const IN_TRANSACTION_PROBE: &str =
+    "SELECT CAST(@@in_transaction = 1 AND @@autocommit = 1 AS SIGNED) AS open";
+
+/// The most events one `INSERT` takes ([`MysqlSql::record_many`]): a
+/// prepared statement has at most 65,535 placeholders (9 per event).
+pub(crate) const RECORD_CHUNK: usize = 1_000;
 
 #[derive(Debug)]
 pub(crate) struct MysqlSql {

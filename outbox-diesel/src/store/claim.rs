@@ -14,6 +14,7 @@ use outbox_core::{Claim, Claimed, DeliveryOrder, FailedAttempt, OutboxRecord};
 use super::PgOutboxStore;
 use super::pick::ClaimedRows;
 use crate::PgTransaction;
+pub(super) use crate::plan::{WindowSlot, checked_seqs, followers};
 use crate::prepared::PreparedExt;
 use crate::sql::{CLAIM_BEGIN, StoreSql};
 use crate::{Error, Result};
@@ -56,23 +57,6 @@ impl PgOutboxStore {
             relay: relay.map(str::to_owned).or_else(|| self.relay_name()),
         }))
     }
-}
-
-/// One row of an ordered claim's window.
-#[derive(Debug)]
-pub(super) struct WindowSlot {
-    pub(super) seq: i64,
-    pub(super) aggregate: (String, String),
-    pub(super) blocked: bool,
-}
-
-/// The rows of `window` that follow `seq` in its aggregate.
-pub(super) fn followers(window: &[WindowSlot], seq: i64, aggregate: &(String, String)) -> Vec<i64> {
-    window
-        .iter()
-        .filter(|slot| slot.seq > seq && slot.aggregate == *aggregate)
-        .map(|slot| slot.seq)
-        .collect()
 }
 
 /// Marks `seqs` held, those still pending and not locked by another claim
@@ -141,27 +125,6 @@ impl PgClaim {
     fn seqs(&self, seqs: impl Iterator<Item = i64>) -> Result<Vec<i64>> {
         checked_seqs(&self.records, seqs)
     }
-}
-
-/// `seqs`, once each is known to be one of `records` (which are in seq
-/// order) and named only once: [`Error::NotInClaim`] for the first that is
-/// not one of them, [`Error::DuplicateSeq`] for the first named again.
-/// Either refuses the whole mark before any SQL runs.
-fn checked_seqs(records: &[OutboxRecord], seqs: impl Iterator<Item = i64>) -> Result<Vec<i64>> {
-    let mut named = vec![false; records.len()];
-    seqs.map(|seq| {
-        let at = records
-            .binary_search_by_key(&seq, |r| r.seq)
-            .map_err(|_| Error::NotInClaim { seq })?;
-        match named.get_mut(at) {
-            Some(seen) if !*seen => {
-                *seen = true;
-                Ok(seq)
-            }
-            _ => Err(Error::DuplicateSeq { seq }),
-        }
-    })
-    .collect()
 }
 
 impl Claim for PgClaim {

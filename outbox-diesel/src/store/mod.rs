@@ -107,7 +107,6 @@ mod explain;
 mod listen;
 mod order;
 mod pick;
-mod plan;
 mod row;
 
 use std::sync::Arc;

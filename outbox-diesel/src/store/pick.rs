@@ -10,9 +10,10 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_core::admin::normalize_error;
 use outbox_core::{DeliveryOrder, OutboxRecord};
 
+use super::PgOutboxStore;
 use super::claim::{WindowSlot, followers, hold};
 use super::row::{EventRow, ManyRow, UnorderedRow, VersionRow, WindowRow};
-use super::{PgOutboxStore, plan};
+use crate::plan;
 use crate::prepared::PreparedExt;
 use crate::schema::{KNOWN_VERSION, REQUIRED_VERSION};
 use crate::{Error, Result};

@@ -59,6 +59,15 @@ async fn a_transaction_lost_to_a_deadlock_records_nothing_and_does_not_commit() 
         .await
         .unwrap_err();
     assert!(matches!(error, Error::NotCommitted { .. }), "{error}");
+    let error = outbox_core::InboxStore::receive(
+        &outbox_diesel::mysql::MysqlInbox::default(),
+        &mut victim,
+        "billing",
+        uuid::Uuid::now_v7(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(error, Error::NotCommitted { .. }), "{error}");
     let error = commit_top_level(&mut victim).await.unwrap_err();
     assert!(
         matches!(&error, Error::NotCommitted { reason, .. } if reason.contains("rolled the transaction back")),
@@ -125,4 +134,82 @@ async fn mysql_transactions_commit_roll_back_and_roll_back_when_dropped() {
     // The pool still hands out working connections.
     let mut pooled = pool.get().await.unwrap();
     assert_eq!(stored(&mut pooled).await.len(), 1);
+}
+
+/// A transaction begun by a plain `BEGIN` has no savepoint to check: the
+/// commit refuses it and says how to begin it, rather than claiming the
+/// server rolled it back.
+#[tokio::test]
+async fn a_transaction_not_begun_by_begin_top_level_is_refused_with_the_reason() {
+    let (_db, mut conn) = migrated("plainbegin").await;
+    <diesel_async::AnsiTransactionManager as diesel_async::TransactionManager<_>>::begin_transaction(
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    let error = commit_top_level(&mut conn).await.unwrap_err();
+    assert!(
+        matches!(&error, Error::NotCommitted { reason, .. } if reason.contains("begin_top_level")),
+        "{error}"
+    );
+}
+
+/// A session with autocommit off would start a new transaction silently
+/// after a deadlock: recording is refused there.
+#[tokio::test]
+async fn a_session_without_autocommit_is_refused() {
+    let (_db, mut conn) = migrated("noautocommit").await;
+    conn.batch_execute("SET autocommit = 0").await.unwrap();
+    begin_top_level(&mut conn).await.unwrap();
+    let error = mysql::record(&mut conn, &TestEvent::new("o-1"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::NotCommitted { reason, .. } if reason.contains("autocommit")),
+        "{error}"
+    );
+}
+
+/// The server closes every pooled connection (`wait_timeout`, a restart,
+/// `KILL`): the pool notices on checkout and opens new ones, instead of
+/// handing out dead connections for ever.
+#[tokio::test]
+async fn the_pool_replaces_connections_the_server_closed() {
+    let (db, mut admin) = migrated("killed").await;
+    let pool = mysql::pool(db.url(), 2).unwrap();
+    for _ in 0..2 {
+        let tx = MysqlTransaction::begin(&pool).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let ids: Vec<Id> = diesel::sql_query(format!(
+        "SELECT ID AS id FROM information_schema.PROCESSLIST \
+         WHERE DB = '{}' AND ID <> CONNECTION_ID()",
+        db.name()
+    ))
+    .load(&mut admin)
+    .await
+    .unwrap();
+    assert!(!ids.is_empty(), "the pool's connections are open");
+    for id in ids {
+        admin
+            .batch_execute(&format!("KILL CONNECTION {}", id.id))
+            .await
+            .unwrap();
+    }
+    for i in 0..4 {
+        let mut tx = MysqlTransaction::begin(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("checkout {i} after the kill: {e}"));
+        mysql::record(&mut tx, &TestEvent::new("after"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(stored(&mut admin).await.len(), 4);
+}
+
+#[derive(diesel::QueryableByName)]
+struct Id {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
 }

@@ -7,6 +7,7 @@ mod commit;
 mod inbox;
 mod migrate;
 mod record;
+mod store;
 
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};

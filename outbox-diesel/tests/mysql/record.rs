@@ -184,3 +184,64 @@ fn raw(aggregate_id: &str, payload: &str) -> EventEnvelope {
     envelope.payload = payload.to_owned();
     envelope
 }
+
+/// More events than one prepared statement can bind (9 placeholders each,
+/// 65,535 at most) are recorded in chunks, all or nothing.
+#[tokio::test]
+async fn thousands_of_events_are_recorded_in_chunks() {
+    let (_db, mut conn) = migrated("chunks").await;
+    let events: Vec<TestEvent> = (0..8_000)
+        .map(|i| TestEvent::new(format!("o-{i}")))
+        .collect();
+    begin(&mut conn).await;
+    let ids = mysql::record_all(&mut conn, &events).await.unwrap();
+    outbox_diesel::commit_top_level(&mut conn).await.unwrap();
+    assert_eq!(ids.len(), 8_000);
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM outbox_events").await,
+        8_000
+    );
+
+    // One invalid event among them: nothing of the call is inserted.
+    let mut envelopes: Vec<EventEnvelope> =
+        (0..2_500).map(|i| raw(&format!("p-{i}"), "{}")).collect();
+    envelopes[2_400].payload = "not json".into();
+    begin(&mut conn).await;
+    MysqlOutbox::default()
+        .record_envelopes(&mut conn, &envelopes)
+        .await
+        .unwrap_err();
+    outbox_diesel::commit_top_level(&mut conn).await.unwrap();
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) AS n FROM outbox_events").await,
+        8_000
+    );
+}
+
+/// Connections run in strict SQL mode: a value too long for its column is
+/// an error, never a silent truncation (which would merge two consumers).
+#[tokio::test]
+async fn values_too_long_are_refused_not_truncated() {
+    let (_db, mut conn) = migrated("strict").await;
+    begin(&mut conn).await;
+    let consumer = "c".repeat(256);
+    let error = outbox_core::InboxStore::receive(
+        &outbox_diesel::mysql::MysqlInbox::default(),
+        &mut conn,
+        &consumer,
+        uuid::Uuid::now_v7(),
+    )
+    .await
+    .unwrap_err();
+    assert!(error.to_string().contains("too long"), "{error}");
+}
+
+#[tokio::test]
+async fn a_url_asking_for_tls_is_refused_not_left_plaintext() {
+    let url = format!("{}?require_ssl=true", mysql_url());
+    let Err(error) = mysql::connect(&url).await else {
+        panic!("a TLS URL connected in plaintext");
+    };
+    assert!(matches!(error, Error::Tls { .. }), "{error}");
+    assert!(matches!(mysql::pool(&url, 1), Err(Error::Tls { .. })));
+}

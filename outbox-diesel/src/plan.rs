@@ -43,6 +43,48 @@ pub(crate) fn keep_runs<'a, T>(
     keep
 }
 
+/// One row of an ordered claim's window, kept with the claim: its marks
+/// hold the window's later events of an aggregate behind a failed one.
+#[derive(Debug)]
+pub(crate) struct WindowSlot {
+    pub(crate) seq: i64,
+    /// Aggregate type and id.
+    pub(crate) aggregate: (String, String),
+    pub(crate) blocked: bool,
+}
+
+/// The seqs of `window` after `seq` in `aggregate`.
+pub(crate) fn followers(window: &[WindowSlot], seq: i64, aggregate: &(String, String)) -> Vec<i64> {
+    window
+        .iter()
+        .filter(|slot| slot.seq > seq && slot.aggregate == *aggregate)
+        .map(|slot| slot.seq)
+        .collect()
+}
+
+/// `seqs` if each is one of `records` (sorted by seq) and named once: a
+/// claim marks only its own rows, each at most once per mark.
+pub(crate) fn checked_seqs(
+    records: &[outbox_core::OutboxRecord],
+    seqs: impl Iterator<Item = i64>,
+) -> crate::Result<Vec<i64>> {
+    use crate::Error;
+    let mut named = vec![false; records.len()];
+    seqs.map(|seq| {
+        let at = records
+            .binary_search_by_key(&seq, |r| r.seq)
+            .map_err(|_| Error::NotInClaim { seq })?;
+        match named.get_mut(at) {
+            Some(seen) if !*seen => {
+                *seen = true;
+                Ok(seq)
+            }
+            _ => Err(Error::DuplicateSeq { seq }),
+        }
+    })
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
