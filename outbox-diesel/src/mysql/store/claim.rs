@@ -10,7 +10,7 @@ use outbox_core::{Claim, Claimed, DeliveryOrder, EventStatus, FailedAttempt, Out
 use serde_json::json;
 
 use super::MysqlOutboxStore;
-use super::row::{EventRow, PausedRow, SeqRow, WindowRow};
+use super::row::{EventRow, IdRow, SeqRow, UnorderedRow, WindowRow};
 use super::sql::MysqlStoreSql;
 use crate::plan::{self, WindowSlot, checked_seqs, followers};
 use crate::prepared::PreparedExt;
@@ -45,55 +45,52 @@ impl MysqlOutboxStore {
         let mut tx = MysqlTransaction::begin_with(&self.pool, &self.claim_begin()).await?;
         self.check_version(&mut tx).await?;
         let order = self.cached_order(&mut tx).await?;
-        if let Some(name) = relay {
-            let paused: Vec<PausedRow> = diesel::sql_query(&self.sql.paused)
-                .bind::<Text, _>(name)
-                .prepared(self.prepare)
-                .load(&mut *tx)
-                .await?;
-            if paused.iter().any(|p| p.paused) {
-                tx.commit_then(CLAIM_END).await?;
-                return Ok(Claimed::Paused);
-            }
-        }
         let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut window = Vec::new();
+        let paused;
         let rows: Vec<EventRow> = if order == DeliveryOrder::Unordered {
-            let mut rows: Vec<EventRow> = diesel::sql_query(&self.sql.lock_pending)
+            let read: Vec<UnorderedRow> = diesel::sql_query(&self.sql.claim_unordered)
+                .bind::<Nullable<Text>, _>(relay)
+                .bind::<Nullable<Text>, _>(relay)
+                .bind::<BigInt, _>(limit_i64)
+                .bind::<Nullable<Text>, _>(relay)
+                .bind::<BigInt, _>(limit_i64)
                 .bind::<BigInt, _>(limit_i64)
                 .prepared(self.prepare)
                 .load(&mut *tx)
                 .await?;
-            rows.extend(
-                diesel::sql_query(&self.sql.lock_retries)
-                    .bind::<BigInt, _>(limit_i64)
-                    .prepared(self.prepare)
-                    .load::<EventRow>(&mut *tx)
-                    .await?,
-            );
-            rows.sort_by_key(|row| row.seq);
+            paused = read.iter().any(|row| row.paused);
             // Rows locked past the limit stay locked, unused, until the
             // claim ends (as on PostgreSQL).
-            rows.truncate(limit);
-            rows
+            read.into_iter().filter_map(|row| row.locked).collect()
         } else {
             let size = limit_i64.saturating_mul(self.claim_window as i64);
             let read: Vec<WindowRow> = diesel::sql_query(&self.sql.window)
+                .bind::<Nullable<Text>, _>(relay)
+                .bind::<Nullable<Text>, _>(relay)
+                .bind::<BigInt, _>(size)
+                .bind::<Nullable<Text>, _>(relay)
                 .bind::<BigInt, _>(size)
                 .bind::<BigInt, _>(size)
                 .prepared(self.prepare)
                 .load(&mut *tx)
                 .await?;
-            let free: Vec<i64> = read.iter().filter(|r| !r.blocked).map(|r| r.seq).collect();
-            let blocked: Vec<i64> = read.iter().filter(|r| r.blocked).map(|r| r.seq).collect();
+            paused = read.iter().any(|row| row.paused);
             window = read
                 .into_iter()
+                .filter_map(|row| row.slot)
                 .map(|r| WindowSlot {
-                    seq: r.seq,
-                    aggregate: (r.aggregate_type, r.aggregate_id),
+                    seq: r.window_seq,
+                    aggregate: (r.window_aggregate_type, r.window_aggregate_id),
                     blocked: r.blocked,
                 })
                 .collect();
+            let free: Vec<i64> = window
+                .iter()
+                .filter(|w| !w.blocked)
+                .map(|w| w.seq)
+                .collect();
+            let blocked: Vec<i64> = window.iter().filter(|w| w.blocked).map(|w| w.seq).collect();
             let mut locked: Vec<EventRow> = if free.is_empty() {
                 Vec::new()
             } else {
@@ -111,14 +108,18 @@ impl MysqlOutboxStore {
                     blocked: slot.blocked,
                     locked: locked
                         .iter()
-                        .position(|row| row.seq == slot.seq)
-                        .map(|_| slot.seq),
+                        .any(|row| row.seq == slot.seq)
+                        .then_some(slot.seq),
                 }),
                 limit,
             );
-            locked.retain(|row| kept.binary_search(&row.seq).is_ok());
+            locked.retain(|row| kept.contains(&row.seq));
             locked
         };
+        if paused {
+            tx.commit_then(CLAIM_END).await?;
+            return Ok(Claimed::Paused);
+        }
         let mut records = Vec::with_capacity(rows.len());
         let mut cut: Vec<(String, String)> = Vec::new();
         for row in rows {
@@ -140,13 +141,14 @@ impl MysqlOutboxStore {
                         .execute(&mut *tx)
                         .await?;
                     diesel::sql_query(&self.sql.kill_attempt)
-                        .bind::<BigInt, _>(seq)
                         .bind::<Nullable<Text>, _>(
                             relay.map(str::to_owned).or_else(|| self.relay_name()),
                         )
                         .bind::<Text, _>(&error)
+                        .bind::<BigInt, _>(seq)
                         .execute(&mut *tx)
                         .await?;
+                    trim(&self.sql, self.prepare, &mut tx, &seqs_json(&[seq])).await?;
                     if let Some(slot) = window.iter().find(|slot| slot.seq == seq) {
                         let behind = followers(&window, seq, &slot.aggregate);
                         hold(&self.sql, self.prepare, &mut tx, &behind).await?;
@@ -172,12 +174,14 @@ impl MysqlOutboxStore {
             keep_sent: self.keep_sent,
             valid_until: Instant::now() + self.claim_timeout.mul_f64(0.8),
             relay: relay.map(str::to_owned).or_else(|| self.relay_name()),
+            failed: Vec::new(),
         }))
     }
 }
 
-/// Holds `seqs` (blocked events) that no other claim holds locked, if an
-/// earlier event of their aggregate is still `retry` or `dead`.
+/// Holds `seqs` (blocked events) whose row and a `retry` or `dead` head
+/// before it no other transaction holds locked (a head locked elsewhere may
+/// be leaving: the row stays pending, and a later claim holds it).
 async fn hold(
     sql: &MysqlStoreSql,
     prepare: bool,
@@ -187,20 +191,88 @@ async fn hold(
     if seqs.is_empty() {
         return Ok(());
     }
-    let free: Vec<SeqRow> = diesel::sql_query(&sql.lock_holdable)
-        .bind::<Text, _>(seqs_json(seqs))
+    let json = seqs_json(seqs);
+    let picked: Vec<SeqRow> = diesel::sql_query(&sql.hold_lock)
+        .bind::<Text, _>(&json)
+        .bind::<Text, _>(&json)
         .prepared(prepare)
         .load(&mut *conn)
         .await?;
-    if free.is_empty() {
-        return Ok(());
+    if !picked.is_empty() {
+        let picked: Vec<i64> = picked.into_iter().map(|r| r.seq).collect();
+        diesel::sql_query(&sql.hold_apply)
+            .bind::<Text, _>(seqs_json(&picked))
+            .prepared(prepare)
+            .execute(conn)
+            .await?;
     }
-    let free: Vec<i64> = free.into_iter().map(|r| r.seq).collect();
-    diesel::sql_query(&sql.hold)
-        .bind::<Text, _>(seqs_json(&free))
+    Ok(())
+}
+
+/// Releases the held events of `aggregates` that nothing holds back any
+/// more (what PostgreSQL's trigger does when a head leaves `retry`/`dead`).
+pub(super) async fn release(
+    sql: &MysqlStoreSql,
+    prepare: bool,
+    conn: &mut AsyncMysqlConnection,
+    aggregates: &[(String, String)],
+) -> Result<usize> {
+    if aggregates.is_empty() {
+        return Ok(0);
+    }
+    let json = serde_json::Value::from(
+        aggregates
+            .iter()
+            .map(|(t, i)| json!([t, i]))
+            .collect::<Vec<_>>(),
+    )
+    .to_string();
+    let picked: Vec<SeqRow> = diesel::sql_query(&sql.release_pick)
+        .bind::<Text, _>(json)
+        .prepared(prepare)
+        .load(&mut *conn)
+        .await?;
+    release_seqs(sql, prepare, conn, picked).await
+}
+
+/// Releases the held events `picked` (locked by a release's pick).
+pub(super) async fn release_seqs(
+    sql: &MysqlStoreSql,
+    prepare: bool,
+    conn: &mut AsyncMysqlConnection,
+    picked: Vec<SeqRow>,
+) -> Result<usize> {
+    if picked.is_empty() {
+        return Ok(0);
+    }
+    let picked: Vec<i64> = picked.into_iter().map(|r| r.seq).collect();
+    Ok(diesel::sql_query(&sql.release_apply)
+        .bind::<Text, _>(seqs_json(&picked))
         .prepared(prepare)
         .execute(conn)
+        .await?)
+}
+
+/// Keeps the newest `ATTEMPTS_KEPT` attempts of the events `seqs` (JSON).
+async fn trim(
+    sql: &MysqlStoreSql,
+    prepare: bool,
+    conn: &mut AsyncMysqlConnection,
+    seqs: &str,
+) -> Result<()> {
+    let old: Vec<IdRow> = diesel::sql_query(&sql.trim_pick)
+        .bind::<Text, _>(seqs)
+        .prepared(prepare)
+        .load(&mut *conn)
         .await?;
+    if !old.is_empty() {
+        let ids: Vec<i64> = old.into_iter().map(|r| r.id).collect();
+        diesel::sql_query(&sql.trim_apply)
+            .bind::<Text, _>(seqs_json(&ids))
+            .prepared(prepare)
+            .execute(conn)
+            .await?;
+    }
     Ok(())
 }
 
@@ -216,6 +288,8 @@ pub struct MysqlClaim {
     keep_sent: bool,
     valid_until: Instant,
     relay: Option<String>,
+    /// Seqs marked failed by this claim: heads, if they are sent later.
+    failed: Vec<i64>,
 }
 
 impl std::fmt::Debug for MysqlClaim {
@@ -243,12 +317,7 @@ impl MysqlClaim {
     async fn trim_attempts(&mut self, seqs: &str) -> Result<()> {
         let sql = Arc::clone(&self.sql);
         let prepare = self.prepare;
-        diesel::sql_query(&sql.trim_attempts)
-            .bind::<Text, _>(seqs)
-            .prepared(prepare)
-            .execute(self.connection()?)
-            .await?;
-        Ok(())
+        trim(&sql, prepare, self.connection()?, seqs).await
     }
 }
 
@@ -272,52 +341,35 @@ impl Claim for MysqlClaim {
         if seqs.is_empty() {
             return Ok(());
         }
-        let json = seqs_json(&seqs);
-        // Retries leaving `retry` release the events held behind them; they
-        // are marked sent first, so that the release sees them gone.
-        let heads = seqs.iter().any(|&seq| {
-            self.record(seq)
-                .is_some_and(|r| r.status == EventStatus::Retry)
-        });
-        let failed_before = seqs
+        // Retries (as claimed, or failed by this claim) leaving `retry`
+        // release the events held behind them, once they are gone.
+        let mut heads: Vec<(String, String)> = seqs
             .iter()
-            .any(|&seq| self.record(seq).is_some_and(|r| r.last_error.is_some()));
+            .filter_map(|&seq| self.record(seq).map(|r| (seq, r)))
+            .filter(|(seq, r)| r.status == EventStatus::Retry || self.failed.contains(seq))
+            .map(|(_, r)| {
+                (
+                    r.envelope.aggregate_type.clone(),
+                    r.envelope.aggregate_id.clone(),
+                )
+            })
+            .collect();
+        heads.sort_unstable();
+        heads.dedup();
         let sql = Arc::clone(&self.sql);
         let prepare = self.prepare;
         let keep_sent = self.keep_sent;
         let conn = self.connection()?;
-        if keep_sent || heads {
-            diesel::sql_query(&sql.mark_sent)
-                .bind::<Text, _>(&json)
-                .prepared(prepare)
-                .execute(&mut *conn)
-                .await?;
-        }
-        if heads {
-            diesel::sql_query(&sql.release)
-                .bind::<Text, _>(&json)
-                .prepared(prepare)
-                .execute(&mut *conn)
-                .await?;
-        }
-        if !keep_sent {
-            if failed_before {
-                diesel::sql_query(&sql.delete_attempts)
-                    .bind::<Text, _>(&json)
-                    .prepared(prepare)
-                    .execute(&mut *conn)
-                    .await?;
-            }
-            diesel::sql_query(if heads {
-                &sql.delete_sent_any
-            } else {
-                &sql.delete_sent
-            })
-            .bind::<Text, _>(&json)
-            .prepared(prepare)
-            .execute(&mut *conn)
-            .await?;
-        }
+        diesel::sql_query(if keep_sent {
+            &sql.mark_sent_keep
+        } else {
+            &sql.mark_sent_delete
+        })
+        .bind::<Text, _>(seqs_json(&seqs))
+        .prepared(prepare)
+        .execute(&mut *conn)
+        .await?;
+        release(&sql, prepare, conn, &heads).await?;
         Ok(())
     }
 
@@ -363,10 +415,10 @@ impl Claim for MysqlClaim {
                     "seq": f.seq,
                     "status": f.next.transition().to().as_str(),
                     "attempts": i32::try_from(f.attempts).unwrap_or(i32::MAX),
-                    "next": time(f.next.next_attempt_at()),
-                    "error": f.error,
-                    "unroutable": time(f.unroutable_since),
-                    "group": normalize_error(&f.error),
+                    "next_attempt_at": time(f.next.next_attempt_at()),
+                    "last_error": f.error,
+                    "unroutable_since": time(f.unroutable_since),
+                    "error_group": normalize_error(&f.error),
                 })
             })
             .collect();
@@ -385,6 +437,7 @@ impl Claim for MysqlClaim {
             held.dedup();
         }
         let json = seqs_json(&seqs);
+        self.failed.extend(&seqs);
         let sql = Arc::clone(&self.sql);
         let prepare = self.prepare;
         let relay = self.relay.clone();

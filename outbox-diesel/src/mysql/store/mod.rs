@@ -53,7 +53,7 @@ pub use claim::MysqlClaim;
 use super::sql::MysqlSql;
 use crate::prepared::PreparedExt;
 use crate::{Error, MysqlTransaction, Result};
-use row::{OrderRow, PausedRow, StatsRow, VersionRow};
+use row::{AggregateRow, OrderRow, PausedRow, SeqRow, StatsRow, VersionRow};
 use sql::MysqlStoreSql;
 
 /// How long the delivery order is cached (a change reaches every relay
@@ -230,15 +230,34 @@ impl MysqlOutboxStore {
             .map(|r| r.name.clone())
     }
 
-    /// Releases the held events nothing holds back, in `tx`.
+    /// Releases the held events nothing holds back (all of them on an
+    /// unordered outbox).
     async fn release_orphans(&self, conn: &mut AsyncMysqlConnection) -> Result<usize> {
-        let order = self.cached_order(conn).await?;
-        let sql = if order == DeliveryOrder::Unordered {
-            &self.sql.release_unordered
-        } else {
-            &self.sql.release_orphans
-        };
-        Ok(diesel::sql_query(sql).execute(conn).await?)
+        if self.cached_order(conn).await? == DeliveryOrder::Unordered {
+            return Ok(diesel::sql_query(&self.sql.release_unordered)
+                .execute(conn)
+                .await?);
+        }
+        let picked: Vec<SeqRow> = diesel::sql_query(&self.sql.release_orphans_pick)
+            .load(&mut *conn)
+            .await?;
+        claim::release_seqs(&self.sql, self.prepare, conn, picked).await
+    }
+
+    /// The aggregate of event `id`, if it exists.
+    async fn aggregate_of(
+        &self,
+        conn: &mut AsyncMysqlConnection,
+        id: Uuid,
+    ) -> Result<Option<(String, String)>> {
+        let rows: Vec<AggregateRow> = diesel::sql_query(&self.sql.aggregate_of_id)
+            .bind::<Text, _>(id.to_string())
+            .load(conn)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .map(|r| (r.aggregate_type, r.aggregate_id)))
     }
 }
 
@@ -290,49 +309,63 @@ impl OutboxStore for MysqlOutboxStore {
     }
 
     async fn replay_dead(&self, selector: DeadSelector) -> Result<u64> {
+        // What PostgreSQL's trigger does, in the same transaction: the
+        // events held behind the replayed ones flow again.
         let mut tx = MysqlTransaction::begin(&self.pool).await?;
         let replayed = match selector {
             DeadSelector::Id(id) => {
-                diesel::sql_query(&self.sql.replay_id)
+                let aggregate = self.aggregate_of(&mut tx, id).await?;
+                let replayed = diesel::sql_query(&self.sql.replay_id)
                     .bind::<Text, _>(id.to_string())
                     .execute(&mut *tx)
-                    .await?
+                    .await?;
+                if replayed > 0 {
+                    let aggregates: Vec<_> = aggregate.into_iter().collect();
+                    claim::release(&self.sql, self.prepare, &mut tx, &aggregates).await?;
+                }
+                replayed
             }
             DeadSelector::Aggregate {
                 aggregate_type,
                 aggregate_id,
             } => {
-                diesel::sql_query(&self.sql.replay_aggregate)
+                let replayed = diesel::sql_query(&self.sql.replay_aggregate)
                     .bind::<Text, _>(&aggregate_type)
                     .bind::<Text, _>(&aggregate_id)
                     .bind::<Text, _>(&aggregate_type)
                     .bind::<Text, _>(&aggregate_id)
                     .execute(&mut *tx)
-                    .await?
+                    .await?;
+                if replayed > 0 {
+                    let aggregates = [(aggregate_type, aggregate_id)];
+                    claim::release(&self.sql, self.prepare, &mut tx, &aggregates).await?;
+                }
+                replayed
             }
             _ => {
-                diesel::sql_query(&self.sql.replay_all)
+                let replayed = diesel::sql_query(&self.sql.replay_all)
                     .execute(&mut *tx)
-                    .await?
+                    .await?;
+                if replayed > 0 {
+                    self.release_orphans(&mut tx).await?;
+                }
+                replayed
             }
         };
-        // What PostgreSQL's trigger does: the events held behind the
-        // replayed ones flow again.
-        if replayed > 0 {
-            self.release_orphans(&mut tx).await?;
-        }
         tx.commit().await?;
         Ok(replayed as u64)
     }
 
     async fn skip_dead(&self, id: Uuid) -> Result<bool> {
         let mut tx = MysqlTransaction::begin(&self.pool).await?;
+        let aggregate = self.aggregate_of(&mut tx, id).await?;
         let skipped = diesel::sql_query(&self.sql.skip)
             .bind::<Text, _>(id.to_string())
             .execute(&mut *tx)
             .await?;
         if skipped > 0 {
-            self.release_orphans(&mut tx).await?;
+            let aggregates: Vec<_> = aggregate.into_iter().collect();
+            claim::release(&self.sql, self.prepare, &mut tx, &aggregates).await?;
         }
         tx.commit().await?;
         Ok(skipped == 1)

@@ -83,16 +83,50 @@ impl EventRow {
     }
 }
 
+/// A row of the window statement: the relay's pause, and a window slot
+/// (NULLs when the window is empty or the relay paused).
 #[derive(Debug, QueryableByName)]
 pub(crate) struct WindowRow {
+    #[diesel(sql_type = Bool)]
+    pub(crate) paused: bool,
+    #[diesel(embed)]
+    pub(crate) slot: Option<WindowSlotRow>,
+}
+
+#[derive(Debug, QueryableByName)]
+pub(crate) struct WindowSlotRow {
     #[diesel(sql_type = BigInt)]
-    pub(crate) seq: i64,
+    pub(crate) window_seq: i64,
+    #[diesel(sql_type = Text)]
+    pub(crate) window_aggregate_type: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) window_aggregate_id: String,
+    #[diesel(sql_type = Bool)]
+    pub(crate) blocked: bool,
+}
+
+/// A row of the unordered claim: the relay's pause, and a locked event
+/// (NULLs when none or paused).
+#[derive(Debug, QueryableByName)]
+pub(crate) struct UnorderedRow {
+    #[diesel(sql_type = Bool)]
+    pub(crate) paused: bool,
+    #[diesel(embed)]
+    pub(crate) locked: Option<EventRow>,
+}
+
+#[derive(Debug, QueryableByName)]
+pub(crate) struct IdRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) id: i64,
+}
+
+#[derive(Debug, QueryableByName)]
+pub(crate) struct AggregateRow {
     #[diesel(sql_type = Text)]
     pub(crate) aggregate_type: String,
     #[diesel(sql_type = Text)]
     pub(crate) aggregate_id: String,
-    #[diesel(sql_type = Bool)]
-    pub(crate) blocked: bool,
 }
 
 #[derive(Debug, QueryableByName)]
