@@ -85,7 +85,9 @@ CREATE TABLE IF NOT EXISTS {schema}outbox_events (
     -- index with the status first, so that `status = X` (or a short IN
     -- list) seeks to the same small range the partial index held, however
     -- many sent rows the table keeps. (InnoDB appends the primary key `seq`
-    -- to every secondary index entry anyway.)
+    -- to every secondary index entry anyway.) The statements name these
+    -- indexes in FORCE INDEX hints (docs/design/mysql-statements.md): a
+    -- rename must rename them there too.
     --
     -- outbox_events_pending (status = 'pending', seq), also
     -- outbox_events_failed (status IN ('retry','dead','skipped'), seq):
@@ -99,10 +101,10 @@ CREATE TABLE IF NOT EXISTS {schema}outbox_events (
     -- AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?).
     KEY outbox_events_retry_due (status, next_attempt_at),
     -- outbox_events_blocking and outbox_events_held: the window's blocked
-    -- probe (status IN ('retry','dead','held') AND aggregate_key = ? AND
-    -- seq < ?), the hold's head check, the explicit release (status =
-    -- 'held' AND aggregate_key = ? AND seq > ?), the orphan release,
-    -- stats' blocked aggregates and the admin's replay by aggregate.
+    -- probes (one per status: status = 'retry' / 'dead' / 'held' AND
+    -- aggregate_key = ? AND seq < ?), the hold's head lookup, the explicit
+    -- release (status = 'held' AND aggregate_key = ?), the orphan release,
+    -- stats' blocked aggregates, the admin's head and replay by aggregate.
     KEY outbox_events_aggregate (status, aggregate_key, seq)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_nopad_bin;
 
