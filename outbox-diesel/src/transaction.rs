@@ -17,6 +17,10 @@ pub type PgTransaction = Transaction<diesel_async::AsyncPgConnection>;
 #[cfg(feature = "mysql")]
 pub type MysqlTransaction = Transaction<diesel_async::AsyncMysqlConnection>;
 
+/// [`Transaction`] on SQLite (begun with `BEGIN IMMEDIATE`).
+#[cfg(feature = "sqlite")]
+pub type SqliteTransaction = Transaction<crate::sqlite::AsyncSqliteConnection>;
+
 /// Begins a top-level transaction on `conn` the way [`commit_top_level`]
 /// expects it: `BEGIN` on PostgreSQL; on MariaDB/MySQL `BEGIN` and a
 /// savepoint whose loss tells the commit that the server rolled the
@@ -157,6 +161,7 @@ impl<C: Connection> Transaction<C> {
     /// As [`begin`](Self::begin), with `sql` (a simple-query batch that
     /// starts with `BEGIN`, e.g. followed by `SET LOCAL`s) in the one round
     /// trip.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) async fn begin_with(pool: &Pool<C::Manager>, sql: &str) -> Result<Self>
     where
         C: diesel_async::AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
