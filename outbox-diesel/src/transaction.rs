@@ -24,7 +24,9 @@ pub type SqliteTransaction = Transaction<crate::sqlite::AsyncSqliteConnection>;
 /// Begins a top-level transaction on `conn` the way [`commit_top_level`]
 /// expects it: `BEGIN` on PostgreSQL; on MariaDB/MySQL `BEGIN` and a
 /// savepoint whose loss tells the commit that the server rolled the
-/// transaction back (see [`Connection`]).
+/// transaction back; on SQLite `BEGIN IMMEDIATE`, which takes the write
+/// lock at once, waiting up to the connection's `busy_timeout` (see
+/// [`Connection`]).
 ///
 /// # Errors
 /// [`Error::Database`] if `BEGIN` fails. With a transaction already open
@@ -57,7 +59,8 @@ pub async fn begin_top_level<C: Connection>(conn: &mut C) -> Result<()> {
 ///
 /// On MariaDB/MySQL the transaction must have been begun by
 /// [`begin_top_level`] (or [`Transaction::begin`]): the commit probes the
-/// savepoint it opens (see [`Connection`]).
+/// savepoint it opens (see [`Connection`]). On SQLite the `COMMIT` is its
+/// own probe: it fails when SQLite has rolled the transaction back.
 ///
 /// The Axum layer, [`Transaction::commit`] (the inbox consumer's and the
 /// relay's transactions) use it. Call it yourself where you hold a

@@ -72,10 +72,32 @@ pub async fn migrate_url(url: &str) -> Result<Vec<i32>> {
 }
 
 fn run(conn: &mut SqliteConnection) -> Result<Vec<i32>> {
-    // Cannot change inside a transaction; a no-op once the file is in WAL
-    // mode (an in-memory database stays `memory`).
-    conn.batch_execute("PRAGMA journal_mode = WAL")?;
+    wal(conn)?;
     conn.immediate_transaction(apply)
+}
+
+/// How often `migrate` tries again to put the file in WAL mode while
+/// another connection holds a lock.
+const WAL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Puts the file in WAL mode: cannot run inside a transaction; a no-op
+/// once the file is in WAL mode (an in-memory database stays `memory`).
+/// The switch needs the file to itself and SQLite does not wait for it
+/// (`busy_timeout` does not apply: instances migrating together got
+/// "database is locked" at once), so it is tried again for up to
+/// [`BUSY_TIMEOUT`](super::BUSY_TIMEOUT).
+fn wal(conn: &mut SqliteConnection) -> Result<()> {
+    let deadline = std::time::Instant::now() + super::BUSY_TIMEOUT;
+    loop {
+        match conn.batch_execute("PRAGMA journal_mode = WAL") {
+            Err(diesel::result::Error::DatabaseError(_, info))
+                if info.message().contains("locked") && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(WAL_POLL);
+            }
+            result => return Ok(result?),
+        }
+    }
 }
 
 fn apply(conn: &mut SqliteConnection) -> Result<Vec<i32>> {

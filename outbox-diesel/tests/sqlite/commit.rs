@@ -204,3 +204,63 @@ async fn a_writer_gives_up_after_the_busy_timeout() {
     begin_top_level(&mut second).await.unwrap();
     commit_top_level(&mut second).await.unwrap();
 }
+
+/// A `SqliteTransaction` that SQLite rolled back is refused at commit and
+/// its connection closed; the pool goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_sqlite_transaction_is_refused_and_its_connection_closed() {
+    let (db, mut conn) = migrated("losttx").await;
+    roll_back_by_trigger_setup(&mut conn).await;
+    let pool = sqlite::pool(&db.url(), 1).unwrap();
+    let mut tx = SqliteTransaction::begin(&pool).await.unwrap();
+    sqlite::record(&mut tx, &TestEvent::new("lost"))
+        .await
+        .unwrap();
+    roll_back_by_trigger(&mut tx).await;
+    let error = tx.commit().await.unwrap_err();
+    assert!(matches!(error, Error::NotCommitted { .. }), "{error}");
+    let mut tx = SqliteTransaction::begin(&pool).await.unwrap();
+    sqlite::record(&mut tx, &TestEvent::new("next"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let aggregates: Vec<String> = stored(&mut conn)
+        .await
+        .into_iter()
+        .map(|r| r.aggregate_id)
+        .collect();
+    assert_eq!(aggregates, ["next"]);
+}
+
+/// Recording works in transactions the application begins itself
+/// (diesel-async's `immediate_transaction`), and in nested ones: a nested
+/// transaction rolled back takes its events with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn recording_in_the_applications_own_and_nested_transactions() {
+    use diesel_async::AsyncConnection as _;
+    let (_db, mut conn) = migrated("own").await;
+    conn.immediate_transaction(async |conn| {
+        sqlite::record(conn, &TestEvent::new("outer")).await?;
+        let nested: Result<(), Error> = conn
+            .transaction(async |conn| {
+                sqlite::record(conn, &TestEvent::new("nested")).await?;
+                Err(Error::Config("the handler failed".into()))
+            })
+            .await;
+        assert!(nested.is_err());
+        sqlite::record_all(
+            conn,
+            &[TestEvent::new("after-1"), TestEvent::new("after-2")],
+        )
+        .await?;
+        Ok::<_, Error>(())
+    })
+    .await
+    .unwrap();
+    let aggregates: Vec<String> = stored(&mut conn)
+        .await
+        .into_iter()
+        .map(|r| r.aggregate_id)
+        .collect();
+    assert_eq!(aggregates, ["outer", "after-1", "after-2"]);
+}
