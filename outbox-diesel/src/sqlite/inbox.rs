@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
+use diesel::sqlite::Sqlite;
 use diesel_async::RunQueryDsl;
 use diesel_async::pooled_connection::deadpool::Pool;
 use outbox_core::admin::DeadLetter;
@@ -14,7 +15,7 @@ use uuid::Uuid;
 use super::AsyncSqliteConnection;
 use super::record::rolled_back;
 use super::sql::{SqliteSql, micros};
-use crate::connection::{in_transaction, sqlite_still_open};
+use crate::connection::{in_transaction, sqlite_execute_if_open};
 use crate::prepared::PreparedExt;
 use crate::{Error, Result, SqliteTransaction};
 
@@ -119,16 +120,15 @@ impl InboxStore for SqliteInbox {
         in_transaction(conn)?;
         // In autocommit the entry would commit on its own, without the
         // handler's work: the event would be lost.
-        if !sqlite_still_open(conn).await? {
-            return Err(rolled_back());
-        }
-        let changed = diesel::sql_query(&self.sql.inbox_insert)
-            .bind::<Text, _>(consumer)
+        let query = diesel::sql_query(self.sql.inbox_insert.clone())
+            .into_boxed::<Sqlite>()
+            .bind::<Text, _>(consumer.to_owned())
             .bind::<Text, _>(event_id.to_string())
             .bind::<BigInt, _>(micros(Utc::now()))
-            .prepared(self.prepare)
-            .execute(conn)
-            .await?;
+            .prepared(self.prepare);
+        let changed = sqlite_execute_if_open(conn, query)
+            .await?
+            .ok_or_else(rolled_back)?;
         match changed {
             1 => Ok(InboxOutcome::FirstTime),
             0 => Ok(InboxOutcome::Duplicate),

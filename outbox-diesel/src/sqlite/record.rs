@@ -6,13 +6,12 @@ use std::sync::Arc;
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::sqlite::Sqlite;
-use diesel_async::RunQueryDsl;
 use outbox_core::{DomainEvent, EventEnvelope, Headers};
 use uuid::Uuid;
 
 use super::AsyncSqliteConnection;
 use super::sql::{SqliteSql, micros};
-use crate::connection::{in_transaction, sqlite_still_open};
+use crate::connection::{in_transaction, sqlite_execute_if_open};
 use crate::prepared::Prepared;
 use crate::{Error, Result};
 
@@ -97,13 +96,10 @@ impl SqliteOutbox {
             return Ok(());
         }
         let query = self.insert_query(envelopes)?;
-        if !sqlite_still_open(conn).await? {
-            return Err(rolled_back());
-        }
-        let inserted = query
-            .execute(conn)
+        let inserted = sqlite_execute_if_open(conn, query)
             .await
-            .map_err(|error| invalid_payload(error, envelopes))?;
+            .map_err(|error| invalid_payload(error, envelopes))?
+            .ok_or_else(rolled_back)?;
         if inserted != envelopes.len() {
             return Err(Error::Config(format!(
                 "the outbox INSERT stored {inserted} of {} events",
