@@ -6,9 +6,11 @@ use std::future::Future;
 
 use diesel::QueryResult;
 use diesel::connection::TransactionManagerStatus;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use diesel_async::AnsiTransactionManager;
 use diesel_async::pooled_connection::PoolableConnection;
 use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
-use diesel_async::{AnsiTransactionManager, SimpleAsyncConnection, TransactionManager};
+use diesel_async::{SimpleAsyncConnection, TransactionManager};
 
 use crate::Error;
 
@@ -17,8 +19,10 @@ mod sealed {
 }
 
 /// A diesel-async connection of a back end this crate supports:
-/// `AsyncPgConnection` (feature `postgres`) and `AsyncMysqlConnection`
-/// (feature `mysql`). Sealed: the crate's checked commit and its
+/// `AsyncPgConnection` (feature `postgres`), `AsyncMysqlConnection`
+/// (feature `mysql`) and `SyncConnectionWrapper<SqliteConnection>`
+/// ([`sqlite::AsyncSqliteConnection`](crate::sqlite::AsyncSqliteConnection),
+/// feature `sqlite`). Sealed: the crate's checked commit and its
 /// transactions ([`Transaction`](crate::Transaction)) rely on what each
 /// back end does to a transaction after a failed statement, which only
 /// this crate knows.
@@ -38,6 +42,21 @@ mod sealed {
 ///   themselves and leave the transaction open, as MySQL defines: a handler
 ///   that catches such an error and carries on commits the rest, where
 ///   PostgreSQL would refuse the commit.
+/// - **SQLite**: `BEGIN IMMEDIATE` (the write lock at once, waiting up to
+///   the connection's `busy_timeout`: a deferred `BEGIN` that reads and then
+///   writes fails with `SQLITE_BUSY` at its first write, without waiting);
+///   the commit is a plain `COMMIT`, its own probe. A failed statement
+///   rolls back only itself (a constraint violation, a `CHECK`), and the
+///   transaction stays open, as on MariaDB: a handler that catches such an
+///   error and carries on commits the rest. Some errors roll the whole
+///   transaction back (`SQLITE_FULL`, `SQLITE_IOERR`, `SQLITE_NOMEM`,
+///   `SQLITE_BUSY`, an interrupt, `RAISE(ROLLBACK)` in a trigger, an
+///   `OR ROLLBACK` conflict) and the statements after it run in autocommit:
+///   the `COMMIT` then fails ("no transaction is active") and the commit
+///   reports [`Error::NotCommitted`]; the recorder and the inbox check that
+///   the transaction is still open right before they insert (a `BEGIN`
+///   that must fail), so no event or inbox entry is ever committed on its
+///   own.
 pub trait Connection:
     PoolableConnection + SimpleAsyncConnection + Send + 'static + sealed::Sealed
 {
@@ -245,3 +264,112 @@ mod mysql {
         }
     }
 }
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use diesel::SqliteConnection;
+    use diesel::connection::SimpleConnection as _;
+    use diesel_async::sync_connection_wrapper::{
+        SyncConnectionWrapper, SyncTransactionManagerWrapper,
+    };
+
+    use super::*;
+
+    type Manager = SyncTransactionManagerWrapper<diesel::connection::AnsiTransactionManager>;
+
+    /// Takes the write lock at once (see [`Connection`]).
+    pub(crate) const BEGIN: &str = "BEGIN IMMEDIATE";
+    /// Fails ("cannot commit - no transaction is active") when SQLite has
+    /// rolled the transaction back.
+    pub(crate) const PROBE_AND_COMMIT: &str = "COMMIT";
+
+    impl sealed::Sealed for SyncConnectionWrapper<SqliteConnection> {}
+
+    impl Connection for SyncConnectionWrapper<SqliteConnection> {
+        type Manager = AsyncDieselConnectionManager<Self>;
+
+        fn manager(url: &str, config: ManagerConfig<Self>) -> Self::Manager {
+            AsyncDieselConnectionManager::new_with_config(url, config)
+        }
+        const BACKEND: &'static str = "SQLite";
+
+        async fn begin(&mut self) -> QueryResult<()> {
+            self.spawn_blocking(|conn| {
+                diesel::connection::AnsiTransactionManager::begin_transaction_sql(conn, BEGIN)
+            })
+            .await
+        }
+
+        async fn rollback(&mut self) -> QueryResult<()> {
+            Manager::rollback_transaction(self).await
+        }
+
+        fn transaction_status(&mut self) -> &mut TransactionManagerStatus {
+            Manager::transaction_manager_status_mut(self)
+        }
+
+        async fn commit_checked(&mut self) -> Result<(), Error> {
+            if let Err(error) = self.batch_execute(PROBE_AND_COMMIT).await {
+                let lost = matches!(
+                    &error,
+                    diesel::result::Error::DatabaseError(_, info)
+                        if info.message().contains("no transaction is active")
+                );
+                return Err(if lost {
+                    Error::NotCommitted {
+                        reason: "SQLite rolled the transaction back before the commit (an \
+                                 error such as SQLITE_FULL, SQLITE_IOERR, SQLITE_BUSY or an \
+                                 interrupt, or RAISE(ROLLBACK) in a trigger), and the code went \
+                                 on as if it had not (e.g. a handler that caught the database \
+                                 error and still returned success); statements run after that \
+                                 were committed one by one (autocommit), everything before it \
+                                 is rolled back. Fail when a statement fails"
+                            .into(),
+                        source: Some(error),
+                    }
+                } else {
+                    Error::Database(error)
+                });
+            }
+            left_transaction(self.transaction_status())
+        }
+    }
+
+    /// Runs `query` on `conn` only if SQLite still has a transaction open
+    /// there, although diesel counts one; returns its row count, or `None`
+    /// (nothing run) in autocommit, where it would commit on its own.
+    ///
+    /// The probe is a `BEGIN`, which fails inside a transaction ("cannot
+    /// start a transaction within a transaction") and succeeds in
+    /// autocommit, where it is rolled back at once. Both run in one task on
+    /// the blocking thread that holds the connection, so nothing runs in
+    /// between (and only a statement can end a transaction). Cost: one
+    /// failing statement, a few µs; no extra hop to the blocking pool.
+    pub(crate) async fn execute_if_open<Q>(
+        conn: &mut SyncConnectionWrapper<SqliteConnection>,
+        query: Q,
+    ) -> QueryResult<Option<usize>>
+    where
+        Q: diesel::RunQueryDsl<SqliteConnection>
+            + diesel::query_dsl::methods::ExecuteDsl<SqliteConnection>
+            + Send
+            + 'static,
+    {
+        conn.spawn_blocking(move |conn: &mut SqliteConnection| {
+            match conn.batch_execute("BEGIN") {
+                Err(diesel::result::Error::DatabaseError(_, info))
+                    if info.message().contains("within a transaction") => {}
+                Err(error) => return Err(error),
+                Ok(()) => {
+                    conn.batch_execute("ROLLBACK")?;
+                    return Ok(None);
+                }
+            }
+            diesel::RunQueryDsl::execute(query, conn).map(Some)
+        })
+        .await
+    }
+}
+
+#[cfg(feature = "sqlite")]
+pub(crate) use sqlite::execute_if_open as sqlite_execute_if_open;

@@ -1,6 +1,7 @@
 //! The Diesel adapter of the `outbox` transactional outbox, on diesel and
 //! diesel-async, one back end per feature: PostgreSQL (`postgres`, the
-//! default, described here) and MariaDB (module `mysql`, feature `mysql`).
+//! default, described here), MariaDB (module `mysql`, feature `mysql`) and
+//! SQLite (module `sqlite`, feature `sqlite`).
 //! On PostgreSQL: record events in your transaction, relay them with
 //! [`PgOutboxStore`], and deduplicate deliveries with [`PgInbox`]. An
 //! outbox in another schema, or behind a pooler, is configured once with
@@ -266,6 +267,7 @@
 //! | `postgres` | yes | the PostgreSQL back end (the crate root's types), on diesel-async (tokio-postgres, no libpq) |
 //! | `sync` | yes | recording on sync `diesel::PgConnection` (links libpq); implies `postgres` |
 //! | `mysql` | no | the MariaDB back end, module `mysql` (mysql_async, pure Rust); tested on MariaDB 10.6+ |
+//! | `sqlite` | no | the SQLite back end, module `sqlite` (diesel's `SqliteConnection` in diesel-async's `SyncConnectionWrapper`, SQLite compiled in); needs tokio's multi-thread runtime |
 //! | `postgres-tls` | no | TLS to PostgreSQL (rustls with ring, no OpenSSL) for every connection the crate opens, honouring `sslmode` and `sslrootcert`; see [TLS](#tls). Without it, connections are plaintext and a URL asking for `require` or `verify-*` is refused |
 
 #[cfg(feature = "postgres")]
@@ -294,6 +296,8 @@ pub mod schema;
 mod settings;
 #[cfg(feature = "postgres")]
 mod sql;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 #[cfg(feature = "postgres")]
 mod store;
 mod transaction;
@@ -321,6 +325,8 @@ pub use store::{PgClaim, PgOutboxStore, PgOutboxStoreBuilder};
 pub use transaction::MysqlTransaction;
 #[cfg(feature = "postgres")]
 pub use transaction::PgTransaction;
+#[cfg(feature = "sqlite")]
+pub use transaction::SqliteTransaction;
 pub use transaction::{Transaction, begin_top_level, commit_top_level, in_top_level_transaction};
 
 /// How long a pool's `get` (`pool`, `mysql::pool`) waits for a free connection before it fails.

@@ -17,10 +17,16 @@ pub type PgTransaction = Transaction<diesel_async::AsyncPgConnection>;
 #[cfg(feature = "mysql")]
 pub type MysqlTransaction = Transaction<diesel_async::AsyncMysqlConnection>;
 
+/// [`Transaction`] on SQLite (begun with `BEGIN IMMEDIATE`).
+#[cfg(feature = "sqlite")]
+pub type SqliteTransaction = Transaction<crate::sqlite::AsyncSqliteConnection>;
+
 /// Begins a top-level transaction on `conn` the way [`commit_top_level`]
 /// expects it: `BEGIN` on PostgreSQL; on MariaDB/MySQL `BEGIN` and a
 /// savepoint whose loss tells the commit that the server rolled the
-/// transaction back (see [`Connection`]).
+/// transaction back; on SQLite `BEGIN IMMEDIATE`, which takes the write
+/// lock at once, waiting up to the connection's `busy_timeout` (see
+/// [`Connection`]).
 ///
 /// # Errors
 /// [`Error::Database`] if `BEGIN` fails. With a transaction already open
@@ -53,7 +59,8 @@ pub async fn begin_top_level<C: Connection>(conn: &mut C) -> Result<()> {
 ///
 /// On MariaDB/MySQL the transaction must have been begun by
 /// [`begin_top_level`] (or [`Transaction::begin`]): the commit probes the
-/// savepoint it opens (see [`Connection`]).
+/// savepoint it opens (see [`Connection`]). On SQLite the `COMMIT` is its
+/// own probe: it fails when SQLite has rolled the transaction back.
 ///
 /// The Axum layer, [`Transaction::commit`] (the inbox consumer's and the
 /// relay's transactions) use it. Call it yourself where you hold a
@@ -157,6 +164,7 @@ impl<C: Connection> Transaction<C> {
     /// As [`begin`](Self::begin), with `sql` (a simple-query batch that
     /// starts with `BEGIN`, e.g. followed by `SET LOCAL`s) in the one round
     /// trip.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) async fn begin_with(pool: &Pool<C::Manager>, sql: &str) -> Result<Self>
     where
         C: diesel_async::AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,

@@ -1,0 +1,176 @@
+//! SQLite through diesel's `SqliteConnection` in diesel-async's
+//! `SyncConnectionWrapper` ([`AsyncSqliteConnection`]: each statement runs
+//! on one of tokio's blocking threads). Feature `sqlite`; SQLite is
+//! compiled in (libsqlite3-sys `bundled`, SQLite 3.53), no system library
+//! is used. **Needs tokio's multi-thread runtime** (`#[tokio::main]`, or
+//! `#[tokio::test(flavor = "multi_thread")]`): the wrapper waits for a
+//! cancelled statement with `block_in_place`.
+//!
+//! The same parts as on PostgreSQL: the recorder ([`SqliteOutbox`]), the
+//! inbox ([`SqliteInbox`], [`SqliteInboxDatabase`]) and the migrations
+//! ([`migrate`]), on [`SqliteTransaction`]s checked at commit (see
+//! [`Connection`]). The relay store (a lease claim: no row locks) comes
+//! next.
+//!
+//! # Where the outbox lives
+//! One database file is one outbox: its tables are unqualified (an
+//! attached database is out of scope), so [`SqliteSettings`] names
+//! nothing. [`connect`] takes `sqlite://path` (`sqlite:///var/lib/app.db`
+//! for an absolute path), a plain path, or a `file:` URI, and sets on each
+//! connection `PRAGMA busy_timeout` ([`BUSY_TIMEOUT`]), `foreign_keys = ON`
+//! and `synchronous = NORMAL`; [`migrate`] puts the file in WAL mode.
+//!
+//! # What differs from PostgreSQL
+//! - **One writer at a time.** Every transaction this crate begins is
+//!   `BEGIN IMMEDIATE`: it takes the file's write lock at once, waiting up
+//!   to `busy_timeout` for another writer to finish. Begin your own
+//!   writing transactions the same way (`begin_top_level`,
+//!   [`SqliteTransaction`], or diesel-async's `immediate_transaction`): a
+//!   deferred `BEGIN` that reads and then writes fails at its first write
+//!   with "database is locked" at once, whatever the timeout. Keep write
+//!   transactions short; readers are never blocked (WAL).
+//! - **A failed statement rolls back only itself**, and some errors roll
+//!   back the whole transaction, after which statements autocommit: see
+//!   [`Connection`]. The recorder and the inbox refuse to insert then
+//!   ([`Error::NotCommitted`]), so no event is committed on its own.
+//! - **No `NOTIFY`**: relays learn of new events from in-process wakeups
+//!   and polling.
+//! - **Durability**: `synchronous = NORMAL` in WAL mode: a commit survives
+//!   the process crashing, but the last commits may be lost (never half
+//!   applied) if the machine loses power.
+//! - **Payloads** are stored as `TEXT`, byte for byte, and checked by the
+//!   schema with `json_valid`, which accepts what PostgreSQL's `json`
+//!   accepts except nesting deeper than 1,000 levels (PostgreSQL takes
+//!   about 13,000): such a payload is refused with [`Error::Event`].
+//! - **Times** are INTEGER microseconds since the Unix epoch, UTC.
+//! - **Aggregate keys** use the `BINARY` collation: `"A"`, `"a"` and
+//!   `"a "` are three aggregates, as on PostgreSQL.
+
+mod inbox;
+mod migrate;
+mod record;
+mod settings;
+mod sql;
+
+pub use inbox::{SqliteInbox, SqliteInboxDatabase};
+pub use migrate::{SQLITE_MIGRATIONS, migrate, migrate_url};
+pub use record::SqliteOutbox;
+pub use settings::SqliteSettings;
+
+// What a SQLite user needs from the crate root, here too (the facade's
+// `outbox::sqlite` is this module).
+pub use crate::{
+    Connection, Error, POOL_CONNECT_TIMEOUT, POOL_WAIT_TIMEOUT, Result, SqliteTransaction,
+    Transaction, begin_top_level, commit_top_level, in_top_level_transaction,
+};
+
+use diesel::ConnectionResult;
+use diesel_async::AsyncConnection;
+use diesel_async::SimpleAsyncConnection;
+use diesel_async::pooled_connection::deadpool::Pool;
+use futures_util::FutureExt as _;
+use outbox_core::DomainEvent;
+use uuid::Uuid;
+
+/// diesel's `SqliteConnection` made async: the connection every function
+/// of this module takes.
+pub type AsyncSqliteConnection =
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+
+/// How long a statement waits for another connection's write lock (or a
+/// writer for readers to let it checkpoint) before it fails with
+/// "database is locked": `PRAGMA busy_timeout` on every connection
+/// [`connect`] and [`pool`] open.
+pub const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Records `event` in the transaction open on `conn`. Shorthand for
+/// [`SqliteOutbox::default().record(conn, event)`](SqliteOutbox::record).
+///
+/// # Errors
+/// As [`SqliteOutbox::record`].
+pub async fn record<E: DomainEvent + Sync>(
+    conn: &mut AsyncSqliteConnection,
+    event: &E,
+) -> Result<Uuid> {
+    SqliteOutbox::default().record(conn, event).await
+}
+
+/// Records `events` with one `INSERT`. Shorthand for
+/// [`SqliteOutbox::record_all`].
+///
+/// # Errors
+/// As [`SqliteOutbox::record`].
+pub async fn record_all<E: DomainEvent + Sync>(
+    conn: &mut AsyncSqliteConnection,
+    events: &[E],
+) -> Result<Vec<Uuid>> {
+    SqliteOutbox::default().record_all(conn, events).await
+}
+
+/// Opens a connection to the database file `url` names (`sqlite://path`,
+/// a plain path, or a `file:` URI; the file is created if missing) with
+/// this crate's settings: `busy_timeout` ([`BUSY_TIMEOUT`]),
+/// `foreign_keys = ON`, `synchronous = NORMAL`. Call it inside a tokio
+/// multi-thread runtime.
+///
+/// # Errors
+/// [`Error::Connect`], naming the URL, if the file cannot be opened or a
+/// setting cannot be applied.
+pub async fn connect(url: &str) -> Result<AsyncSqliteConnection> {
+    open(url).await.map_err(|source| Error::Connect {
+        url: crate::error::redact_url(url),
+        source,
+    })
+}
+
+/// A deadpool pool of at most `max_size` connections to `url` (as
+/// [`connect`] opens them), with the same timeouts and recycling as
+/// PostgreSQL's [`pool`](crate#functions) ([`POOL_WAIT_TIMEOUT`],
+/// [`POOL_CONNECT_TIMEOUT`]). Connections are opened lazily, on first use.
+/// More connections than writers buy nothing for writing (one writer at a
+/// time) but let reads run beside a write.
+///
+/// # Errors
+/// [`Error::Config`] if the pool cannot be built.
+pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncSqliteConnection>> {
+    let url = url.to_owned();
+    // No ping on checkout: SQLite is in-process, a connection cannot lose
+    // its server; a broken transaction manager is still caught.
+    let fast = diesel_async::pooled_connection::RecyclingMethod::Fast;
+    crate::pool_of(&url.clone(), max_size, fast, move || {
+        let url = url.clone();
+        async move { open(&url).await }.boxed()
+    })
+}
+
+/// The path (or `file:` URI) diesel's `SqliteConnection` opens for `url`.
+fn path_of(url: &str) -> &str {
+    url.strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url)
+}
+
+async fn open(url: &str) -> ConnectionResult<AsyncSqliteConnection> {
+    let mut conn = AsyncSqliteConnection::establish(path_of(url)).await?;
+    conn.batch_execute(&format!(
+        "PRAGMA busy_timeout = {}; PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL",
+        BUSY_TIMEOUT.as_millis()
+    ))
+    .await
+    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+    Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_of;
+
+    #[test]
+    fn urls_name_paths() {
+        assert_eq!(path_of("sqlite:///var/lib/app.db"), "/var/lib/app.db");
+        assert_eq!(path_of("sqlite://app.db"), "app.db");
+        assert_eq!(path_of("sqlite:app.db"), "app.db");
+        assert_eq!(path_of("/tmp/app.db"), "/tmp/app.db");
+        assert_eq!(path_of("file:app.db?mode=rwc"), "file:app.db?mode=rwc");
+    }
+}

@@ -1,0 +1,176 @@
+//! The inbox on SQLite: first time, duplicate, refused outside a
+//! transaction (and after SQLite rolled it back), rolled back with the
+//! handler's transaction, purged in chunks; dead letters recorded.
+
+use chrono::{Duration, Utc};
+use outbox_core::admin::DeadLetter;
+use outbox_core::{InboxDatabase, InboxOutcome, InboxStore};
+use outbox_diesel::Error;
+use outbox_diesel::sqlite::{self, AsyncSqliteConnection, SqliteInbox, SqliteInboxDatabase};
+use uuid::Uuid;
+
+use super::{count, migrated};
+
+async fn receive(conn: &mut AsyncSqliteConnection, consumer: &str, id: Uuid) -> InboxOutcome {
+    SqliteInbox::default()
+        .receive(conn, consumer, id)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redelivery_is_a_duplicate_for_its_consumer_only() {
+    let (_db, mut conn) = migrated("dup").await;
+    let id = Uuid::now_v7();
+    outbox_diesel::begin_top_level(&mut conn).await.unwrap();
+    assert_eq!(
+        receive(&mut conn, "billing", id).await,
+        InboxOutcome::FirstTime
+    );
+    assert_eq!(
+        receive(&mut conn, "billing", id).await,
+        InboxOutcome::Duplicate
+    );
+    assert_eq!(
+        receive(&mut conn, "Billing", id).await,
+        InboxOutcome::FirstTime
+    );
+    assert_eq!(
+        receive(&mut conn, "billing ", id).await,
+        InboxOutcome::FirstTime
+    );
+    outbox_diesel::commit_top_level(&mut conn).await.unwrap();
+    outbox_diesel::begin_top_level(&mut conn).await.unwrap();
+    assert_eq!(
+        receive(&mut conn, "billing", id).await,
+        InboxOutcome::Duplicate,
+        "still a duplicate after the commit"
+    );
+    outbox_diesel::commit_top_level(&mut conn).await.unwrap();
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_events").await,
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn receiving_outside_a_transaction_is_refused() {
+    let (_db, mut conn) = migrated("inboxnotx").await;
+    let error = SqliteInbox::default()
+        .receive(&mut conn, "billing", Uuid::now_v7())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::NoTransaction), "{error}");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_events").await,
+        0
+    );
+}
+
+/// An inbox entry committed on its own would mark the event handled
+/// without the handler's work: refused once SQLite has rolled back.
+#[tokio::test(flavor = "multi_thread")]
+async fn receiving_after_sqlite_rolled_the_transaction_back_is_refused() {
+    let (_db, mut conn) = migrated("inboxlost").await;
+    super::commit::roll_back_by_trigger_setup(&mut conn).await;
+    outbox_diesel::begin_top_level(&mut conn).await.unwrap();
+    super::commit::roll_back_by_trigger(&mut conn).await;
+    let error = SqliteInbox::default()
+        .receive(&mut conn, "billing", Uuid::now_v7())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::NotCommitted { .. }), "{error}");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_events").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_rolled_back_leaves_the_event_to_handle_again() {
+    let (db, _conn) = migrated("inboxdb").await;
+    let database =
+        SqliteInboxDatabase::new(sqlite::pool(&db.url(), 2).unwrap(), SqliteInbox::default());
+    let id = Uuid::now_v7();
+    let mut tx = database.begin().await.unwrap();
+    assert_eq!(
+        database.receive(&mut tx, "c", id).await.unwrap(),
+        InboxOutcome::FirstTime
+    );
+    database.rollback(tx).await.unwrap();
+    let mut tx = database.begin().await.unwrap();
+    assert_eq!(
+        database.receive(&mut tx, "c", id).await.unwrap(),
+        InboxOutcome::FirstTime
+    );
+    database.commit(tx).await.unwrap();
+    let mut tx = database.begin().await.unwrap();
+    assert_eq!(
+        database.receive(&mut tx, "c", id).await.unwrap(),
+        InboxOutcome::Duplicate
+    );
+    drop(tx);
+    // The dropped transaction released the write lock.
+    let tx = database.begin().await.unwrap();
+    database.commit(tx).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn purge_deletes_old_entries_in_chunks() {
+    let (_db, mut conn) = migrated("purge").await;
+    outbox_diesel::begin_top_level(&mut conn).await.unwrap();
+    for _ in 0..5 {
+        receive(&mut conn, "c", Uuid::now_v7()).await;
+    }
+    outbox_diesel::commit_top_level(&mut conn).await.unwrap();
+    let inbox = SqliteInbox::default();
+    let past = Utc::now() - Duration::hours(1);
+    assert_eq!(
+        inbox.purge(&mut conn, past, 10).await.unwrap(),
+        0,
+        "none that old"
+    );
+    let future = Utc::now() + Duration::hours(1);
+    assert_eq!(inbox.purge(&mut conn, future, 2).await.unwrap(), 2);
+    assert_eq!(inbox.purge(&mut conn, future, 2).await.unwrap(), 2);
+    assert_eq!(inbox.purge(&mut conn, future, 2).await.unwrap(), 1);
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_events").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_are_recorded() {
+    let (db, mut conn) = migrated("letters").await;
+    let database =
+        SqliteInboxDatabase::new(sqlite::pool(&db.url(), 1).unwrap(), SqliteInbox::default());
+    let mut letter = DeadLetter::new(
+        "billing",
+        "billing.q",
+        "events",
+        "order.placed",
+        "handler failed",
+        b"{\"a\":1}",
+    );
+    letter.event_id = Some(Uuid::now_v7());
+    letter
+        .headers
+        .insert("x-outbox-dead-letter-id".into(), "dl-1".into());
+    database.record_dead_letter(&letter).await.unwrap();
+    let at = letter.dead_lettered_at.timestamp_micros();
+    assert_eq!(
+        count(
+            &mut conn,
+            &format!(
+                "SELECT count(*) AS n FROM inbox_dead_letters \
+                 WHERE headers ->> '$.\"x-outbox-dead-letter-id\"' = 'dl-1' \
+                 AND queue = 'billing.q' AND payload = '{{\"a\":1}}' \
+                 AND payload_truncated = 0 AND dead_lettered_at = {at} AND attempts = {}",
+                letter.attempts
+            )
+        )
+        .await,
+        1
+    );
+}

@@ -1,0 +1,97 @@
+//! The SQLite back end on real database files (feature `sqlite`; SQLite is
+//! compiled in, no server). Each test owns a file under the system's temp
+//! directory, deleted when it ends, also when it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod commit;
+mod inbox;
+mod migrate;
+mod record;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Text};
+use diesel_async::RunQueryDsl;
+use outbox_diesel::sqlite::AsyncSqliteConnection;
+
+/// A database file of the test's own; removed (with its `-wal` and `-shm`
+/// files) when dropped, so also when the test panics.
+struct TempDb {
+    path: PathBuf,
+}
+
+impl TempDb {
+    fn new(test: &str) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let path = std::env::temp_dir().join(format!(
+            "outbox-sqlite-{test}-{}-{nanos}-{}.db",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        TempDb { path }
+    }
+
+    /// `sqlite://` and the file's path.
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.path.display())
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut path = self.path.clone().into_os_string();
+            path.push(suffix);
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// A file of the test's own, migrated, and a connection to it.
+async fn migrated(test: &str) -> (TempDb, AsyncSqliteConnection) {
+    let db = TempDb::new(test);
+    let mut conn = outbox_diesel::sqlite::connect(&db.url()).await.unwrap();
+    outbox_diesel::sqlite::migrate(&mut conn).await.unwrap();
+    (db, conn)
+}
+
+#[derive(QueryableByName, Debug, PartialEq, Eq)]
+struct Stored {
+    #[diesel(sql_type = BigInt)]
+    seq: i64,
+    #[diesel(sql_type = Text)]
+    id: String,
+    #[diesel(sql_type = Text)]
+    aggregate_id: String,
+    #[diesel(sql_type = Text)]
+    payload: String,
+}
+
+/// The outbox's rows, in seq order.
+async fn stored(conn: &mut AsyncSqliteConnection) -> Vec<Stored> {
+    diesel::sql_query("SELECT seq, id, aggregate_id, payload FROM outbox_events ORDER BY seq")
+        .load(conn)
+        .await
+        .unwrap()
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// `SELECT count(*) AS n ...`'s count.
+async fn count(conn: &mut AsyncSqliteConnection, sql: &str) -> i64 {
+    diesel::sql_query(sql)
+        .get_result::<Count>(conn)
+        .await
+        .unwrap()
+        .n
+}
