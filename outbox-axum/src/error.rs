@@ -73,6 +73,7 @@ impl IntoResponse for Error {
 /// | [`MissingLayer`](Self::MissingLayer) | 500 | the route is not wrapped in [`OutboxLayer`](crate::OutboxLayer) |
 /// | [`AlreadyExtracted`](Self::AlreadyExtracted) | 500 | a second `Tx` was extracted while the first is alive |
 /// | [`Finished`](Self::Finished) | 500 | the request's transaction was already finished |
+/// | [`WrongConnection`](Self::WrongConnection) | 500 | `Tx<C>` of another connection type than the layer's |
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TxRejection {
@@ -99,6 +100,19 @@ pub enum TxRejection {
     /// The request's transaction was already committed or rolled back.
     #[error("the request's transaction is already finished")]
     Finished,
+    /// The handler asked for a `Tx` of another connection type than the
+    /// layer's pool gives (e.g. `Tx` of PostgreSQL, the default, with a
+    /// MariaDB pool): name the type, `Tx<AsyncMysqlConnection>`.
+    #[error(
+        "`Tx<{wanted}>` asked for, but the layer's connections are `{found}`: extract \
+         `Tx<{found}>`"
+    )]
+    WrongConnection {
+        /// The connection type the handler asked for.
+        wanted: &'static str,
+        /// The layer's connection type.
+        found: &'static str,
+    },
 }
 
 impl IntoResponse for TxRejection {

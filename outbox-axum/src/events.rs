@@ -6,10 +6,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::extract::FromRequestParts;
-use diesel_async::AsyncPgConnection;
+use std::any::Any;
+
 use http::request::Parts;
 use outbox_core::{DomainEvent, EventEnvelope, Headers};
-use outbox_diesel::Outbox;
+use outbox_diesel::{AsConnection, Connection};
 use uuid::Uuid;
 
 use crate::{Error, MissingLayer, Result};
@@ -60,7 +61,8 @@ pub struct Events {
 }
 
 struct Shared {
-    outbox: Outbox,
+    /// The layer's recorder; `None`: the connection's default one.
+    outbox: Option<Arc<dyn Any + Send + Sync>>,
     headers: Headers,
     state: Mutex<Collector>,
 }
@@ -88,7 +90,7 @@ impl fmt::Debug for Events {
 impl Events {
     /// A collector for one request, writing to `outbox`, whose events get
     /// `headers` where they do not set their own.
-    pub(crate) fn new(outbox: Outbox, headers: Headers) -> Self {
+    pub(crate) fn new(outbox: Option<Arc<dyn Any + Send + Sync>>, headers: Headers) -> Self {
         Events {
             shared: Arc::new(Shared {
                 outbox,
@@ -155,7 +157,7 @@ impl Events {
     /// [`Error::Store`] if no transaction is open on `conn`
     /// (`outbox_diesel::Error::NoTransaction`) or the insert fails;
     /// [`Error::RequestFinished`] after the request is finished.
-    pub async fn flush(&self, conn: &mut AsyncPgConnection) -> Result<usize> {
+    pub async fn flush<A: AsConnection>(&self, conn: &mut A) -> Result<usize> {
         let envelopes = {
             let state = self.lock();
             if state.finished {
@@ -164,10 +166,22 @@ impl Events {
             state.staged.clone()
         };
         // Unstaged only once written: a failed or cancelled flush keeps them.
-        self.shared
-            .outbox
-            .record_envelopes(conn, &envelopes)
-            .await?;
+        let conn = conn.as_connection();
+        let default = <A::Conn as Connection>::Recorder::default();
+        let recorder = match &self.shared.outbox {
+            None => &default,
+            Some(any) => any
+                .downcast_ref::<<A::Conn as Connection>::Recorder>()
+                .ok_or_else(|| {
+                    outbox_diesel::Error::Config(format!(
+                        "the layer's outbox (OutboxLayer::outbox) is not the recorder of this \
+                     connection type ({}): give it a {}",
+                        std::any::type_name::<A::Conn>(),
+                        std::any::type_name::<<A::Conn as Connection>::Recorder>(),
+                    ))
+                })?,
+        };
+        <A::Conn as Connection>::record_envelopes(recorder, conn, &envelopes).await?;
         let written: HashSet<Uuid> = envelopes.iter().map(|e| e.id).collect();
         let mut state = self.lock();
         let before = state.staged.len();
@@ -298,7 +312,7 @@ mod tests {
 
     fn events() -> Events {
         Events::new(
-            Outbox::default(),
+            None,
             Headers::new()
                 .with(Headers::CORRELATION_ID, "req-1")
                 .with(Headers::TRACEPARENT, "00-aa-bb-01"),

@@ -1,12 +1,12 @@
 //! [`OutboxLayer`]: the settings, and the Tower `Layer` applying them.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, StatusCode};
 use outbox_core::RelayHandle;
-use outbox_diesel::Outbox;
 use tower::Layer;
 
 use crate::OutboxService;
@@ -19,7 +19,9 @@ type CommitIf = dyn Fn(StatusCode) -> bool + Send + Sync;
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) source: Arc<dyn ErasedSource>,
-    pub(crate) outbox: Outbox,
+    /// The recorder set by [`OutboxLayer::outbox`]; `None`: the default
+    /// recorder of the connection's back end.
+    pub(crate) outbox: Option<Arc<dyn Any + Send + Sync>>,
     pub(crate) relay: Option<RelayHandle>,
     pub(crate) commit_if: Arc<CommitIf>,
     pub(crate) standalone: bool,
@@ -55,7 +57,7 @@ impl fmt::Debug for OutboxLayer {
         let c = &self.config;
         f.debug_struct("OutboxLayer")
             .field("source", &c.source)
-            .field("outbox", &c.outbox)
+            .field("outbox", &c.outbox.is_some())
             .field("relay", &c.relay.is_some())
             .field("standalone", &c.standalone)
             .field("acquire_timeout", &c.acquire_timeout)
@@ -72,7 +74,7 @@ impl OutboxLayer {
         OutboxLayer {
             config: Arc::new(Config {
                 source: Arc::new(Erased(source)),
-                outbox: Outbox::default(),
+                outbox: None,
                 relay: None,
                 commit_if: Arc::new(|status: StatusCode| status.is_success()),
                 standalone: false,
@@ -88,11 +90,14 @@ impl OutboxLayer {
         self
     }
 
-    /// Where events are written: the outbox schema and whether recording
-    /// sends a `NOTIFY` (see `outbox_diesel::Outbox`). Default: `public`,
-    /// with `NOTIFY`.
-    pub fn outbox(self, outbox: Outbox) -> Self {
-        self.with(|c| c.outbox = outbox)
+    /// Where events are written: the recorder of the pool's back end
+    /// (`outbox_diesel::Outbox` on PostgreSQL: its schema and whether
+    /// recording sends a `NOTIFY`; `MysqlOutbox`, `SqliteOutbox`). Default:
+    /// that back end's default recorder (`public`, with `NOTIFY`, on
+    /// PostgreSQL). A recorder of another back end than the pool's fails
+    /// every commit with `outbox_diesel::Error::Config`, saying which to give.
+    pub fn outbox<R: Clone + Send + Sync + 'static>(self, outbox: R) -> Self {
+        self.with(|c| c.outbox = Some(Arc::new(outbox)))
     }
 
     /// Wakes this relay after every commit that wrote events, so they are

@@ -75,7 +75,7 @@ impl RequestScope {
 
         let written = match held {
             Some(held) => {
-                if let Err(error) = held.commit(&self.config.outbox, &staged).await {
+                if let Err(error) = held.commit(self.config.outbox.as_deref(), &staged).await {
                     tracing::error!(
                         %error,
                         %status,
@@ -105,7 +105,7 @@ impl RequestScope {
                         return unavailable(self.config.retry_after);
                     }
                 };
-                if let Err(error) = held.commit(&self.config.outbox, &staged).await {
+                if let Err(error) = held.commit(self.config.outbox.as_deref(), &staged).await {
                     tracing::error!(
                         %error,
                         events = staged.len(),

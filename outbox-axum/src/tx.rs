@@ -5,11 +5,13 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
+use std::any::Any;
+
 use axum::extract::FromRequestParts;
-use diesel_async::{AnsiTransactionManager, AsyncPgConnection, TransactionManager};
+use diesel_async::AsyncPgConnection;
 use http::request::Parts;
 use outbox_core::EventEnvelope;
-use outbox_diesel::Outbox;
+use outbox_diesel::Connection;
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use crate::TxRejection;
@@ -35,31 +37,39 @@ use crate::source::Lent;
 /// drop it, and the handler extract it again: both see the same transaction.
 /// Do not move it into a spawned task or the response body: the layer
 /// cannot commit a transaction it cannot get back, and answers `500`.
-pub struct Tx {
-    guard: OwnedMappedMutexGuard<TxState, AsyncPgConnection>,
+pub struct Tx<C: Connection = AsyncPgConnection> {
+    guard: OwnedMappedMutexGuard<TxState, C>,
 }
 
-impl fmt::Debug for Tx {
+impl<C: Connection> fmt::Debug for Tx<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tx").finish_non_exhaustive()
     }
 }
 
-impl Deref for Tx {
-    type Target = AsyncPgConnection;
+impl<C: Connection> outbox_diesel::AsConnection for Tx<C> {
+    type Conn = C;
 
-    fn deref(&self) -> &AsyncPgConnection {
-        &self.guard
-    }
-}
-
-impl DerefMut for Tx {
-    fn deref_mut(&mut self) -> &mut AsyncPgConnection {
+    fn as_connection(&mut self) -> &mut C {
         &mut self.guard
     }
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for Tx {
+impl<C: Connection> Deref for Tx<C> {
+    type Target = C;
+
+    fn deref(&self) -> &C {
+        &self.guard
+    }
+}
+
+impl<C: Connection> DerefMut for Tx<C> {
+    fn deref_mut(&mut self) -> &mut C {
+        &mut self.guard
+    }
+}
+
+impl<S: Send + Sync, C: Connection> FromRequestParts<S> for Tx<C> {
     type Rejection = TxRejection;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
@@ -101,7 +111,7 @@ impl TxCell {
     }
 
     /// The extractor: the open transaction, beginning it if needed.
-    async fn open(&self) -> Result<Tx, TxRejection> {
+    async fn open<C: Connection>(&self) -> Result<Tx<C>, TxRejection> {
         let mut guard: OwnedMutexGuard<TxState> = Arc::clone(&self.state)
             .try_lock_owned()
             .map_err(|_| TxRejection::AlreadyExtracted)?;
@@ -111,12 +121,19 @@ impl TxCell {
             let held = Held::begin(&self.config).await?;
             *guard = TxState::Open(held);
         }
+        let found = match &*guard {
+            TxState::Open(held) => held.connection_type(),
+            _ => return Err(TxRejection::Finished),
+        };
         OwnedMutexGuard::try_map(guard, |state| match state {
-            TxState::Open(held) => held.conn(),
+            TxState::Open(held) => held.conn().and_then(|conn| conn.downcast_mut::<C>()),
             _ => None,
         })
         .map(|guard| Tx { guard })
-        .map_err(|_| TxRejection::Finished)
+        .map_err(|_| TxRejection::WrongConnection {
+            wanted: std::any::type_name::<C>(),
+            found,
+        })
     }
 
     /// For the layer: takes the transaction (if one was opened) and marks
@@ -155,8 +172,8 @@ impl Held {
             // Guarded from here on: if `BEGIN` is cancelled or fails, the
             // connection is closed, not pooled.
             let mut held = Held { lent: Some(lent) };
-            if let Some(conn) = held.conn() {
-                AnsiTransactionManager::begin_transaction(conn)
+            if let Some(lent) = held.lent.as_mut() {
+                lent.begin()
                     .await
                     .map_err(|e| unavailable(format!("BEGIN failed: {e}")))?;
             }
@@ -172,8 +189,14 @@ impl Held {
             })?
     }
 
-    pub(crate) fn conn(&mut self) -> Option<&mut AsyncPgConnection> {
+    pub(crate) fn conn(&mut self) -> Option<&mut (dyn Any + Send)> {
         self.lent.as_mut().map(|lent| lent.conn())
+    }
+
+    fn connection_type(&self) -> &'static str {
+        self.lent
+            .as_ref()
+            .map_or("none", |lent| lent.connection_type())
     }
 
     /// Writes `envelopes` (one `INSERT`, none if empty) and commits with
@@ -185,35 +208,27 @@ impl Held {
     /// back, never half).
     pub(crate) async fn commit(
         mut self,
-        outbox: &Outbox,
+        recorder: Option<&(dyn Any + Send + Sync)>,
         envelopes: &[EventEnvelope],
     ) -> Result<(), outbox_diesel::Error> {
-        if let Some(conn) = self.conn() {
-            // Not at the top level, `commit_top_level` refuses and says why;
-            // the events would only go into a savepoint.
-            if outbox_diesel::in_top_level_transaction(conn) {
-                outbox.record_envelopes(conn, envelopes).await?;
-            }
-            outbox_diesel::commit_top_level(conn).await?;
+        if let Some(lent) = self.lent.as_mut() {
+            lent.commit(recorder, envelopes).await?;
         }
         // Back to the pool, outside any transaction.
         drop(self.lent.take());
         Ok(())
     }
 
-    /// Rolls back and returns the connection; if a nested transaction
-    /// (savepoint) is still open or `ROLLBACK` fails, the connection is
-    /// discarded (which rolls back all of it).
     pub(crate) async fn rollback(mut self) {
-        if let Some(conn) = self.conn() {
-            if !outbox_diesel::in_top_level_transaction(conn) {
+        if let Some(lent) = self.lent.as_mut() {
+            if !lent.in_top_level() {
                 tracing::warn!(
                     "a nested transaction (savepoint) of the request is still open (its \
                      future was dropped mid-way); closing the connection to roll back"
                 );
                 return; // `self` is dropped: discarded
             }
-            if let Err(error) = AnsiTransactionManager::rollback_transaction(conn).await {
+            if let Err(error) = lent.rollback().await {
                 tracing::warn!(%error, "ROLLBACK failed; closing the connection instead");
                 return;
             }

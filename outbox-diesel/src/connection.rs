@@ -72,6 +72,40 @@ pub trait Connection:
         + Send
         + Sync;
 
+    /// [`commit_top_level`](crate::commit_top_level) of this connection,
+    /// for code generic over the back end.
+    #[doc(hidden)]
+    fn commit_top_level(&mut self) -> impl Future<Output = Result<(), Error>> + Send
+    where
+        Self: Sized,
+    {
+        crate::transaction::commit(self)
+    }
+
+    /// [`in_top_level_transaction`](crate::in_top_level_transaction) of this
+    /// connection.
+    #[doc(hidden)]
+    fn in_top_level_transaction(&mut self) -> bool
+    where
+        Self: Sized,
+    {
+        crate::transaction::top_level(self)
+    }
+
+    /// This back end's recorder (`Outbox`, `MysqlOutbox`, `SqliteOutbox`),
+    /// for code generic over the connection (the Axum layer).
+    #[doc(hidden)]
+    type Recorder: Clone + Default + Send + Sync + std::fmt::Debug + 'static;
+
+    /// Records `envelopes` in the transaction open on `conn`, as the
+    /// recorder's `record_envelopes` does.
+    #[doc(hidden)]
+    fn record_envelopes<'a>(
+        recorder: &'a Self::Recorder,
+        conn: &'a mut Self,
+        envelopes: &'a [outbox_core::EventEnvelope],
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+
     /// diesel-async's manager for `url` with `config`.
     #[doc(hidden)]
     fn manager(url: &str, config: ManagerConfig<Self>) -> Self::Manager;
@@ -95,6 +129,52 @@ pub trait Connection:
     /// transaction is over when it succeeds.
     #[doc(hidden)]
     fn commit_checked(&mut self) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// A [`Connection`], or something that holds one and hands it out: the
+/// connection types themselves, a pooled connection (deadpool's `Object`),
+/// a [`Transaction`](crate::Transaction), the Axum layer's `Tx`. Functions
+/// generic over the back end take `&mut impl AsConnection`, so that
+/// `&mut conn` works for a pooled connection as `&mut *conn` does (deref
+/// coercion does not apply to a generic parameter).
+pub trait AsConnection: Send {
+    /// The connection held.
+    type Conn: Connection;
+
+    /// The connection.
+    fn as_connection(&mut self) -> &mut Self::Conn;
+}
+
+impl<C: Connection> AsConnection for deadpool::managed::Object<AsyncDieselConnectionManager<C>>
+where
+    AsyncDieselConnectionManager<C>: deadpool::managed::Manager<Type = C>,
+{
+    type Conn = C;
+
+    fn as_connection(&mut self) -> &mut C {
+        self
+    }
+}
+
+impl<C: Connection> AsConnection for crate::Transaction<C> {
+    type Conn = C;
+
+    fn as_connection(&mut self) -> &mut C {
+        self
+    }
+}
+
+/// `impl AsConnection for $conn` (itself).
+macro_rules! as_itself {
+    ($conn:ty) => {
+        impl AsConnection for $conn {
+            type Conn = $conn;
+
+            fn as_connection(&mut self) -> &mut $conn {
+                self
+            }
+        }
+    };
 }
 
 /// Whether a transaction is open on `conn` (at any depth).
@@ -122,9 +202,19 @@ mod postgres {
     use crate::sql::{PROBE, PROBE_AND_COMMIT};
 
     impl sealed::Sealed for AsyncPgConnection {}
+    as_itself!(AsyncPgConnection);
 
     impl Connection for AsyncPgConnection {
         type Manager = AsyncDieselConnectionManager<Self>;
+        type Recorder = crate::Outbox;
+
+        async fn record_envelopes(
+            recorder: &Self::Recorder,
+            conn: &mut Self,
+            envelopes: &[outbox_core::EventEnvelope],
+        ) -> Result<(), Error> {
+            recorder.record_envelopes(conn, envelopes).await
+        }
 
         fn manager(url: &str, config: ManagerConfig<Self>) -> Self::Manager {
             AsyncDieselConnectionManager::new_with_config(url, config)
@@ -201,9 +291,19 @@ mod mysql {
     }
 
     impl sealed::Sealed for AsyncMysqlConnection {}
+    as_itself!(AsyncMysqlConnection);
 
     impl Connection for AsyncMysqlConnection {
         type Manager = AsyncDieselConnectionManager<Self>;
+        type Recorder = crate::mysql::MysqlOutbox;
+
+        async fn record_envelopes(
+            recorder: &Self::Recorder,
+            conn: &mut Self,
+            envelopes: &[outbox_core::EventEnvelope],
+        ) -> Result<(), Error> {
+            recorder.record_envelopes(conn, envelopes).await
+        }
 
         fn manager(url: &str, config: ManagerConfig<Self>) -> Self::Manager {
             AsyncDieselConnectionManager::new_with_config(url, config)
@@ -277,16 +377,42 @@ mod sqlite {
 
     type Manager = SyncTransactionManagerWrapper<diesel::connection::AnsiTransactionManager>;
 
-    /// Takes the write lock at once (see [`Connection`]).
-    pub(crate) const BEGIN: &str = "BEGIN IMMEDIATE";
-    /// Fails ("cannot commit - no transaction is active") when SQLite has
-    /// rolled the transaction back.
-    pub(crate) const PROBE_AND_COMMIT: &str = "COMMIT";
+    /// Takes the write lock at once (see [`Connection`]), and writes a
+    /// marker row in a temporary table: SQLite rolls it back with the
+    /// transaction, whatever starts a transaction afterwards (a nested
+    /// `transaction(..)`'s `SAVEPOINT` does, in autocommit).
+    pub(crate) const BEGIN: &str = "BEGIN IMMEDIATE; \
+        CREATE TEMP TABLE IF NOT EXISTS outbox_tx_open (x INTEGER); \
+        INSERT INTO temp.outbox_tx_open VALUES (1)";
+    /// Fails (a malformed-JSON error, or "no such table" when even the
+    /// table went with the rollback) before the `COMMIT` when the marker is
+    /// gone: SQLite rolled the transaction back.
+    pub(crate) const PROBE_AND_COMMIT: &str = "SELECT CASE WHEN EXISTS \
+        (SELECT 1 FROM temp.outbox_tx_open) THEN 1 ELSE json('outbox: transaction lost') END; \
+        DELETE FROM temp.outbox_tx_open; COMMIT";
+    /// Whether the marker of [`BEGIN`] is there (`open`: 0 or 1).
+    const MARKED: &str = "SELECT EXISTS (SELECT 1 FROM temp.outbox_tx_open) AS open";
+
+    #[derive(diesel::QueryableByName)]
+    struct Open {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        open: i32,
+    }
 
     impl sealed::Sealed for SyncConnectionWrapper<SqliteConnection> {}
+    as_itself!(SyncConnectionWrapper<SqliteConnection>);
 
     impl Connection for SyncConnectionWrapper<SqliteConnection> {
         type Manager = AsyncDieselConnectionManager<Self>;
+        type Recorder = crate::sqlite::SqliteOutbox;
+
+        async fn record_envelopes(
+            recorder: &Self::Recorder,
+            conn: &mut Self,
+            envelopes: &[outbox_core::EventEnvelope],
+        ) -> Result<(), Error> {
+            recorder.record_envelopes(conn, envelopes).await
+        }
 
         fn manager(url: &str, config: ManagerConfig<Self>) -> Self::Manager {
             AsyncDieselConnectionManager::new_with_config(url, config)
@@ -313,7 +439,9 @@ mod sqlite {
                 let lost = matches!(
                     &error,
                     diesel::result::Error::DatabaseError(_, info)
-                        if info.message().contains("no transaction is active")
+                        if info.message().contains("malformed JSON")
+                            || info.message().contains("outbox_tx_open")
+                            || info.message().contains("no transaction is active")
                 );
                 return Err(if lost {
                     Error::NotCommitted {
@@ -321,9 +449,12 @@ mod sqlite {
                                  error such as SQLITE_FULL, SQLITE_IOERR, SQLITE_BUSY or an \
                                  interrupt, or RAISE(ROLLBACK) in a trigger), and the code went \
                                  on as if it had not (e.g. a handler that caught the database \
-                                 error and still returned success); statements run after that \
-                                 were committed one by one (autocommit), everything before it \
-                                 is rolled back. Fail when a statement fails"
+                                 error and still returned success): what ran before is rolled \
+                                 back, statements run after it may have been committed one by \
+                                 one (autocommit), except this library's own inserts, which \
+                                 refuse to run then. Or the transaction was not begun by \
+                                 begin_top_level (or a Transaction), whose marker this commit \
+                                 checks. Fail when a statement fails"
                             .into(),
                         source: Some(error),
                     }
@@ -335,16 +466,20 @@ mod sqlite {
         }
     }
 
-    /// Runs `query` on `conn` only if SQLite still has a transaction open
-    /// there, although diesel counts one; returns its row count, or `None`
-    /// (nothing run) in autocommit, where it would commit on its own.
+    /// Runs `query` on `conn` only if SQLite still has the transaction
+    /// diesel counts open; returns its row count, or `None` (nothing run)
+    /// when it does not, where the insert would commit on its own.
     ///
-    /// The probe is a `BEGIN`, which fails inside a transaction ("cannot
-    /// start a transaction within a transaction") and succeeds in
-    /// autocommit, where it is rolled back at once. Both run in one task on
-    /// the blocking thread that holds the connection, so nothing runs in
-    /// between (and only a statement can end a transaction). Cost: one
-    /// failing statement, a few µs; no extra hop to the blocking pool.
+    /// A transaction begun by this crate carries a marker row ([`BEGIN`]),
+    /// which SQLite rolls back with the transaction: present, the
+    /// transaction is the one begun. Without it (an application's own
+    /// `immediate_transaction`), at diesel depth 1 the probe is a `BEGIN`,
+    /// which fails inside a transaction ("cannot start a transaction within
+    /// a transaction") and succeeds in autocommit (rolled back at once);
+    /// deeper, a `SAVEPOINT` run after a rollback would have started a new
+    /// transaction that the probe cannot tell from the old one, so nothing
+    /// is run. All in one task on the blocking thread that holds the
+    /// connection, so nothing runs in between.
     pub(crate) async fn execute_if_open<Q>(
         conn: &mut SyncConnectionWrapper<SqliteConnection>,
         query: Q,
@@ -355,14 +490,34 @@ mod sqlite {
             + Send
             + 'static,
     {
+        let depth = Manager::transaction_manager_status_mut(conn)
+            .transaction_depth()
+            .ok()
+            .flatten()
+            .map(std::num::NonZeroU32::get);
         conn.spawn_blocking(move |conn: &mut SqliteConnection| {
-            match conn.batch_execute("BEGIN") {
-                Err(diesel::result::Error::DatabaseError(_, info))
-                    if info.message().contains("within a transaction") => {}
-                Err(error) => return Err(error),
-                Ok(()) => {
-                    conn.batch_execute("ROLLBACK")?;
+            let marked =
+                match diesel::RunQueryDsl::get_result::<Open>(diesel::sql_query(MARKED), conn) {
+                    Ok(row) => row.open == 1,
+                    Err(diesel::result::Error::DatabaseError(_, info))
+                        if info.message().contains("no such table") =>
+                    {
+                        false
+                    }
+                    Err(error) => return Err(error),
+                };
+            if !marked {
+                if depth != Some(1) {
                     return Ok(None);
+                }
+                match conn.batch_execute("BEGIN") {
+                    Err(diesel::result::Error::DatabaseError(_, info))
+                        if info.message().contains("within a transaction") => {}
+                    Err(error) => return Err(error),
+                    Ok(()) => {
+                        conn.batch_execute("ROLLBACK")?;
+                        return Ok(None);
+                    }
                 }
             }
             diesel::RunQueryDsl::execute(query, conn).map(Some)

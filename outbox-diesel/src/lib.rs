@@ -302,7 +302,7 @@ pub mod sqlite;
 mod store;
 mod transaction;
 
-pub use connection::Connection;
+pub use connection::{AsConnection, Connection};
 #[cfg(feature = "postgres")]
 pub use dead_letters::PgDeadLetters;
 pub use error::{Error, Result};

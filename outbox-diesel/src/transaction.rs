@@ -7,7 +7,7 @@ use std::ops::{Deref, DerefMut};
 
 use deadpool::managed::{Object, Pool};
 
-use crate::{Connection, Error, Result};
+use crate::{AsConnection, Connection, Error, Result};
 
 /// [`Transaction`] on PostgreSQL.
 #[cfg(feature = "postgres")]
@@ -32,8 +32,8 @@ pub type SqliteTransaction = Transaction<crate::sqlite::AsyncSqliteConnection>;
 /// [`Error::Database`] if `BEGIN` fails. With a transaction already open
 /// PostgreSQL opens a savepoint instead (which the commit then refuses as
 /// nested), and MariaDB fails.
-pub async fn begin_top_level<C: Connection>(conn: &mut C) -> Result<()> {
-    conn.begin().await?;
+pub async fn begin_top_level<A: AsConnection>(conn: &mut A) -> Result<()> {
+    conn.as_connection().begin().await?;
     Ok(())
 }
 
@@ -84,7 +84,12 @@ pub async fn begin_top_level<C: Connection>(conn: &mut C) -> Result<()> {
 /// the transaction is aborted: nothing was committed. [`Error::Database`]
 /// if the `COMMIT` itself fails (e.g. a deferred constraint): PostgreSQL has
 /// rolled the transaction back.
-pub async fn commit_top_level<C: Connection>(conn: &mut C) -> Result<()> {
+pub async fn commit_top_level<A: AsConnection>(conn: &mut A) -> Result<()> {
+    commit(conn.as_connection()).await
+}
+
+/// [`commit_top_level`] of a connection.
+pub(crate) async fn commit<C: Connection>(conn: &mut C) -> Result<()> {
     let status = conn.transaction_status();
     match status.transaction_depth() {
         Ok(Some(depth)) if depth.get() == 1 => {}
@@ -151,14 +156,16 @@ impl<C: Connection> Transaction<C> {
     /// # Errors
     /// [`Error::Pool`] or [`Error::Database`].
     pub async fn begin(pool: &Pool<C::Manager>) -> Result<Self> {
-        let mut conn = pool.get().await.map_err(Error::Pool)?;
-        if let Err(err) = conn.begin().await {
-            // Its session is in doubt (a dead socket, a half-run batch):
-            // closed, not pooled.
-            drop(Object::take(conn));
-            return Err(err.into());
+        // Held by the transaction before `BEGIN` is sent: if `BEGIN` fails
+        // or its future is dropped (cancelled while it waits for a lock,
+        // e.g. SQLite's write lock), `Drop` closes the connection instead
+        // of pooling it inside a transaction.
+        let conn = pool.get().await.map_err(Error::Pool)?;
+        let mut tx = Transaction { conn: Some(conn) };
+        if let Some(conn) = tx.conn.as_mut() {
+            Connection::begin(&mut **conn).await?;
         }
-        Ok(Transaction { conn: Some(conn) })
+        Ok(tx)
     }
 
     /// As [`begin`](Self::begin), with `sql` (a simple-query batch that
@@ -169,14 +176,12 @@ impl<C: Connection> Transaction<C> {
     where
         C: diesel_async::AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
     {
-        let mut conn = pool.get().await.map_err(Error::Pool)?;
-        if let Err(err) =
-            diesel_async::AnsiTransactionManager::begin_transaction_sql(&mut *conn, sql).await
-        {
-            drop(Object::take(conn));
-            return Err(err.into());
+        let conn = pool.get().await.map_err(Error::Pool)?;
+        let mut tx = Transaction { conn: Some(conn) };
+        if let Some(conn) = tx.conn.as_mut() {
+            diesel_async::AnsiTransactionManager::begin_transaction_sql(&mut **conn, sql).await?;
         }
-        Ok(Transaction { conn: Some(conn) })
+        Ok(tx)
     }
 
     /// Commits with [`commit_top_level`] and returns the connection to the
@@ -196,7 +201,7 @@ impl<C: Connection> Transaction<C> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(());
         };
-        let committed = commit_top_level(&mut **conn).await;
+        let committed = commit(&mut **conn).await;
         self.finish(committed)
     }
 
@@ -224,7 +229,7 @@ impl<C: Connection> Transaction<C> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(());
         };
-        let mut outcome = commit_top_level(&mut **conn).await;
+        let mut outcome = commit(&mut **conn).await;
         if outcome.is_ok() {
             outcome = conn.batch_execute(after).await.map_err(Error::from);
         }
@@ -241,7 +246,7 @@ impl<C: Connection> Transaction<C> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(());
         };
-        if !in_top_level_transaction(&mut **conn) {
+        if !top_level(&mut **conn) {
             // `ROLLBACK` would only roll back to the innermost savepoint
             // and leave the transaction open: close the connection.
             let _ = self.finish(Err(Error::NoTransaction));
@@ -256,7 +261,12 @@ impl<C: Connection> Transaction<C> {
 /// (no nested transaction, i.e. savepoint, left open and the transaction
 /// manager not broken): only then does a `ROLLBACK` through diesel end the
 /// transaction. Otherwise roll back by closing the connection.
-pub fn in_top_level_transaction<C: Connection>(conn: &mut C) -> bool {
+pub fn in_top_level_transaction<A: AsConnection>(conn: &mut A) -> bool {
+    top_level(conn.as_connection())
+}
+
+/// [`in_top_level_transaction`] of a connection.
+pub(crate) fn top_level<C: Connection>(conn: &mut C) -> bool {
     matches!(
         conn.transaction_status().transaction_depth(),
         Ok(Some(depth)) if depth.get() == 1

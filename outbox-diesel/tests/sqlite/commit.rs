@@ -264,3 +264,89 @@ async fn recording_in_the_applications_own_and_nested_transactions() {
         .collect();
     assert_eq!(aggregates, ["outer", "after-1", "after-2"]);
 }
+
+/// After SQLite rolled the transaction back, a nested `transaction(..)`
+/// sends a `SAVEPOINT`, which in autocommit starts a NEW transaction: a
+/// `BEGIN` probe would take it for the old one, and its `RELEASE` would
+/// commit an event on its own. The marker of `begin_top_level` went with
+/// the rollback: recording and the inbox refuse, and nothing is stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_savepoint_after_a_rollback_does_not_let_an_event_commit_alone() {
+    use diesel_async::AsyncConnection as _;
+    let (_db, mut conn) = migrated("savepoint").await;
+    roll_back_by_trigger_setup(&mut conn).await;
+    begin_top_level(&mut conn).await.unwrap();
+    roll_back_by_trigger(&mut conn).await;
+    let recorded: Result<(), Error> = conn
+        .transaction(async |conn| {
+            sqlite::record(conn, &TestEvent::new("alone")).await?;
+            Ok(())
+        })
+        .await;
+    let error = recorded.unwrap_err();
+    assert!(matches!(error, Error::NotCommitted { .. }), "{error}");
+    let received: Result<outbox_core::InboxOutcome, Error> = conn
+        .transaction(async |conn| {
+            outbox_core::InboxStore::receive(
+                &sqlite::SqliteInbox::default(),
+                conn,
+                "billing",
+                uuid::Uuid::now_v7(),
+            )
+            .await
+        })
+        .await;
+    assert!(
+        matches!(received, Err(Error::NotCommitted { .. })),
+        "{received:?}"
+    );
+    commit_top_level(&mut conn).await.unwrap_err();
+    let mut fresh = sqlite::connect(&_db.url()).await.unwrap();
+    assert!(
+        stored(&mut fresh).await.is_empty(),
+        "no event committed alone"
+    );
+    assert_eq!(
+        count(&mut fresh, "SELECT count(*) AS n FROM inbox_events").await,
+        0
+    );
+}
+
+/// A `begin` cancelled while it waits for the write lock closes its
+/// connection: the lock is not kept by an idle pooled connection.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_begin_cancelled_while_waiting_does_not_keep_the_write_lock() {
+    let (db, _conn) = migrated("cancelbegin").await;
+    let pool = sqlite::pool(&db.url(), 3).unwrap();
+    let holder = SqliteTransaction::begin(&pool).await.unwrap();
+    let waiting =
+        tokio::time::timeout(Duration::from_millis(300), SqliteTransaction::begin(&pool)).await;
+    assert!(waiting.is_err(), "the second begin waited for the lock");
+    holder.commit().await.unwrap();
+    let started = Instant::now();
+    let mut third = SqliteTransaction::begin(&pool).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the write lock was kept for {:?}",
+        started.elapsed()
+    );
+    sqlite::record(&mut third, &TestEvent::new("after"))
+        .await
+        .unwrap();
+    third.commit().await.unwrap();
+}
+
+/// The wrapper's cancellation needs the multi-thread runtime: refused
+/// clearly on the current-thread one instead of panicking later.
+#[tokio::test(flavor = "current_thread")]
+async fn the_current_thread_runtime_is_refused() {
+    let (db, _) = (super::TempDb::new("flavor"), ());
+    let Err(error) = sqlite::connect(&db.url()).await else {
+        panic!("connected on the current-thread runtime");
+    };
+    assert!(
+        matches!(&error, Error::Config(m) if m.contains("multi-thread")),
+        "{error}"
+    );
+    assert!(matches!(sqlite::pool(&db.url(), 1), Err(Error::Config(_))));
+}
