@@ -9,8 +9,9 @@
 //! The same parts as on PostgreSQL: the recorder ([`SqliteOutbox`]), the
 //! inbox ([`SqliteInbox`], [`SqliteInboxDatabase`]) and the migrations
 //! ([`migrate`]), on [`SqliteTransaction`]s checked at commit (see
-//! [`Connection`]). The relay store (a lease claim: no row locks) comes
-//! next.
+//! [`Connection`]); and the relay's store ([`SqliteOutboxStore`]), whose
+//! claims are leases rather than row locks, so that no write transaction
+//! is open while a batch is published (see its module docs).
 //!
 //! # Where the outbox lives
 //! One database file is one outbox: its tables are unqualified (an
@@ -51,11 +52,13 @@ mod migrate;
 mod record;
 mod settings;
 mod sql;
+mod store;
 
 pub use inbox::{SqliteInbox, SqliteInboxDatabase};
 pub use migrate::{SQLITE_MIGRATIONS, migrate, migrate_url};
 pub use record::SqliteOutbox;
 pub use settings::SqliteSettings;
+pub use store::{SqliteClaim, SqliteOutboxStore};
 
 // What a SQLite user needs from the crate root, here too (the facade's
 // `outbox::sqlite` is this module).
