@@ -469,3 +469,115 @@ async fn replay_and_skip_release_held_events() {
     rest.finish().await.unwrap();
     fixture.store.maintain().await.unwrap();
 }
+
+/// A row this library cannot read (headers that are not a map of strings,
+/// written by another writer) is marked dead by the claim that meets it,
+/// with its attempt; the rows of its aggregate behind it are held and not
+/// left leased; other aggregates are handed out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_malformed_row_is_marked_dead_and_holds_back_its_aggregate() {
+    let fixture = SqliteFixture::new("malformed").await;
+    let mut conn = fixture.conn().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, \
+           schema_version, payload, headers, occurred_at) \
+         VALUES ('00000000-0000-7000-8000-000000000001', 'thing', 'm', 'thing.happened', 1, \
+           '{}', '[1]', 0)",
+    )
+    .await
+    .unwrap();
+    fixture
+        .record(&[TestEvent::new("m"), TestEvent::new("n")])
+        .await
+        .unwrap();
+    let mut claim = batch(&fixture.store, 10).await;
+    assert_eq!(aggregates(&claim), ["n"]);
+    let sent = seqs(&claim);
+    claim.mark_sent(&sent).await.unwrap();
+    claim.finish().await.unwrap();
+    for (sql, n) in [
+        (
+            "SELECT count(*) AS n FROM outbox_events WHERE aggregate_id = 'm' \
+             AND status = 'dead' AND last_error LIKE 'malformed row:%'",
+            1,
+        ),
+        (
+            "SELECT count(*) AS n FROM outbox_events WHERE aggregate_id = 'm' \
+             AND status = 'held'",
+            1,
+        ),
+        (
+            "SELECT count(*) AS n FROM outbox_attempts WHERE outcome = 'dead'",
+            1,
+        ),
+        (
+            "SELECT count(*) AS n FROM outbox_events WHERE lease_token IS NOT NULL",
+            0,
+        ),
+    ] {
+        assert_eq!(count(&mut conn, sql).await, n, "{sql}");
+    }
+    assert!(fixture.store.claim(10).await.unwrap().is_none());
+}
+
+/// Three relays claim, publish and finish concurrently: every event is
+/// delivered exactly once, each aggregate's in seq order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_relays_deliver_each_event_once_in_aggregate_order() {
+    let fixture = SqliteFixture::new("concurrent").await;
+    let events: Vec<TestEvent> = (0..60)
+        .map(|i| TestEvent::new(["a", "b", "c", "d", "e", "f"][i % 6]).field("n", i))
+        .collect();
+    fixture.record(&events).await.unwrap();
+    let delivered = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let relays: Vec<_> = (0..3)
+        .map(|_| {
+            let store = fixture.store.clone();
+            let delivered = std::sync::Arc::clone(&delivered);
+            tokio::spawn(async move {
+                let mut idle = 0;
+                while idle < 3 {
+                    let Some(mut claim) = store.claim(5).await.unwrap() else {
+                        idle += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    };
+                    idle = 0;
+                    delivered.lock().unwrap().extend(
+                        claim
+                            .records()
+                            .iter()
+                            .map(|r| (r.envelope.aggregate_id.clone(), r.seq)),
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    let seqs = seqs(&claim);
+                    claim.mark_sent(&seqs).await.unwrap();
+                    claim.finish().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for relay in relays {
+        relay.await.unwrap();
+    }
+    let delivered = delivered.lock().unwrap().clone();
+    let mut all: Vec<i64> = delivered.iter().map(|(_, seq)| *seq).collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 60, "each event once");
+    assert_eq!(delivered.len(), 60, "no event twice");
+    for aggregate in ["a", "b", "c", "d", "e", "f"] {
+        let order: Vec<i64> = delivered
+            .iter()
+            .filter(|(a, _)| a == aggregate)
+            .map(|(_, seq)| *seq)
+            .collect();
+        assert!(order.is_sorted(), "{aggregate}: {order:?}");
+    }
+    let mut conn = fixture.conn().await;
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM outbox_events").await,
+        0
+    );
+}

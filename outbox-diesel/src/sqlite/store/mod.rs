@@ -85,8 +85,8 @@ const SCHEMA: &str = "main";
 
 /// The relay's store on SQLite: lease claims, marks, stats, replays, the
 /// relay registry. Get one from
-/// [`SqliteSettings::store`](super::SqliteSettings::store). See the
-/// [module docs](self) for how a claim works.
+/// [`SqliteSettings::store`](super::SqliteSettings::store). How its claim
+/// works: [the module docs](super#the-relay-store-a-lease-claim).
 #[derive(Clone)]
 pub struct SqliteOutboxStore {
     pool: Pool<AsyncSqliteConnection>,
