@@ -581,3 +581,51 @@ async fn concurrent_relays_deliver_each_event_once_in_aggregate_order() {
         0
     );
 }
+
+/// The relay itself on the SQLite store: two relays publish every event
+/// once, while a request records more events meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_publish_every_event_once() {
+    use outbox_core::Relay;
+    use outbox_core::testing::RecordingPublisher;
+    let fixture = SqliteFixture::new("relays").await;
+    let events: Vec<TestEvent> = (0..100)
+        .map(|i| TestEvent::new(format!("agg-{}", i % 7)).field("n", i))
+        .collect();
+    let mut ids = fixture.record(&events[..50]).await.unwrap();
+    let publisher = RecordingPublisher::new();
+    let mut handles = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let relay = Relay::builder(fixture.store.clone(), publisher.clone())
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap();
+        handles.push(relay.handle());
+        tasks.push(tokio::spawn(relay.run()));
+    }
+    ids.extend(fixture.record(&events[50..]).await.unwrap());
+    let delivered =
+        tokio::time::timeout(Duration::from_secs(30), publisher.wait_for(ids.len())).await;
+    for handle in &handles {
+        handle.shutdown();
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(
+        delivered.is_ok(),
+        "{} published",
+        publisher.published().len()
+    );
+    let mut published = publisher.published_ids();
+    assert_eq!(published.len(), ids.len(), "each once");
+    published.sort_unstable();
+    ids.sort_unstable();
+    assert_eq!(published, ids);
+    let mut conn = fixture.conn().await;
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM outbox_events").await,
+        0
+    );
+}
