@@ -260,6 +260,26 @@ async fn a_writer_is_not_blocked_while_a_claim_is_out() {
     let next = batch(&fixture.store, 10).await;
     assert_eq!(aggregates(&next), ["a", "b"]);
     next.finish().await.unwrap();
+
+    // The control: a write transaction left open (what a claim holding its
+    // transaction through the publish would be) does make a writer wait.
+    let pool = fixture.pool.clone();
+    let holder = tokio::spawn(async move {
+        let tx = outbox_diesel::SqliteTransaction::begin(&pool)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        tx.commit().await.unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    fixture.record(&[TestEvent::new("c")]).await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "the writer did not wait: {:?}",
+        started.elapsed()
+    );
+    holder.await.unwrap();
 }
 
 /// A claim dropped without `finish` clears its leases in the background.
@@ -370,6 +390,50 @@ async fn unordered_claims_never_overlap() {
     assert!(fixture.store.claim(2).await.unwrap().is_none());
     first.finish().await.unwrap();
     second.finish().await.unwrap();
+
+    // A paused relay claims nothing; an unpaused one with nothing due gets
+    // `Empty`.
+    let registration = outbox_core::RelayRegistration::new("relay-u", Duration::from_secs(5));
+    fixture.store.register_relay(&registration).await.unwrap();
+    let mut conn = fixture.conn().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        "UPDATE outbox_relays SET paused = 1",
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        fixture.store.claim_for("relay-u", 10).await.unwrap(),
+        Claimed::Paused
+    ));
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        "UPDATE outbox_relays SET paused = 0; DELETE FROM outbox_events",
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        fixture.store.claim_for("relay-u", 10).await.unwrap(),
+        Claimed::Empty
+    ));
+}
+
+/// A store refuses to claim from a file migrated by a newer version.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_newer_schema_is_refused() {
+    let fixture = SqliteFixture::new("version").await;
+    let mut conn = fixture.conn().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        "INSERT INTO outbox_schema_version (version, name, applied_at) VALUES (99, 'future', 0)",
+    )
+    .await
+    .unwrap();
+    let error = fixture.store.claim(10).await.unwrap_err();
+    assert!(
+        matches!(error, Error::SchemaVersion { found: 99, .. }),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
