@@ -123,6 +123,19 @@ pub enum Error {
         /// The stored value.
         value: String,
     },
+    /// SQLite: a claim's lease expired and another claim took these events
+    /// (`seqs`) before [`finish`](outbox_core::Claim::finish) applied this
+    /// claim's marks of them. The marks of the claim's other events were
+    /// committed. These events were published and may be published again:
+    /// delivery is at-least-once, nothing is lost. A publish took longer
+    /// than the claim timeout, which must exceed the confirm timeout.
+    #[error(
+        "the lease of outbox events {seqs:?} expired and another claim took them before this          claim finished: their marks were not applied (the claim's other marks were committed);          they were published and may be published again (at-least-once delivery, nothing is          lost). Raise the claim timeout above the longest publish"
+    )]
+    LeaseLost {
+        /// The seqs whose marks were not applied, in seq order.
+        seqs: Vec<i64>,
+    },
     /// A stored row could not be read back (corrupt headers, unknown status).
     #[error("outbox row {seq} is malformed: {reason}")]
     MalformedRow {

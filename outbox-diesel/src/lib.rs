@@ -284,7 +284,7 @@ mod inbox;
 mod migrate;
 #[cfg(feature = "mysql")]
 pub mod mysql;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod plan;
 #[cfg(feature = "postgres")]
 mod postgres;

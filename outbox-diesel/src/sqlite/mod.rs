@@ -9,8 +9,8 @@
 //! The same parts as on PostgreSQL: the recorder ([`SqliteOutbox`]), the
 //! inbox ([`SqliteInbox`], [`SqliteInboxDatabase`]) and the migrations
 //! ([`migrate`]), on [`SqliteTransaction`]s checked at commit (see
-//! [`Connection`]). The relay store (a lease claim: no row locks) comes
-//! next.
+//! [`Connection`]); and the relay's store ([`SqliteOutboxStore`]), whose
+//! claims are leases rather than row locks (below).
 //!
 //! # Where the outbox lives
 //! One database file is one outbox: its tables are unqualified (an
@@ -19,6 +19,38 @@
 //! for an absolute path), a plain path, or a `file:` URI, and sets on each
 //! connection `PRAGMA busy_timeout` ([`BUSY_TIMEOUT`]), `foreign_keys = ON`
 //! and `synchronous = FULL`; [`migrate`] puts the file in WAL mode.
+//!
+//! # The relay store: a lease claim
+//! SQLite has one writer at a time and no row locks, so a claim cannot
+//! keep its rows locked in a transaction open while the batch is published
+//! (as on PostgreSQL and MariaDB): that would hold the file's write lock
+//! for the whole publish, and requests recording events would wait behind
+//! it, then fail after `busy_timeout` during a broker stall. A
+//! [`SqliteClaim`] is two short `BEGIN IMMEDIATE` transactions instead, with
+//! the publish between them and no transaction open during it:
+//! 1. the claim reads the window of due events, keeps each aggregate's run
+//!    up to the batch size (a row another claim has leased counts as
+//!    locked), *leases* the kept rows (`lease_token` := a new uuid,
+//!    `lease_until` := now + the claim timeout), holds the blocked ones and
+//!    commits;
+//! 2. the marks are checked when called (a seq not in the claim, or named
+//!    twice, is refused at once), kept in call order, and applied by
+//!    [`finish`](outbox_core::Claim::finish) in one transaction, each
+//!    statement fenced by the claim's `lease_token`; the claim's leases are
+//!    then cleared.
+//!
+//! A lease lasts the claim timeout ([`SqliteOutboxStore::claim_timeout`],
+//! 60 s; it must exceed the publisher's confirm timeout) and the relay stops
+//! publishing a batch at 0.8 of it. If a publish stalls past it, another
+//! claim may take the rows again; the first claim's `finish` then commits
+//! its other marks and returns [`Error::LeaseLost`] naming the events taken
+//! over: they were published and will be published again (at-least-once,
+//! nothing lost). A claim dropped without `finish` clears its leases in the
+//! background. The cost is two write transactions per batch (a millisecond
+//! or so of write lock each). **One relay per database file is enough**:
+//! SQLite serializes writers, so more relays only add contention (they are
+//! safe: leases never overlap). Held events are released by the schema's
+//! trigger, as on PostgreSQL.
 //!
 //! # What differs from PostgreSQL
 //! - **One writer at a time.** Every transaction this crate begins is
@@ -55,11 +87,13 @@ mod migrate;
 mod record;
 mod settings;
 mod sql;
+mod store;
 
 pub use inbox::{SqliteInbox, SqliteInboxDatabase};
 pub use migrate::{SQLITE_MIGRATIONS, migrate, migrate_url};
 pub use record::SqliteOutbox;
 pub use settings::SqliteSettings;
+pub use store::{SqliteClaim, SqliteOutboxStore};
 
 // What a SQLite user needs from the crate root, here too (the facade's
 // `outbox::sqlite` is this module).

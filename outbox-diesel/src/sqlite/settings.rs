@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::sql::SqliteSql;
-use super::{AsyncSqliteConnection, SqliteInbox, SqliteOutbox};
+use super::{AsyncSqliteConnection, SqliteInbox, SqliteOutbox, SqliteOutboxStore};
 use crate::Result;
 
 /// One value for everything a SQLite outbox's parts share: whether
@@ -68,6 +68,15 @@ impl SqliteSettings {
     /// The inbox.
     pub fn inbox(&self) -> SqliteInbox {
         SqliteInbox::from_sql(Arc::clone(&self.sql), self.prepare)
+    }
+
+    /// The relay's store on `pool` (see [`SqliteOutboxStore`] for its
+    /// settings and how its lease claim works).
+    pub fn store(
+        &self,
+        pool: diesel_async::pooled_connection::deadpool::Pool<AsyncSqliteConnection>,
+    ) -> SqliteOutboxStore {
+        SqliteOutboxStore::new(pool, self.prepare)
     }
 
     /// Applies the migrations this version knows, as

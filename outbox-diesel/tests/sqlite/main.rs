@@ -7,6 +7,7 @@ mod commit;
 mod inbox;
 mod migrate;
 mod record;
+mod store;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
