@@ -321,22 +321,28 @@ impl MysqlClaim {
     }
 }
 
-impl Claim for MysqlClaim {
-    type Error = Error;
-
-    fn records(&self) -> &[OutboxRecord] {
-        &self.records
+impl MysqlClaim {
+    /// `result`, after ending the claim if it is an error: a failed
+    /// statement may have been a deadlock, after which MariaDB has rolled
+    /// the claim's transaction back and later marks would run in autocommit
+    /// without its locks. The relay stops at the first error anyway; this
+    /// makes every later call `ClaimFinished` for any other caller.
+    fn ended_on_error<T>(&mut self, result: Result<T>) -> Result<T> {
+        if result.is_err()
+            && !matches!(
+                result,
+                Err(Error::NotInClaim { .. } | Error::DuplicateSeq { .. })
+            )
+        {
+            // Dropped, not committed: its connection is closed.
+            self.tx = None;
+        }
+        result
     }
+}
 
-    fn delivery_order(&self) -> DeliveryOrder {
-        self.order
-    }
-
-    fn valid_until(&self) -> Option<Instant> {
-        Some(self.valid_until)
-    }
-
-    async fn mark_sent(&mut self, seqs: &[i64]) -> Result<()> {
+impl MysqlClaim {
+    async fn mark_sent_in(&mut self, seqs: &[i64]) -> Result<()> {
         let seqs = checked_seqs(&self.records, seqs.iter().copied())?;
         if seqs.is_empty() {
             return Ok(());
@@ -373,7 +379,7 @@ impl Claim for MysqlClaim {
         Ok(())
     }
 
-    async fn mark_suspect(&mut self, seqs: &[i64], reason: &str) -> Result<()> {
+    async fn mark_suspect_in(&mut self, seqs: &[i64], reason: &str) -> Result<()> {
         let seqs = checked_seqs(&self.records, seqs.iter().copied())?;
         if seqs.is_empty() {
             return Ok(());
@@ -400,7 +406,7 @@ impl Claim for MysqlClaim {
         self.trim_attempts(&json).await
     }
 
-    async fn mark_failed(&mut self, failures: &[FailedAttempt]) -> Result<()> {
+    async fn mark_failed_in(&mut self, failures: &[FailedAttempt]) -> Result<()> {
         let seqs = checked_seqs(&self.records, failures.iter().map(|f| f.seq))?;
         if seqs.is_empty() {
             return Ok(());
@@ -455,6 +461,37 @@ impl Claim for MysqlClaim {
             .await?;
         hold(&sql, prepare, conn, &held).await?;
         self.trim_attempts(&json).await
+    }
+}
+
+impl Claim for MysqlClaim {
+    type Error = Error;
+
+    fn records(&self) -> &[OutboxRecord] {
+        &self.records
+    }
+
+    fn delivery_order(&self) -> DeliveryOrder {
+        self.order
+    }
+
+    fn valid_until(&self) -> Option<Instant> {
+        Some(self.valid_until)
+    }
+
+    async fn mark_sent(&mut self, seqs: &[i64]) -> Result<()> {
+        let result = self.mark_sent_in(seqs).await;
+        self.ended_on_error(result)
+    }
+
+    async fn mark_suspect(&mut self, seqs: &[i64], reason: &str) -> Result<()> {
+        let result = self.mark_suspect_in(seqs, reason).await;
+        self.ended_on_error(result)
+    }
+
+    async fn mark_failed(&mut self, failures: &[FailedAttempt]) -> Result<()> {
+        let result = self.mark_failed_in(failures).await;
+        self.ended_on_error(result)
     }
 
     async fn finish(mut self) -> Result<()> {

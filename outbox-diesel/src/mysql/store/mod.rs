@@ -300,11 +300,19 @@ impl OutboxStore for MysqlOutboxStore {
 
     async fn purge_sent(&self, before: DateTime<Utc>, limit: usize) -> Result<u64> {
         let mut conn = self.pool.get().await.map_err(Error::Pool)?;
-        let deleted = diesel::sql_query(&self.sql.purge)
-            .bind::<Datetime, _>(before.naive_utc())
-            .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&mut *conn)
-            .await?;
+        let mut deleted = 0;
+        for status in ["sent", "skipped"] {
+            let left = limit.saturating_sub(deleted);
+            if left == 0 {
+                break;
+            }
+            deleted += diesel::sql_query(&self.sql.purge)
+                .bind::<Text, _>(status)
+                .bind::<Datetime, _>(before.naive_utc())
+                .bind::<BigInt, _>(i64::try_from(left).unwrap_or(i64::MAX))
+                .execute(&mut *conn)
+                .await?;
+        }
         Ok(deleted as u64)
     }
 

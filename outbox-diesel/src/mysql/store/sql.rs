@@ -106,7 +106,9 @@ pub(crate) struct MysqlStoreSql {
     /// Row: `backlog`, `oldest_age`, `dead`, `unroutable`, `blocked`,
     /// `delivery_order`, `relays_live`.
     pub(crate) stats: String,
-    /// Binds: before, limit.
+    /// Binds: status (`sent` or `skipped`: one status, so that the chunk
+    /// walks `outbox_events_status_seq` in seq order instead of sorting
+    /// every kept row), before, limit.
     pub(crate) purge: String,
     /// Binds: id. Row: `aggregate_type`, `aggregate_id` (none: no such id).
     pub(crate) aggregate_of_id: String,
@@ -355,8 +357,8 @@ impl MysqlStoreSql {
             ),
             purge: format!(
                 "DELETE t FROM ( \
-                   SELECT seq FROM {t} \
-                   WHERE status IN ('sent', 'skipped') AND COALESCE(published_at, occurred_at) < ? \
+                   SELECT seq FROM {t} FORCE INDEX (outbox_events_status_seq) \
+                   WHERE status = ? AND COALESCE(published_at, occurred_at) < ? \
                    ORDER BY seq LIMIT ? \
                  ) AS d \
                  STRAIGHT_JOIN {t} AS t FORCE INDEX (PRIMARY) ON t.seq = d.seq \
