@@ -381,8 +381,20 @@ mod sqlite {
     /// marker row in a temporary table: SQLite rolls it back with the
     /// transaction, whatever starts a transaction afterwards (a nested
     /// `transaction(..)`'s `SAVEPOINT` does, in autocommit).
-    pub(crate) const BEGIN: &str = "BEGIN IMMEDIATE; \
-        CREATE TEMP TABLE IF NOT EXISTS outbox_tx_open (x INTEGER); \
+    ///
+    /// The marker cannot be committed by anything but
+    /// [`PROBE_AND_COMMIT`], which deletes it first: it references a row
+    /// that never exists, checked at commit (a deferred foreign key), so a
+    /// plain `COMMIT` (diesel's own, of a transaction begun here) fails
+    /// instead of leaving a marker behind on the connection, where it would
+    /// vouch for a later transaction that SQLite rolled back. Foreign keys
+    /// must be on (`connect` and `pool` set it): checked first.
+    pub(crate) const BEGIN: &str = "SELECT CASE WHEN (SELECT foreign_keys FROM pragma_foreign_keys) \
+        = 1 THEN 1 ELSE json('outbox: PRAGMA foreign_keys must be ON') END; \
+        BEGIN IMMEDIATE; \
+        CREATE TEMP TABLE IF NOT EXISTS outbox_tx_never (x INTEGER PRIMARY KEY); \
+        CREATE TEMP TABLE IF NOT EXISTS outbox_tx_open \
+          (x INTEGER REFERENCES outbox_tx_never (x) DEFERRABLE INITIALLY DEFERRED); \
         INSERT INTO temp.outbox_tx_open VALUES (1)";
     /// Fails (a malformed-JSON error, or "no such table" when even the
     /// table went with the rollback) before the `COMMIT` when the marker is
@@ -421,7 +433,15 @@ mod sqlite {
 
         async fn begin(&mut self) -> QueryResult<()> {
             self.spawn_blocking(|conn| {
-                diesel::connection::AnsiTransactionManager::begin_transaction_sql(conn, BEGIN)
+                let begun =
+                    diesel::connection::AnsiTransactionManager::begin_transaction_sql(conn, BEGIN);
+                if begun.is_err() {
+                    // `BEGIN IMMEDIATE` may have run before a later statement
+                    // of the batch failed: a write transaction diesel does
+                    // not know of, which would keep the file's write lock.
+                    let _ = conn.batch_execute("ROLLBACK");
+                }
+                begun
             })
             .await
         }

@@ -350,3 +350,38 @@ async fn the_current_thread_runtime_is_refused() {
     );
     assert!(matches!(sqlite::pool(&db.url(), 1), Err(Error::Config(_))));
 }
+
+/// A transaction begun by `begin_top_level` carries a marker that only the
+/// checked commit removes: a plain `COMMIT` (diesel's own) is refused, so no
+/// marker is left on the connection to vouch for a later transaction that
+/// SQLite rolls back (which would let an event commit on its own).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_marked_transaction_cannot_be_committed_behind_the_checks_back() {
+    let (_db, mut conn) = migrated("stalemarker").await;
+    roll_back_by_trigger_setup(&mut conn).await;
+    begin_top_level(&mut conn).await.unwrap();
+    sqlite::record(&mut conn, &TestEvent::new("first"))
+        .await
+        .unwrap();
+    let error = Manager::commit_transaction(&mut conn).await.unwrap_err();
+    assert!(error.to_string().contains("FOREIGN KEY"), "{error}");
+    // diesel rolls back after a failed COMMIT (if it did not, closing the
+    // connection would): nothing stored, no marker left.
+    let _ = Manager::rollback_transaction(&mut conn).await;
+    assert!(stored(&mut conn).await.is_empty());
+
+    // The application's own transaction on the same connection, rolled
+    // back by SQLite and carried on: recording refuses.
+    let recorded: Result<(), Error> = conn
+        .immediate_transaction(async |conn| {
+            roll_back_by_trigger(conn).await;
+            sqlite::record(conn, &TestEvent::new("alone")).await?;
+            Ok(())
+        })
+        .await;
+    assert!(recorded.is_err());
+    assert!(
+        stored(&mut conn).await.is_empty(),
+        "no event committed alone"
+    );
+}

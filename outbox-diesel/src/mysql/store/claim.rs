@@ -175,6 +175,7 @@ impl MysqlOutboxStore {
             valid_until: Instant::now() + self.claim_timeout.mul_f64(0.8),
             relay: relay.map(str::to_owned).or_else(|| self.relay_name()),
             failed: Vec::new(),
+            ended: false,
         }))
     }
 }
@@ -290,6 +291,8 @@ pub struct MysqlClaim {
     relay: Option<String>,
     /// Seqs marked failed by this claim: heads, if they are sent later.
     failed: Vec<i64>,
+    /// A mark failed and ended the claim (its transaction rolled back).
+    ended: bool,
 }
 
 impl std::fmt::Debug for MysqlClaim {
@@ -336,6 +339,7 @@ impl MysqlClaim {
         {
             // Dropped, not committed: its connection is closed.
             self.tx = None;
+            self.ended = true;
         }
         result
     }
@@ -497,6 +501,13 @@ impl Claim for MysqlClaim {
     async fn finish(mut self) -> Result<()> {
         match self.tx.take() {
             Some(tx) => tx.commit_then(CLAIM_END).await,
+            None if self.ended => Err(Error::NotCommitted {
+                reason: "a mark of this claim failed, which ended it: its transaction was \
+                         rolled back, none of its marks is stored (its events are claimed \
+                         again)"
+                    .into(),
+                source: None,
+            }),
             None => Ok(()),
         }
     }
