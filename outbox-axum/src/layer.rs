@@ -96,7 +96,19 @@ impl OutboxLayer {
     /// that back end's default recorder (`public`, with `NOTIFY`, on
     /// PostgreSQL). A recorder of another back end than the pool's fails
     /// every commit with `outbox_diesel::Error::Config`, saying which to give.
+    ///
+    /// # Panics
+    /// If `outbox` is not the recorder of the source's back end (e.g. an
+    /// `outbox_diesel::Outbox` for a MariaDB pool): a misconfiguration
+    /// caught when the router is built, not at the first request.
     pub fn outbox<R: Clone + Send + Sync + 'static>(self, outbox: R) -> Self {
+        let (expected, name) = self.config.source.recorder();
+        assert!(
+            std::any::TypeId::of::<R>() == expected,
+            "OutboxLayer::outbox: got a {}, but the layer's connections ({:?}) record with a {name}",
+            std::any::type_name::<R>(),
+            self.config.source,
+        );
         self.with(|c| c.outbox = Some(Arc::new(outbox)))
     }
 

@@ -201,6 +201,8 @@ impl<S: ConnectionSource> Lent for LentFrom<S> {
 pub(crate) trait ErasedSource: Send + Sync {
     fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Lent>, BoxError>>;
     fn type_name(&self) -> &'static str;
+    /// The recorder type of the source's back end, and its name.
+    fn recorder(&self) -> (std::any::TypeId, &'static str);
 }
 
 pub(crate) struct Erased<S>(pub(crate) S);
@@ -215,6 +217,14 @@ impl<S: ConnectionSource> ErasedSource for Erased<S> {
 
     fn type_name(&self) -> &'static str {
         std::any::type_name::<S>()
+    }
+
+    fn recorder(&self) -> (std::any::TypeId, &'static str) {
+        type Recorder<S> = <Target<S> as Connection>::Recorder;
+        (
+            std::any::TypeId::of::<Recorder<S>>(),
+            std::any::type_name::<Recorder<S>>(),
+        )
     }
 }
 

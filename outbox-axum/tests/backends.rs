@@ -157,3 +157,73 @@ async fn a_sqlite_request_commits_its_change_and_events_together() {
     drop(conn);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A recorder of another back end than the pool's is refused when the
+/// router is built, not at the first request with events.
+#[test]
+#[should_panic(expected = "record with a outbox_diesel::mysql::record::MysqlOutbox")]
+fn a_recorder_of_another_back_end_is_refused_at_build_time() {
+    let pool = mysql::pool("mysql://outbox:outbox@127.0.0.1:3306/none", 1).unwrap();
+    let _ = OutboxLayer::new(pool).outbox(outbox_diesel::Outbox::default());
+}
+
+async fn sqlite_swallowed(mut tx: Tx<AsyncSqliteConnection>, events: Events) -> StatusCode {
+    diesel::sql_query("INSERT INTO orders (id) VALUES (3)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // Rolls the whole transaction back; the handler carries on.
+    let _ = diesel::sql_query("INSERT INTO doomed (v) VALUES (1)")
+        .execute(&mut *tx)
+        .await;
+    events.raise(TestEvent::new("o-3")).unwrap();
+    StatusCode::CREATED
+}
+
+async fn sqlite_flush(mut tx: Tx<AsyncSqliteConnection>, events: Events) -> StatusCode {
+    events.raise(TestEvent::new("o-4")).unwrap();
+    assert_eq!(events.flush(&mut tx).await.unwrap(), 1);
+    StatusCode::CREATED
+}
+
+/// A transaction SQLite rolled back under a handler that went on: the
+/// request fails (500) and its event is not stored on its own; a handler
+/// that flushes its events itself writes them in its `Tx`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sqlite_transaction_lost_under_the_handler_fails_the_request() {
+    let dir = std::env::temp_dir().join(unique("axs", "lost"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}", dir.join("app.db").display());
+    let mut conn = sqlite::connect(&url).await.unwrap();
+    sqlite::migrate(&mut conn).await.unwrap();
+    conn.batch_execute(
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY); CREATE TABLE doomed (v INTEGER); \
+         CREATE TRIGGER doomed_rolls_back BEFORE INSERT ON doomed \
+         BEGIN SELECT RAISE(ROLLBACK, 'rolled back'); END",
+    )
+    .await
+    .unwrap();
+    let app = Router::new()
+        .route("/swallowed", post(sqlite_swallowed))
+        .route("/flush", post(sqlite_flush))
+        .layer(OutboxLayer::new(sqlite::pool(&url, 2).unwrap()));
+    assert_eq!(
+        call(&app, "/swallowed").await.0,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert_eq!(call(&app, "/flush").await.0, StatusCode::CREATED);
+
+    #[derive(diesel::QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        aggregate_id: String,
+    }
+    let ids: Vec<Id> = diesel::sql_query("SELECT aggregate_id FROM outbox_events ORDER BY seq")
+        .load(&mut conn)
+        .await
+        .unwrap();
+    let ids: Vec<String> = ids.into_iter().map(|i| i.aggregate_id).collect();
+    assert_eq!(ids, ["o-4"], "the lost request's event is not stored");
+    drop(conn);
+    let _ = std::fs::remove_dir_all(&dir);
+}
