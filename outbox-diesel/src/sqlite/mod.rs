@@ -16,9 +16,13 @@
 //! One database file is one outbox: its tables are unqualified (an
 //! attached database is out of scope), so [`SqliteSettings`] names
 //! nothing. [`connect`] takes `sqlite://path` (`sqlite:///var/lib/app.db`
-//! for an absolute path), a plain path, or a `file:` URI, and sets on each
-//! connection `PRAGMA busy_timeout` ([`BUSY_TIMEOUT`]), `foreign_keys = ON`
-//! and `synchronous = FULL`; [`migrate`] puts the file in WAL mode.
+//! for an absolute path; read as the SQLite URI `file:path`, so `?mode=…`
+//! and `%xx` escapes work), a plain path, or a `file:` URI, creates a
+//! missing database file readable by its owner only (mode 0600: it holds
+//! every payload), and sets on each connection `PRAGMA busy_timeout`
+//! ([`BUSY_TIMEOUT`]), `foreign_keys = ON` and `synchronous = FULL`;
+//! [`migrate`] puts the file in WAL mode. [`pool`] refuses a database in
+//! memory unless its cache is shared (each connection would get its own).
 //!
 //! # The relay store: a lease claim
 //! SQLite has one writer at a time and no row locks, so a claim cannot
@@ -171,10 +175,23 @@ pub async fn connect(url: &str) -> Result<AsyncSqliteConnection> {
 /// time) but let reads run beside a write.
 ///
 /// # Errors
-/// [`Error::Config`] outside tokio's multi-thread runtime, or if the pool
-/// cannot be built.
+/// [`Error::Config`] outside tokio's multi-thread runtime, for a database
+/// in memory without a shared cache, or if the pool cannot be built.
 pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncSqliteConnection>> {
     multi_thread_runtime()?;
+    let target = target_of(url);
+    if in_memory(&target)
+        && !split_uri(&target)
+            .1
+            .split('&')
+            .any(|kv| kv == "cache=shared")
+    {
+        return Err(Error::Config(format!(
+            "{url:?} is a database in memory: each pooled connection would get its own, \
+             empty one (and closing a connection loses it); use a file, or a shared cache \
+             (`file:NAME?mode=memory&cache=shared`)"
+        )));
+    }
     let url = url.to_owned();
     // No ping on checkout: SQLite is in-process, a connection cannot lose
     // its server; a broken transaction manager is still caught.
@@ -203,15 +220,68 @@ fn multi_thread_runtime() -> Result<()> {
     }
 }
 
-/// The path (or `file:` URI) diesel's `SqliteConnection` opens for `url`.
-fn path_of(url: &str) -> &str {
-    url.strip_prefix("sqlite://")
+/// What diesel opens for `url`: `sqlite://x` and `sqlite:x` as the URI
+/// `file:x` (so that `?mode=…`, `?cache=shared` and `%xx` escapes mean what
+/// they mean in SQLite's URIs, as diesel itself does for `sqlite://`), a
+/// `file:` URI as it is, anything else as a plain path.
+fn target_of(url: &str) -> String {
+    match url
+        .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
-        .unwrap_or(url)
+    {
+        Some(rest) => format!("file:{rest}"),
+        None => url.to_owned(),
+    }
+}
+
+/// Whether `target` is a database in memory rather than a file.
+fn in_memory(target: &str) -> bool {
+    let (path, query) = split_uri(target);
+    path.is_empty() || path == ":memory:" || query.split('&').any(|kv| kv == "mode=memory")
+}
+
+/// Path and query of a `file:` URI (the authority of `file://host/path`
+/// dropped), or the plain path and no query.
+fn split_uri(target: &str) -> (&str, &str) {
+    let Some(uri) = target.strip_prefix("file:") else {
+        return (target, "");
+    };
+    let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
+    let path = match path.strip_prefix("//") {
+        Some(authority_and_path) => authority_and_path
+            .find('/')
+            .map_or("", |at| &authority_and_path[at..]),
+        None => path,
+    };
+    (path, query)
+}
+
+/// Creates the database file of `target`, readable by its owner only, if it
+/// does not exist yet: SQLite would create it (and its `-wal`/`-shm` files,
+/// which copy its mode) with the umask's mode, often world-readable, and
+/// the outbox holds every event's payload.
+fn create_private(target: &str) -> std::io::Result<()> {
+    let (path, _) = split_uri(target);
+    if in_memory(target) || path.contains('%') {
+        return Ok(());
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 async fn open(url: &str) -> ConnectionResult<AsyncSqliteConnection> {
-    let mut conn = AsyncSqliteConnection::establish(path_of(url)).await?;
+    let target = target_of(url);
+    create_private(&target).map_err(|e| {
+        diesel::ConnectionError::BadConnection(format!("cannot create the database file: {e}"))
+    })?;
+    let mut conn = AsyncSqliteConnection::establish(&target).await?;
     conn.batch_execute(&format!(
         "PRAGMA busy_timeout = {}; PRAGMA foreign_keys = ON; PRAGMA synchronous = FULL",
         BUSY_TIMEOUT.as_millis()
@@ -223,14 +293,35 @@ async fn open(url: &str) -> ConnectionResult<AsyncSqliteConnection> {
 
 #[cfg(test)]
 mod tests {
-    use super::path_of;
+    use super::{in_memory, split_uri, target_of};
 
     #[test]
-    fn urls_name_paths() {
-        assert_eq!(path_of("sqlite:///var/lib/app.db"), "/var/lib/app.db");
-        assert_eq!(path_of("sqlite://app.db"), "app.db");
-        assert_eq!(path_of("sqlite:app.db"), "app.db");
-        assert_eq!(path_of("/tmp/app.db"), "/tmp/app.db");
-        assert_eq!(path_of("file:app.db?mode=rwc"), "file:app.db?mode=rwc");
+    fn urls_name_files_as_sqlite_uris() {
+        assert_eq!(
+            target_of("sqlite:///var/lib/app.db"),
+            "file:/var/lib/app.db"
+        );
+        assert_eq!(
+            target_of("sqlite://app.db?mode=rwc"),
+            "file:app.db?mode=rwc"
+        );
+        assert_eq!(target_of("sqlite:app.db"), "file:app.db");
+        assert_eq!(target_of("/tmp/app.db"), "/tmp/app.db");
+        assert_eq!(target_of("file:app.db?mode=rwc"), "file:app.db?mode=rwc");
+        assert_eq!(split_uri("file:app.db?mode=rwc"), ("app.db", "mode=rwc"));
+        assert_eq!(split_uri("file:///var/app.db"), ("/var/app.db", ""));
+        assert_eq!(
+            split_uri("file://localhost/var/app.db"),
+            ("/var/app.db", "")
+        );
+        assert_eq!(split_uri("/tmp/app.db"), ("/tmp/app.db", ""));
+    }
+
+    #[test]
+    fn memory_databases_are_told_apart() {
+        assert!(in_memory(":memory:"));
+        assert!(in_memory(&target_of("sqlite::memory:")));
+        assert!(in_memory("file:shared?mode=memory&cache=shared"));
+        assert!(!in_memory(&target_of("sqlite://app.db")));
     }
 }

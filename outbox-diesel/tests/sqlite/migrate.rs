@@ -114,3 +114,30 @@ async fn migrating_inside_a_transaction_is_refused() {
         "{error}"
     );
 }
+
+/// A new database file is created readable by its owner only (it holds
+/// every payload); a `sqlite://` URL's query is SQLite's (not part of the
+/// file name); a database in memory is refused for a pool.
+#[tokio::test(flavor = "multi_thread")]
+async fn database_files_are_private_and_urls_are_sqlite_uris() {
+    let db = super::TempDb::new("private");
+    let url = format!("{}?mode=rwc", db.url());
+    let mut conn = outbox_diesel::sqlite::connect(&url).await.unwrap();
+    outbox_diesel::sqlite::migrate(&mut conn).await.unwrap();
+    let path = db.url().trim_start_matches("sqlite://").to_owned();
+    let meta = std::fs::metadata(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    }
+    assert!(
+        !std::path::Path::new(&format!("{path}?mode=rwc")).exists(),
+        "the query is not part of the file name"
+    );
+    let Err(error) = outbox_diesel::sqlite::pool("sqlite::memory:", 2) else {
+        panic!("a pool of databases in memory was built");
+    };
+    assert!(error.to_string().contains("in memory"), "{error}");
+    assert!(outbox_diesel::sqlite::pool("file:m?mode=memory&cache=shared", 2).is_ok());
+}
