@@ -123,3 +123,125 @@ async fn two_relays_deliver_everything_once_in_order_per_aggregate() {
         task.await.unwrap();
     }
 }
+
+/// On MariaDB the events behind a failing head are held and released by
+/// the store itself (no trigger): o-1's first event is unroutable (nothing
+/// binds its routing key yet), so its next event is held while o-2 flows;
+/// once the binding appears, both of o-1's arrive, in order, and nothing is
+/// left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_held_behind_an_unroutable_head_are_released_in_order() {
+    let name = names::unique("my", "held");
+    let db = TestMysqlDatabase::create(&mysql_url(), &name).await;
+    mysql::migrate_url(db.url()).await.unwrap();
+    let broker = TestBroker::new(&name).await;
+    let exchange = broker.topic_exchange(&broker.named("x")).await;
+    let queue = broker.queue(&broker.named("q")).await;
+    broker.bind(&queue, &exchange, "order.*").await;
+
+    let received: Arc<Mutex<Vec<(String, u32)>>> = Arc::default();
+    let mut consumer = broker
+        .channel()
+        .basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let sink = Arc::clone(&received);
+    tokio::spawn(async move {
+        while let Some(Ok(delivery)) = consumer.next().await {
+            let event: OrderPlaced = serde_json::from_slice(&delivery.data).unwrap();
+            sink.lock().unwrap().push((event.order, event.n));
+            let _ = delivery.ack(BasicAckOptions::default()).await;
+        }
+    });
+
+    let pool = mysql::pool(db.url(), 4).unwrap();
+    let mut tx = outbox::mysql::MysqlTransaction::begin(&pool).await.unwrap();
+    let events = [("o-1", 0), ("o-1", 1), ("o-2", 0)].map(|(order, n)| OrderPlaced {
+        order: order.into(),
+        n,
+    });
+    mysql::record_all(&mut tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+
+    // o-1's first event goes to `refund.issued`, which nothing binds yet.
+    let publisher = LapinPublisher::builder(amqp_url())
+        .exchange(&exchange)
+        .source("/tests")
+        .connection_name(format!("{name}.relay"))
+        .routing_key(|e| {
+            if e.aggregate_id == "o-1" && e.payload.contains("\"n\":0") {
+                "refund.issued".into()
+            } else {
+                e.event_type.clone()
+            }
+        })
+        .build()
+        .unwrap();
+    let relay = Relay::builder(MysqlSettings::default().store(pool.clone()), publisher)
+        .batch_size(10)
+        .poll_interval(Duration::from_millis(20))
+        .unroutable(outbox::UnroutablePolicy::hold(
+            Duration::from_secs(600),
+            Duration::from_secs(1),
+        ))
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+
+    eventually("o-2 delivered")
+        .within(Duration::from_secs(30))
+        .until(|| {
+            let got = received.lock().unwrap().contains(&("o-2".into(), 0));
+            async move { got }
+        })
+        .await;
+    let count = |sql: &'static str| {
+        let url = db.url().to_owned();
+        async move {
+            let mut conn = mysql::connect(&url).await.unwrap();
+            outbox_testkit::mysql::count(&mut conn, sql).await
+        }
+    };
+    eventually("o-1's second event held")
+        .within(Duration::from_secs(30))
+        .until(|| {
+            let held = count("SELECT COUNT(*) AS n FROM outbox_events WHERE status = 'held'");
+            async move { held.await == 1 }
+        })
+        .await;
+    assert!(
+        !received.lock().unwrap().iter().any(|(o, _)| o == "o-1"),
+        "nothing of o-1 before its head"
+    );
+
+    broker.bind(&queue, &exchange, "refund.*").await;
+    eventually("o-1's events delivered")
+        .within(Duration::from_secs(30))
+        .until(|| {
+            let got = received
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(o, _)| o == "o-1")
+                .count();
+            async move { got == 2 }
+        })
+        .await;
+    handle.shutdown();
+    task.await.unwrap();
+    let o1: Vec<u32> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(o, _)| o == "o-1")
+        .map(|(_, n)| *n)
+        .collect();
+    assert_eq!(o1, [0, 1], "in order");
+    assert_eq!(count("SELECT COUNT(*) AS n FROM outbox_events").await, 0);
+}
