@@ -245,3 +245,146 @@ async fn events_held_behind_an_unroutable_head_are_released_in_order() {
     assert_eq!(o1, [0, 1], "in order");
     assert_eq!(count("SELECT COUNT(*) AS n FROM outbox_events").await, 0);
 }
+
+/// The inbox consumer on MariaDB: the handler works in a
+/// `MysqlTransaction`, a redelivered event takes effect once, and an event
+/// the handler records commits with its effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbox_consumer_takes_a_redelivered_event_once() {
+    use outbox::mysql::{MysqlInbox, MysqlInboxDatabase, MysqlTransaction};
+    use outbox::rabbitmq::{
+        EventHandler, HandlerError, InboxConsumer, IncomingEvent, QueueTopology, wire,
+    };
+
+    struct Effect(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl EventHandler<MysqlTransaction> for Effect {
+        async fn handle(
+            &self,
+            tx: &mut MysqlTransaction,
+            event: &IncomingEvent,
+        ) -> Result<(), HandlerError> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            diesel_async::RunQueryDsl::execute(
+                diesel::sql_query("INSERT INTO effects (event_id) VALUES (?)")
+                    .bind::<diesel::sql_types::Text, _>(event.id.to_string()),
+                &mut **tx,
+            )
+            .await?;
+            mysql::record(
+                tx,
+                &OrderPlaced {
+                    order: "chained".into(),
+                    n: 0,
+                },
+            )
+            .await?;
+            Ok(())
+        }
+    }
+
+    let name = names::unique("my", "consumer");
+    let db = TestMysqlDatabase::create(&mysql_url(), &name).await;
+    let mut conn = mysql::connect(db.url()).await.unwrap();
+    mysql::migrate(&mut conn).await.unwrap();
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        "CREATE TABLE effects (event_id CHAR(36) PRIMARY KEY)",
+    )
+    .await
+    .unwrap();
+    let broker = TestBroker::new(&name).await;
+    let exchange = broker.named("x");
+    let topology = QueueTopology::new(broker.named("q"))
+        .exchange(&exchange)
+        .bind("order.*");
+    broker.delete_queue_on_drop(topology.queue_name());
+    broker.delete_queue_on_drop(topology.dead_letter_queue_name().unwrap());
+    broker.delete_exchange_on_drop(&exchange);
+    broker.delete_exchange_on_drop(topology.dead_letter_exchange_name().unwrap());
+    topology.declare(broker.channel()).await.unwrap();
+
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let database =
+        MysqlInboxDatabase::new(mysql::pool(db.url(), 4).unwrap(), MysqlInbox::default());
+    let consumer = InboxConsumer::builder(
+        amqp_url(),
+        topology.queue_name(),
+        format!("{name}.consumer"),
+        database,
+        Effect(Arc::clone(&calls)),
+    )
+    .build()
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(consumer.run(async {
+        let _ = stopped.await;
+    }));
+
+    let event = outbox::EventEnvelope::from_event(&OrderPlaced {
+        order: "o-1".into(),
+        n: 0,
+    })
+    .unwrap();
+    let sentinel = outbox::EventEnvelope::from_event(&OrderPlaced {
+        order: "o-2".into(),
+        n: 0,
+    })
+    .unwrap();
+    for envelope in [&event, &event, &sentinel] {
+        let confirm = broker
+            .publish(
+                &exchange,
+                &envelope.event_type,
+                envelope.payload.as_bytes(),
+                wire::properties(envelope, "/tests"),
+            )
+            .await;
+        assert_eq!(confirm, lapin::Confirmation::Ack(None));
+    }
+    let sentinel_effect = format!(
+        "SELECT COUNT(*) AS n FROM effects WHERE event_id = '{}'",
+        sentinel.id
+    );
+    eventually("the sentinel's effect")
+        .within(Duration::from_secs(30))
+        .until(|| {
+            let url = db.url().to_owned();
+            let sql = sentinel_effect.clone();
+            async move {
+                let mut conn = mysql::connect(&url).await.unwrap();
+                outbox_testkit::mysql::count(&mut conn, &sql).await == 1
+            }
+        })
+        .await;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the consumer stops")
+        .unwrap()
+        .unwrap();
+
+    assert_eq!(
+        outbox_testkit::mysql::count(&mut conn, "SELECT COUNT(*) AS n FROM effects").await,
+        2,
+        "one effect per event"
+    );
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the handler skipped the copy (a duplicate), it did not fail on it"
+    );
+    assert_eq!(
+        outbox_testkit::mysql::count(&mut conn, "SELECT COUNT(*) AS n FROM inbox_events").await,
+        2
+    );
+    assert_eq!(
+        outbox_testkit::mysql::count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM outbox_events WHERE aggregate_id = 'chained'"
+        )
+        .await,
+        2,
+        "each handled event recorded its chained event in the same transaction"
+    );
+}
