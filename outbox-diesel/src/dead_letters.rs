@@ -2,7 +2,6 @@
 //! by [`PgInboxDatabase`](crate::PgInboxDatabase), read by
 //! [`PgDeadLetters`].
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -15,13 +14,10 @@ use outbox_core::admin::{
 };
 use uuid::Uuid;
 
+use crate::rows::{GROUP_ROWS, LetterFields, letter_page};
 use crate::schema::Schema;
 use crate::sql::{DeadLetterSql, Sql};
 use crate::{Error, Result};
-
-/// Rows the group query reads at most (distinct consumer, event type and
-/// reason triples): the groups of a table with more are cut.
-const GROUP_ROWS: i64 = 100_000;
 
 /// Runs `sql`'s insert for `letter` on `conn`. NUL characters (which a
 /// lossy UTF-8 body may hold, and PostgreSQL text cannot) become U+FFFD.
@@ -140,34 +136,26 @@ struct DeadLetterRow {
     purged_at: Option<DateTime<Utc>>,
 }
 
-impl From<DeadLetterRow> for DeadLetterRecord {
+impl From<DeadLetterRow> for crate::rows::LetterFields {
     fn from(row: DeadLetterRow) -> Self {
-        let mut letter = DeadLetter::new(
-            row.consumer,
-            row.queue,
-            row.exchange,
-            row.routing_key,
-            row.reason,
-            b"",
-        );
-        letter.event_id = row.event_id;
-        letter.message_id = row.message_id;
-        letter.event_type = row.event_type;
-        letter.attempts = u32::try_from(row.attempts).unwrap_or(0);
-        letter.dead_lettered_at = row.dead_lettered_at;
-        letter.headers = match row.headers {
-            serde_json::Value::Object(map) => map
-                .into_iter()
-                .map(|(k, v)| match v {
-                    serde_json::Value::String(s) => (k, s),
-                    other => (k, other.to_string()),
-                })
-                .collect(),
-            _ => BTreeMap::new(),
-        };
-        letter.payload = row.payload;
-        letter.payload_truncated = row.payload_truncated;
-        DeadLetterRecord::new(row.id, letter, row.replayed_at, row.purged_at)
+        crate::rows::LetterFields {
+            id: row.id,
+            consumer: row.consumer,
+            queue: row.queue,
+            exchange: row.exchange,
+            routing_key: row.routing_key,
+            event_id: row.event_id,
+            message_id: row.message_id,
+            event_type: row.event_type,
+            attempts: row.attempts,
+            reason: row.reason,
+            headers: row.headers,
+            payload: row.payload,
+            payload_truncated: row.payload_truncated,
+            dead_lettered_at: row.dead_lettered_at,
+            replayed_at: row.replayed_at,
+            purged_at: row.purged_at,
+        }
     }
 }
 
@@ -235,25 +223,11 @@ impl DeadLetterStore for PgDeadLetters {
             .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1))
             .load(&mut *self.conn().await?)
             .await?;
-        let more = rows.len() > limit;
-        let items: Vec<DeadLetterRecord> = rows
-            .into_iter()
-            .take(limit)
-            .map(|row| {
-                let record = DeadLetterRecord::from(row);
-                if query.payloads {
-                    record
-                } else {
-                    record.redacted()
-                }
-            })
-            .collect();
-        let next = if more {
-            items.last().map(|r| r.id)
-        } else {
-            None
-        };
-        Ok(Page::new(items, next))
+        Ok(letter_page(
+            rows.into_iter().map(Into::into),
+            limit,
+            query.payloads,
+        ))
     }
 
     async fn show(&self, id: i64) -> Result<Option<DeadLetterRecord>> {
@@ -261,7 +235,10 @@ impl DeadLetterStore for PgDeadLetters {
             .bind::<BigInt, _>(id)
             .load(&mut *self.conn().await?)
             .await?;
-        Ok(rows.into_iter().next().map(DeadLetterRecord::from))
+        Ok(rows
+            .into_iter()
+            .next()
+            .map(|row| DeadLetterRecord::from(LetterFields::from(row))))
     }
 
     async fn groups(&self, queue: Option<&str>) -> Result<Vec<DeadLetterGroup>> {

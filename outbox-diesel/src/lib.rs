@@ -291,6 +291,8 @@ mod postgres;
 mod prepared;
 #[cfg(feature = "postgres")]
 mod record;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod rows;
 pub mod schema;
 #[cfg(feature = "postgres")]
 mod settings;

@@ -9,8 +9,11 @@
 //! run by `outbox_core::Relay` like PostgreSQL's), the inbox
 //! ([`MysqlInbox`], [`MysqlInboxDatabase`]) and the migrations
 //! ([`migrate`]), on [`MysqlTransaction`]s checked at commit (see
-//! [`Connection`]). Not yet on MariaDB: the admin API (CLI, admin router),
-//! the Axum layer's `Tx`, TLS.
+//! [`Connection`]). The admin API (`outbox_core::admin::Admin`, the
+//! `Janitor`) runs over [`MysqlOutboxStore`], which implements
+//! `OutboxAdmin`, and consumers' dead letters are read and settled through
+//! [`MysqlDeadLetters`]. Not yet on MariaDB: the CLI and the admin router
+//! (they take a PostgreSQL URL), the Axum layer's `Tx`, TLS.
 //!
 //! ```no_run
 //! # async fn f() -> outbox_diesel::Result<()> {
@@ -63,6 +66,10 @@
 //! - **Claims take three statements** where PostgreSQL takes one (see
 //!   [`MysqlOutboxStore`]); held events are released by the store, not by a
 //!   trigger.
+//! - **Admin chunks take several statements** in one transaction where
+//!   PostgreSQL takes one, and release held events themselves; the inbox
+//!   purge waits for entries another transaction locks instead of skipping
+//!   them (see [`MysqlOutboxStore`]'s admin notes).
 //! - **Exact payload bytes**: MySQL's `JSON` type rewrites the text
 //!   (MariaDB's is an alias of `LONGTEXT`); the payload is a binary-collated
 //!   `LONGTEXT`, stored and returned byte for byte.
@@ -71,6 +78,8 @@
 //!   aggregate. Indexes use a SHA-256 of the key: a 2,048-byte aggregate id
 //!   exceeds InnoDB's index key limit.
 
+mod audit;
+mod dead_letters;
 mod inbox;
 mod migrate;
 mod record;
@@ -78,6 +87,7 @@ mod settings;
 mod sql;
 mod store;
 
+pub use dead_letters::MysqlDeadLetters;
 pub use inbox::{MysqlInbox, MysqlInboxDatabase};
 pub use migrate::{MYSQL_MIGRATIONS, migrate, migrate_url};
 pub use record::MysqlOutbox;

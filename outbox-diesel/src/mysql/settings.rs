@@ -7,7 +7,7 @@ use std::sync::Arc;
 use diesel_async::AsyncMysqlConnection;
 
 use super::sql::MysqlSql;
-use super::{MysqlInbox, MysqlOutbox, MysqlOutboxStore};
+use super::{MysqlDeadLetters, MysqlInbox, MysqlOutbox, MysqlOutboxStore};
 use crate::Result;
 
 /// One value for everything a MariaDB outbox's parts share: the database
@@ -100,6 +100,14 @@ impl MysqlSettings {
     /// The inbox.
     pub fn inbox(&self) -> MysqlInbox {
         MysqlInbox::from_sql(Arc::clone(&self.sql), self.prepare)
+    }
+
+    /// Consumers' dead letters in the settings' database, on `pool`.
+    pub fn dead_letters(
+        &self,
+        pool: diesel_async::pooled_connection::deadpool::Pool<AsyncMysqlConnection>,
+    ) -> MysqlDeadLetters {
+        MysqlDeadLetters::from_sql(pool, &self.sql)
     }
 
     /// Applies the migrations this version knows to the settings'

@@ -4,6 +4,9 @@
 
 use std::sync::{Arc, OnceLock};
 
+pub(crate) mod admin;
+pub(crate) mod dead_letters;
+
 use crate::{Error, Result};
 
 /// The columns an `INSERT` of events names, in bind order: id (`CHAR(36)`

@@ -3,7 +3,9 @@
 //! test owns a database of its own, dropped when it ends.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod admin;
 mod commit;
+mod dead_letters;
 mod inbox;
 mod migrate;
 mod record;

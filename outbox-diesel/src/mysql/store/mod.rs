@@ -31,6 +31,7 @@
 //! Relays learn of new events by polling and from in-process wakeups
 //! ([`wakeups`](OutboxStore::wakeups) never yields).
 
+mod admin;
 mod claim;
 mod row;
 mod sql;
@@ -49,8 +50,10 @@ use outbox_core::{
 use uuid::Uuid;
 
 pub use claim::MysqlClaim;
+pub(crate) use sql::COLUMNS;
 
 use super::sql::MysqlSql;
+use super::sql::admin::{MysqlAdminSql, MysqlAuditSql};
 use crate::prepared::PreparedExt;
 use crate::{Error, MysqlTransaction, Result};
 use row::{AggregateRow, OrderRow, PausedRow, SeqRow, StatsRow, VersionRow};
@@ -67,6 +70,8 @@ pub struct MysqlOutboxStore {
     pool: Pool<AsyncMysqlConnection>,
     shared: Arc<MysqlSql>,
     sql: Arc<MysqlStoreSql>,
+    admin: Arc<MysqlAdminSql>,
+    audit: Arc<MysqlAuditSql>,
     prepare: bool,
     keep_sent: bool,
     claim_timeout: Duration,
@@ -95,6 +100,8 @@ impl MysqlOutboxStore {
     ) -> Self {
         MysqlOutboxStore {
             sql: Arc::new(MysqlStoreSql::new(&shared)),
+            admin: Arc::new(MysqlAdminSql::new(&shared)),
+            audit: Arc::new(MysqlAuditSql::new(&shared)),
             pool,
             shared,
             prepare,
@@ -168,6 +175,13 @@ impl MysqlOutboxStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = None;
         Ok(())
+    }
+
+    /// A pooled connection.
+    async fn conn(
+        &self,
+    ) -> Result<diesel_async::pooled_connection::deadpool::Object<AsyncMysqlConnection>> {
+        self.pool.get().await.map_err(Error::Pool)
     }
 
     fn order_from_db(&self, value: &str) -> Result<DeliveryOrder> {

@@ -47,6 +47,17 @@ pub(crate) struct EventRow {
 }
 
 impl EventRow {
+    /// The record as the admin shows it, whatever another writer stored:
+    /// an unreadable id reads as the nil UUID, unreadable headers as none,
+    /// an unknown status as `dead` (the table's CHECK allows only known
+    /// ones).
+    pub(crate) fn into_record_lenient(self) -> OutboxRecord {
+        let id = self.id.parse().unwrap_or_default();
+        let headers = serde_json::from_str(&self.headers).unwrap_or_default();
+        let status = self.status.parse().unwrap_or(EventStatus::Dead);
+        self.build(id, headers, status)
+    }
+
     /// The record, or [`Error::MalformedRow`] if another writer stored an
     /// id, headers or a status this library cannot read.
     pub(crate) fn into_record(self) -> Result<OutboxRecord> {
@@ -59,8 +70,12 @@ impl EventRow {
         let headers: Headers = serde_json::from_str(&self.headers)
             .map_err(|e| malformed(format!("headers are not a map of strings: {e}")))?;
         let status: EventStatus = self.status.parse().map_err(|e| malformed(format!("{e}")))?;
-        Ok(OutboxRecord {
-            seq,
+        Ok(self.build(id, headers, status))
+    }
+
+    fn build(self, id: uuid::Uuid, headers: Headers, status: EventStatus) -> OutboxRecord {
+        OutboxRecord {
+            seq: self.seq,
             envelope: EventEnvelope {
                 id,
                 aggregate_type: self.aggregate_type,
@@ -79,7 +94,7 @@ impl EventRow {
             published_at: self.published_at.map(|t| t.and_utc()),
             unroutable_since: self.unroutable_since.map(|t| t.and_utc()),
             suspect_count: u32::try_from(self.suspect_count).unwrap_or(0),
-        })
+        }
     }
 }
 

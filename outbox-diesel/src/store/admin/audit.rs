@@ -6,7 +6,7 @@ use diesel_async::RunQueryDsl;
 use outbox_core::admin::{AuditEntry, AuditRecord};
 
 use super::PgOutboxStore;
-use super::row::{AuditRow, count};
+use super::row::AuditRow;
 use crate::Result;
 
 /// Starts the audit row of `entry`; returns its id.
@@ -40,17 +40,16 @@ pub(super) async fn audit_log(
     Ok(rows
         .into_iter()
         .map(|r| {
-            let target = serde_json::from_str(&r.target).unwrap_or(serde_json::Value::Null);
-            let record = AuditRecord::new(
-                r.id,
-                r.at,
-                AuditEntry::new(r.identity, r.action, target),
-                count(r.count),
-            );
-            match (r.finished_at, r.outcome) {
-                (Some(at), Some(outcome)) => record.finished(at, outcome),
-                _ => record,
-            }
+            AuditRecord::from(crate::rows::AuditFields {
+                id: r.id,
+                at: r.at,
+                identity: r.identity,
+                action: r.action,
+                target: r.target,
+                count: r.count,
+                finished_at: r.finished_at,
+                outcome: r.outcome,
+            })
         })
         .collect())
 }

@@ -14,11 +14,8 @@ use uuid::Uuid;
 use super::PgOutboxStore;
 use super::row::GroupRow;
 use crate::Result;
+use crate::rows::GROUP_ROWS;
 use crate::sql::{ERROR_KEY, literals};
-
-/// Rows the failure-group query reads at most (distinct event type, error
-/// and status triples): the groups of a table with more are cut.
-const GROUP_ROWS: i64 = 100_000;
 
 /// A value bound to a `$n` placeholder.
 pub(super) enum Bind {
@@ -133,16 +130,10 @@ impl PgOutboxStore {
         let mut others = filter.clone();
         others.group = None;
         let rows = self.group_rows(&others).await?;
-        Ok(rows
-            .into_iter()
-            .filter(|r| {
-                outbox_core::admin::group_id(
-                    &r.event_type,
-                    &outbox_core::admin::normalize_error(&r.last_error),
-                ) == group
-            })
-            .map(|r| (r.event_type, r.last_error))
-            .unzip())
+        Ok(crate::rows::group_members(
+            rows.into_iter().map(|r| (r.event_type, r.last_error)),
+            group,
+        ))
     }
 
     pub(super) async fn group_rows(&self, filter: &EventFilter) -> Result<Vec<GroupRow>> {

@@ -6,20 +6,16 @@ use diesel::sql_types::{BigInt, Text};
 use diesel_async::RunQueryDsl;
 use outbox_core::OutboxStore as _;
 use outbox_core::admin::{
-    Attempt, AttemptOutcome, EventDetail, EventFilter, EventSummary, EventTypeCounts, FailureGroup,
-    OutboxAdmin as _, Page, StatusCounts, StatusReport, group_failures,
+    EventDetail, EventFilter, EventSummary, FailureGroup, OutboxAdmin as _, Page, StatusReport,
 };
 use uuid::Uuid;
 
 use super::PgOutboxStore;
 use super::query::{Bind, Query};
-use super::row::{AttemptRow, CountRow, DoneRow, LastRow, TypeRow, count, status_name};
+use super::row::{AttemptRow, CountRow, DoneRow, LastRow, TypeRow, count};
 use crate::Result;
+use crate::rows::EXACT_COUNT_LIMIT;
 use crate::store::row::EventRow;
-
-/// `sent` and `skipped` rows counted exactly at most; beyond, the status
-/// report estimates from the table's statistics.
-const EXACT_COUNT_LIMIT: i64 = 100_000;
 
 /// The status report: counts per status and event type, the oldest unsent event, relays and the delivery order.
 pub(super) async fn status(store: &PgOutboxStore) -> Result<StatusReport> {
@@ -27,37 +23,19 @@ pub(super) async fn status(store: &PgOutboxStore) -> Result<StatusReport> {
     let by_type: Vec<TypeRow> = diesel::sql_query(&store.admin_sql().status_by_type)
         .load(&mut *store.conn().await?)
         .await?;
-    let mut counts = StatusCounts::default();
-    let mut types: std::collections::BTreeMap<String, StatusCounts> = Default::default();
-    for row in by_type {
-        let status = status_name(&row.status);
-        counts.add(status, count(row.n));
-        types
-            .entry(row.event_type)
-            .or_default()
-            .add(status, count(row.n));
-    }
     let done: DoneRow = diesel::sql_query(&store.admin_sql().status_done)
         .bind::<BigInt, _>(EXACT_COUNT_LIMIT)
         .bind::<Text, _>(store.schema.name())
         .get_result(&mut *store.conn().await?)
         .await?;
-    counts.skipped = count(done.skipped);
-    counts.estimated = done.skipped >= EXACT_COUNT_LIMIT;
-    if done.sent < EXACT_COUNT_LIMIT {
-        counts.sent = count(done.sent);
-    } else {
-        counts.estimated = true;
-        let others = counts.unsent() + counts.dead + counts.skipped;
-        counts.sent = count(done.estimate)
-            .saturating_sub(others)
-            .max(count(done.sent));
-    }
-    let mut by_event_type: Vec<EventTypeCounts> = types
-        .into_iter()
-        .map(|(t, c)| EventTypeCounts::new(t, c))
-        .collect();
-    by_event_type.sort_by_key(|t| std::cmp::Reverse(t.counts.unsent() + t.counts.dead));
+    let (counts, by_event_type) = crate::rows::status_counts(
+        by_type.into_iter().map(|r| (r.event_type, r.status, r.n)),
+        &crate::rows::DoneCounts {
+            sent: done.sent,
+            skipped: done.skipped,
+            estimate: done.estimate,
+        },
+    );
     let mut report = StatusReport::default();
     report.counts = counts;
     report.oldest_unsent_age_seconds = stats.oldest_unsent_age.map(|a| a.as_secs_f64());
@@ -91,12 +69,7 @@ pub(super) async fn list(
         .into_iter()
         .map(|row| EventSummary::from(&row.into_record_lenient()))
         .collect();
-    let next = if items.len() == limit {
-        items.last().map(|e| e.seq)
-    } else {
-        None
-    };
-    Ok(Page::new(items, next))
+    Ok(crate::rows::page_of(items, limit, |e| e.seq))
 }
 
 /// The event with `id` and its attempt history.
@@ -119,14 +92,7 @@ pub(super) async fn show(store: &PgOutboxStore, id: Uuid) -> Result<Option<Event
         .await?;
     let history = attempts
         .into_iter()
-        .map(|a| {
-            Attempt::new(
-                a.at,
-                a.relay,
-                AttemptOutcome::parse(&a.outcome).unwrap_or(AttemptOutcome::Retry),
-                a.error,
-            )
-        })
+        .map(|a| crate::rows::attempt(a.at, a.relay, &a.outcome, a.error))
         .collect();
     Ok(Some(EventDetail::new(&row.into_record_lenient(), history)))
 }
@@ -137,21 +103,17 @@ pub(super) async fn failure_groups(
     filter: &EventFilter,
 ) -> Result<Vec<FailureGroup>> {
     let rows = store.group_rows(filter).await?;
-    let rows = rows.into_iter().map(|r| {
-        (
-            r.event_type,
-            r.last_error,
-            status_name(&r.status),
-            count(r.n),
-            r.first,
-            r.last,
-        )
-    });
-    let mut groups = group_failures(rows);
-    if let Some(group) = &filter.group {
-        groups.retain(|g| g.id == *group);
-    }
-    Ok(groups)
+    Ok(crate::rows::failure_groups(
+        rows.into_iter().map(|r| crate::rows::GroupFields {
+            event_type: r.event_type,
+            error: r.last_error,
+            status: r.status,
+            n: r.n,
+            first: r.first,
+            last: r.last,
+        }),
+        filter.group.as_deref(),
+    ))
 }
 
 /// How many events `filter` selects.

@@ -2,7 +2,6 @@
 
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text, Timestamptz};
-use outbox_core::EventStatus;
 use outbox_core::admin::RelayInfo;
 
 #[derive(diesel::QueryableByName)]
@@ -117,28 +116,21 @@ pub(super) struct RelayRow {
 
 impl From<RelayRow> for RelayInfo {
     fn from(r: RelayRow) -> Self {
-        let mut info = RelayInfo::new(
-            r.name,
-            r.host,
-            u32::try_from(r.pid).unwrap_or(0),
-            r.version,
-            r.started_at,
-        );
-        info.heartbeat_at = r.heartbeat_at;
-        info.in_flight = u32::try_from(r.in_flight).unwrap_or(0);
-        info.paused = r.paused;
-        info.live = r.live;
-        info
+        RelayInfo::from(crate::rows::RelayFields {
+            name: r.name,
+            host: r.host,
+            pid: r.pid,
+            version: r.version,
+            started_at: r.started_at,
+            heartbeat_at: r.heartbeat_at,
+            in_flight: r.in_flight,
+            paused: r.paused,
+            live: r.live,
+        })
     }
 }
 
-pub(super) fn status_name(s: &str) -> EventStatus {
-    s.parse().unwrap_or(EventStatus::Pending)
-}
-
-pub(super) fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
-}
+pub(super) use crate::rows::{count, status_name};
 
 #[derive(diesel::QueryableByName)]
 pub(super) struct PurgeRow {
