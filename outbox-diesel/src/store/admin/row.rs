@@ -130,7 +130,7 @@ impl From<RelayRow> for RelayInfo {
     }
 }
 
-pub(super) use crate::rows::{count, status_name};
+pub(super) use crate::rows::count;
 
 #[derive(diesel::QueryableByName)]
 pub(super) struct PurgeRow {
