@@ -21,8 +21,7 @@ mod sealed {
 /// A diesel-async connection of a back end this crate supports:
 /// `AsyncPgConnection` (feature `postgres`), `AsyncMysqlConnection`
 /// (feature `mysql`) and `SyncConnectionWrapper<SqliteConnection>`
-/// ([`sqlite::AsyncSqliteConnection`](crate::sqlite::AsyncSqliteConnection),
-/// feature `sqlite`). Sealed: the crate's checked commit and its
+/// (`sqlite::AsyncSqliteConnection`, feature `sqlite`). Sealed: the crate's checked commit and its
 /// transactions ([`Transaction`](crate::Transaction)) rely on what each
 /// back end does to a transaction after a failed statement, which only
 /// this crate knows.

@@ -12,8 +12,9 @@
 //! [`Connection`]). The admin API (`outbox_core::admin::Admin`, the
 //! `Janitor`) runs over [`MysqlOutboxStore`], which implements
 //! `OutboxAdmin`, and consumers' dead letters are read and settled through
-//! [`MysqlDeadLetters`]. Not yet on MariaDB: the CLI and the admin router
-//! (they take a PostgreSQL URL), the Axum layer's `Tx`, TLS.
+//! [`MysqlDeadLetters`] (`outbox-axum`'s admin router takes any
+//! `OutboxAdmin`). Not yet on MariaDB: the `outbox` CLI (it opens a
+//! PostgreSQL URL), the Axum layer's `Tx`, TLS.
 //!
 //! ```no_run
 //! # async fn f() -> outbox_diesel::Result<()> {
@@ -66,10 +67,7 @@
 //! - **Claims take three statements** where PostgreSQL takes one (see
 //!   [`MysqlOutboxStore`]); held events are released by the store, not by a
 //!   trigger.
-//! - **Admin chunks take several statements** in one transaction where
-//!   PostgreSQL takes one, and release held events themselves; the inbox
-//!   purge waits for entries another transaction locks instead of skipping
-//!   them (see [`MysqlOutboxStore`]'s admin notes).
+//! - **The admin API** differs in a few points: see below.
 //! - **Exact payload bytes**: MySQL's `JSON` type rewrites the text
 //!   (MariaDB's is an alias of `LONGTEXT`); the payload is a binary-collated
 //!   `LONGTEXT`, stored and returned byte for byte.
@@ -77,6 +75,35 @@
 //!   the default collations would merge `"A"`, `"a"` and `"a "` into one
 //!   aggregate. Indexes use a SHA-256 of the key: a 2,048-byte aggregate id
 //!   exceeds InnoDB's index key limit.
+//!
+//! # The admin API
+//! [`MysqlOutboxStore`] implements `outbox_core::admin::OutboxAdmin` with
+//! PostgreSQL's contract (chunks in `seq` order bounded by `seq_at_most`,
+//! audit counts in each chunk's transaction, dead events never purged,
+//! paused relays never purged as stale), so `Admin` and the `Janitor` run
+//! over it unchanged; [`MysqlDeadLetters`] is `PgDeadLetters`' counterpart.
+//! What differs:
+//! - **A chunk is several statements in one transaction** where
+//!   PostgreSQL needs one (no data-modifying CTEs): at `READ COMMITTED`,
+//!   the chunk's rows are locked with `FOR UPDATE` under a 5 s
+//!   `innodb_lock_wait_timeout` (PostgreSQL: `lock_timeout`), changed,
+//!   and counted in the audit row. A row a relay's claim holds is waited
+//!   for; held longer, the chunk changes nothing and the run fails with
+//!   "run it again", as on PostgreSQL.
+//! - **Replays and skips release the events they held back** in the same
+//!   transaction (PostgreSQL's trigger does it there).
+//! - **The purges of inbox entries, of settled dead-letter records and of
+//!   orphaned attempt rows wait** for rows another transaction locks
+//!   instead of skipping them (a single-table `DELETE … LIMIT` cannot
+//!   `SKIP LOCKED`); the purge of sent events skips them, as on
+//!   PostgreSQL.
+//! - **`error_contains`** lower-cases the column with MariaDB's case
+//!   mapping and the text with Rust's: they differ on a few letters (`İ`).
+//! - **The status report's estimate** of sent events past 100,000 is
+//!   InnoDB's `TABLE_ROWS`, rougher than PostgreSQL's `reltuples`.
+//! - **A dead letter's payload keeps NUL characters** (PostgreSQL's text
+//!   turns them into U+FFFD), and its own id is matched through a stored
+//!   column of its header cut to 255 characters.
 
 mod audit;
 mod dead_letters;

@@ -2,25 +2,12 @@
 //! contract as on PostgreSQL (see `outbox_core::admin`), from the
 //! statements of `docs/design/mysql-statements.md` section 8.
 //!
-//! # What differs from PostgreSQL
-//! - **A chunk is several statements in one transaction** (MariaDB has no
-//!   data-modifying CTEs, no `UPDATE … RETURNING`): at `READ COMMITTED`,
-//!   the chunk's seqs are read with `FOR UPDATE` under a 5 s
-//!   `innodb_lock_wait_timeout` (PostgreSQL: `lock_timeout`), then changed
-//!   by primary key, then counted in the audit row. A row a relay's claim
-//!   holds is waited for; held longer, the chunk changes nothing and says
-//!   "run it again", as on PostgreSQL.
-//! - **Replays and skips release the events they held back themselves**,
-//!   in the chunk's transaction (PostgreSQL's trigger does it there: a
-//!   MariaDB trigger cannot update its own table).
-//! - **The inbox purge waits for locked entries** instead of skipping them
-//!   (a single-table `DELETE … ORDER BY … LIMIT` cannot `SKIP LOCKED`);
-//!   the purge of sent events skips rows another transaction holds, as on
-//!   PostgreSQL. So does the purge of orphaned attempt rows not: it waits.
-//! - **`error_contains` lower-cases with MariaDB's case mapping** on the
-//!   column and Rust's on the text: they differ on a few letters (`İ`).
-//! - **The status report's estimate** of sent events past 100,000 is
-//!   InnoDB's `TABLE_ROWS`, rougher than PostgreSQL's `reltuples`.
+//! What differs from PostgreSQL is said in the docs of [`crate::mysql`]
+//! ("The admin API"): a chunk is several statements in one `READ
+//! COMMITTED` transaction (the chunk's seqs locked with `FOR UPDATE` under
+//! a 5 s `innodb_lock_wait_timeout`, changed by primary key, counted in the
+//! audit row, and for replays and skips the release of the events they
+//! held back, which PostgreSQL's trigger does there).
 //!
 //! This file holds the [`OutboxAdmin`] impl, which hands each verb to the
 //! file of its concern: `reads.rs` (status, pages, one event, groups,
