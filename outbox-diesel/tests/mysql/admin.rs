@@ -782,3 +782,103 @@ async fn an_operator_replays_what_died_and_the_janitor_purges_what_a_relay_then_
     assert_eq!(log.len(), 1, "the janitor's purges are not operators'");
     assert_eq!((log[0].entry.action.as_str(), log[0].count), ("replay", 2));
 }
+
+#[tokio::test]
+async fn each_purge_chunk_is_bounded_and_counted_in_its_audit_row() {
+    let db = Db::new("adm_purge_chunks").await;
+    let store = db.store.clone();
+    db.record(&[("a", 0), ("b", 0), ("c", 0), ("d", 0), ("e", 0)])
+        .await;
+    db.execute(
+        "UPDATE outbox_events SET status = 'sent', \
+           published_at = UTC_TIMESTAMP(6) - INTERVAL 8 DAY, \
+           occurred_at = UTC_TIMESTAMP(6) - INTERVAL 8 DAY; \
+         INSERT INTO inbox_events (consumer, event_id, received_at) \
+           SELECT 'c', UUID(), UTC_TIMESTAMP(6) - INTERVAL 30 DAY FROM seq_1_to_5; \
+         INSERT INTO inbox_dead_letters (consumer, queue, exchange, routing_key, attempts, \
+           reason, payload, replayed_at) \
+           SELECT 'c', 'q', 'q.dlx', 'k', 1, 'x', '', UTC_TIMESTAMP(6) - INTERVAL 30 DAY \
+           FROM seq_1_to_5",
+    )
+    .await;
+    let audit = store
+        .begin_audit(&outbox_core::admin::AuditEntry::new(
+            "alice",
+            "purge_sent",
+            serde_json::json!({}),
+        ))
+        .await
+        .unwrap();
+    let before = Utc::now() - chrono::Duration::days(7);
+    let first = store
+        .purge_sent_chunk(before, None, 2, Some(audit))
+        .await
+        .unwrap();
+    assert_eq!(first.changed, 2);
+    let second = store
+        .purge_sent_chunk(before, first.last, 2, Some(audit))
+        .await
+        .unwrap();
+    assert_eq!(second.changed, 2);
+    assert!(second.last > first.last, "{first:?} {second:?}");
+    assert_eq!(db.count("outbox_events", "").await, 1);
+    let log = store.audit_log(None, 1).await.unwrap();
+    assert_eq!(log[0].count, 4, "each chunk adds its count");
+
+    let mut inbox = Vec::new();
+    let mut letters = Vec::new();
+    for _ in 0..4 {
+        inbox.push(store.purge_inbox_chunk(before, 2, None).await.unwrap());
+        letters.push(
+            store
+                .purge_dead_letter_records_chunk(before, 2)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(inbox, [2, 2, 1, 0]);
+    assert_eq!(letters, [2, 2, 1, 0]);
+}
+
+#[tokio::test]
+async fn a_claim_for_a_paused_relay_reads_and_locks_nothing_in_either_order() {
+    use outbox_core::{Claimed, DeliveryOrder};
+    let db = Db::new("adm_claim_paused").await;
+    let store = db.store.clone();
+    let admin = Admin::new(store.clone());
+    let ids = db.record(&[("a", 0), ("b", 0)]).await;
+    store
+        .register_relay(&RelayRegistration::new("r1", Duration::from_secs(5)))
+        .await
+        .unwrap();
+    for order in [DeliveryOrder::PerAggregate, DeliveryOrder::Unordered] {
+        store.set_delivery_order(order).await.unwrap();
+        admin.set_paused(&operator(), "r1", true).await.unwrap();
+        let paused = store.claim_for("r1", 10).await.unwrap();
+        assert!(matches!(paused, Claimed::Paused), "{order:?}: {paused:?}");
+        // Nothing stays locked: another relay gets it all while r1 is
+        // paused.
+        match store.claim_for("r2", 10).await.unwrap() {
+            Claimed::Batch(claim) => {
+                let got: Vec<Uuid> = claim.records().iter().map(|r| r.id()).collect();
+                assert_eq!(got, ids, "{order:?}");
+            }
+            other => panic!("{order:?}: r2 claims: {other:?}"),
+        }
+        admin.set_paused(&operator(), "r1", false).await.unwrap();
+        match store.claim_for("r1", 10).await.unwrap() {
+            Claimed::Batch(claim) => {
+                assert_eq!(claim.records().len(), 2, "{order:?}");
+                // What that claim holds, nobody else gets.
+                let empty = store.claim_for("r2", 10).await.unwrap();
+                assert!(matches!(empty, Claimed::Empty), "{order:?}: {empty:?}");
+            }
+            other => panic!("{order:?}: resumed, r1 claims: {other:?}"),
+        }
+    }
+    assert_eq!(
+        db.count("outbox_events", "WHERE status = 'pending'").await,
+        2,
+        "claims that end unfinished change nothing"
+    );
+}
