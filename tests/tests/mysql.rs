@@ -1,6 +1,7 @@
 //! The relay end to end on MariaDB: MariaDB outbox → relays → RabbitMQ,
-//! through the facade, against the real servers. Each test owns a MariaDB
-//! database and an exchange/queue pair.
+//! through the facade, against the real servers; the inbox consumer and
+//! its dead letters too. Each test owns a MariaDB database and an
+//! exchange/queue pair.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -386,5 +387,138 @@ async fn the_inbox_consumer_takes_a_redelivered_event_once() {
         .await,
         2,
         "each handled event recorded its chained event in the same transaction"
+    );
+}
+
+/// A message the handler refuses for good is dead-lettered and recorded in
+/// MariaDB; `outbox::mysql::MysqlDeadLetters` lists it, and a replay of
+/// the dead-letter queue through `outbox::admin::DeadLetters` moves it
+/// back to its queue, marks its record replayed and audits the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_is_recorded_listed_and_replayed_through_the_facade() {
+    use outbox::admin::{Caller, DeadLetterQuery, DeadLetterStore as _, DeadLetters, DlqReplay};
+    use outbox::mysql::{MysqlDeadLetters, MysqlInbox, MysqlInboxDatabase, MysqlTransaction};
+    use outbox::rabbitmq::{
+        DeadLetterQueues, EventHandler, HandlerError, InboxConsumer, IncomingEvent, QueueTopology,
+        wire,
+    };
+
+    struct Refuse;
+
+    impl EventHandler<MysqlTransaction> for Refuse {
+        async fn handle(
+            &self,
+            _tx: &mut MysqlTransaction,
+            _event: &IncomingEvent,
+        ) -> Result<(), HandlerError> {
+            Err(HandlerError::permanent("stock for row 17 missing"))
+        }
+    }
+
+    let name = names::unique("my", "dlq");
+    let db = TestMysqlDatabase::create(&mysql_url(), &name).await;
+    let mut conn = mysql::connect(db.url()).await.unwrap();
+    mysql::migrate(&mut conn).await.unwrap();
+    let broker = TestBroker::new(&name).await;
+    let exchange = broker.named("x");
+    let topology = QueueTopology::new(broker.named("q"))
+        .exchange(&exchange)
+        .bind("order.*");
+    let queue = topology.queue_name().to_owned();
+    let dead = topology.dead_letter_queue_name().unwrap().to_owned();
+    broker.delete_queue_on_drop(&queue);
+    broker.delete_queue_on_drop(&dead);
+    broker.delete_exchange_on_drop(&exchange);
+    broker.delete_exchange_on_drop(topology.dead_letter_exchange_name().unwrap());
+    topology.declare(broker.channel()).await.unwrap();
+
+    let pool = mysql::pool(db.url(), 4).unwrap();
+    let consumer = InboxConsumer::builder(
+        amqp_url(),
+        &queue,
+        format!("{name}.consumer"),
+        MysqlInboxDatabase::new(pool.clone(), MysqlInbox::default()),
+        Refuse,
+    )
+    .build()
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(consumer.run(async {
+        let _ = stopped.await;
+    }));
+    let event = outbox::EventEnvelope::from_event(&OrderPlaced {
+        order: "o-1".into(),
+        n: 0,
+    })
+    .unwrap();
+    let confirm = broker
+        .publish(
+            &exchange,
+            &event.event_type,
+            event.payload.as_bytes(),
+            wire::properties(&event, "/tests"),
+        )
+        .await;
+    assert_eq!(confirm, lapin::Confirmation::Ack(None));
+    let letters = MysqlDeadLetters::new(pool.clone());
+    let page = eventually("the dead letter's record")
+        .within(Duration::from_secs(30))
+        .some(|| {
+            let letters = letters.clone();
+            async move {
+                let page = letters.list(&DeadLetterQuery::new()).await.unwrap();
+                (!page.items.is_empty()).then_some(page)
+            }
+        })
+        .await;
+    eventually("the message in the dead-letter queue")
+        .within(Duration::from_secs(30))
+        .until(|| {
+            let (broker, dead) = (&broker, &dead);
+            async move { broker.ready(dead).await == 1 }
+        })
+        .await;
+    // Stopped, so that the replayed message is not refused again.
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the consumer stops")
+        .unwrap()
+        .unwrap();
+    assert_eq!(page.items.len(), 1);
+    let record = &page.items[0];
+    assert_eq!(record.letter.event_id, Some(event.id));
+    assert_eq!(record.letter.queue, queue);
+    assert!(
+        record.letter.reason.contains("stock for row 17 missing"),
+        "{record:?}"
+    );
+    assert_eq!(record.letter.payload, event.payload);
+
+    let admin = DeadLetters::new(letters.clone(), DeadLetterQueues::new(amqp_url()));
+    let groups = admin.groups(None).await.unwrap();
+    assert_eq!(groups.len(), 1);
+    assert_eq!(groups[0].count, 1);
+    let outcome = admin
+        .replay(&Caller::operator("alice"), &DlqReplay::new(&dead), &|_| {})
+        .await
+        .unwrap();
+    assert_eq!(outcome.report.replayed, 1, "{outcome:?}");
+    assert_eq!(outcome.marked, 1, "{outcome:?}");
+    assert_eq!(broker.ready(&queue).await, 1, "back in its queue");
+    assert_eq!(broker.ready(&dead).await, 0);
+    let open = letters.list(&DeadLetterQuery::new()).await.unwrap();
+    assert!(open.items.is_empty(), "{open:?}");
+    let shown = letters.show(record.id).await.unwrap().unwrap();
+    assert!(shown.replayed_at.is_some() && shown.purged_at.is_none());
+    assert_eq!(
+        outbox_testkit::mysql::count(
+            &mut conn,
+            "SELECT COUNT(*) AS n FROM outbox_audit \
+             WHERE action = 'dlq_replay' AND identity = 'alice' AND count = 1 \
+             AND outcome LIKE 'done%' AND finished_at IS NOT NULL"
+        )
+        .await,
+        1
     );
 }
