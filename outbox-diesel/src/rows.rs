@@ -278,3 +278,80 @@ pub(crate) fn letter_page(
     };
     Page::new(items, next)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn letter(id: i64, headers: serde_json::Value) -> LetterFields {
+        LetterFields {
+            id,
+            consumer: "c".into(),
+            queue: "q".into(),
+            exchange: "q.dlx".into(),
+            routing_key: "k".into(),
+            event_id: None,
+            message_id: None,
+            event_type: None,
+            attempts: 2,
+            reason: "r".into(),
+            headers,
+            payload: "{}".into(),
+            payload_truncated: false,
+            dead_lettered_at: Utc::now(),
+            replayed_at: None,
+            purged_at: None,
+        }
+    }
+
+    #[test]
+    fn a_letter_page_read_with_one_more_row_says_where_the_next_starts() {
+        let rows = (1..=3).map(|id| letter(id, serde_json::json!({"a": "b", "n": 1})));
+        let page = letter_page(rows, 2, true);
+        assert_eq!(page.items.iter().map(|r| r.id).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(page.next, Some(2));
+        assert_eq!(page.items[0].letter.headers["a"], "b");
+        assert_eq!(
+            page.items[0].letter.headers["n"], "1",
+            "non-strings as JSON"
+        );
+        let last = letter_page([letter(3, serde_json::Value::Null)], 2, false);
+        assert_eq!(last.next, None);
+        assert!(last.items[0].redacted && last.items[0].letter.payload.is_empty());
+    }
+
+    #[test]
+    fn status_counts_estimate_sent_rows_past_the_exact_limit() {
+        let rows = [
+            ("a".to_owned(), "pending".to_owned(), 2),
+            ("b".to_owned(), "dead".to_owned(), 5),
+            ("a".to_owned(), "retry".to_owned(), 1),
+        ];
+        let exact = DoneCounts {
+            sent: 7,
+            skipped: 1,
+            estimate: 0,
+        };
+        let (counts, types) = status_counts(rows.clone(), &exact);
+        assert_eq!((counts.pending, counts.retry, counts.dead), (2, 1, 5));
+        assert_eq!(
+            (counts.sent, counts.skipped, counts.estimated),
+            (7, 1, false)
+        );
+        assert_eq!(types[0].event_type, "b", "most unsent and dead first");
+        let many = DoneCounts {
+            sent: EXACT_COUNT_LIMIT,
+            skipped: 0,
+            estimate: 1_000_000,
+        };
+        let (counts, _) = status_counts(rows, &many);
+        assert!(counts.estimated);
+        assert_eq!(counts.sent, 1_000_000 - 8);
+    }
+
+    #[test]
+    fn a_full_page_names_its_last_key() {
+        assert_eq!(page_of(vec![1, 2], 2, |n| *n).next, Some(2));
+        assert_eq!(page_of(vec![1], 2, |n| *n).next, None);
+    }
+}

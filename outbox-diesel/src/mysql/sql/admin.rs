@@ -273,3 +273,66 @@ impl MysqlAdminSql {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::dead_letters::MysqlDeadLetterSql;
+    use super::*;
+
+    #[test]
+    fn a_named_database_qualifies_every_admin_table() -> crate::Result<()> {
+        let shared = MysqlSql::new(Some("bill`ing"))?;
+        let admin = MysqlAdminSql::new(&shared);
+        let audit = MysqlAuditSql::new(&shared);
+        let letters = MysqlDeadLetterSql::new(&shared);
+        for text in [
+            &admin.status_by_type,
+            &admin.list.head,
+            &admin.head,
+            &admin.chunk_select.head,
+            &admin.replay_chunk,
+            &admin.release_pick_seqs,
+            &admin.purge_sent_delete,
+            &admin.purge_inbox_chunk,
+            &admin.purge_dead_letter_records_chunk,
+            &admin.relays_list,
+            &audit.begin,
+            &audit.log,
+            &letters.list,
+            &letters.mark_replayed,
+            &letters.mark_purged,
+        ] {
+            assert!(text.contains("`bill``ing`."), "{text}");
+        }
+        // Every unqualified table name is preceded by the database.
+        let unqualified = admin.purge_sent_delete.replace("`bill``ing`.", "");
+        assert_eq!(
+            unqualified.matches("outbox_").count(),
+            admin
+                .purge_sent_delete
+                .matches("`bill``ing`.outbox_")
+                .count()
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_chunk_waits_a_bounded_time_and_locks_in_seq_order() {
+        let admin = MysqlAdminSql::new(&MysqlSql::default_database());
+        assert!(
+            admin
+                .chunk_select
+                .head
+                .starts_with("SET STATEMENT innodb_lock_wait_timeout = 5 FOR SELECT seq"),
+            "{}",
+            admin.chunk_select.head
+        );
+        assert!(
+            admin
+                .chunk_select
+                .tail
+                .ends_with("ORDER BY seq LIMIT ? FOR UPDATE")
+        );
+        assert!(ADMIN_BEGIN.starts_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED;"));
+    }
+}
