@@ -291,7 +291,7 @@ mod postgres;
 mod prepared;
 #[cfg(feature = "postgres")]
 mod record;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod rows;
 pub mod schema;
 #[cfg(feature = "postgres")]

@@ -9,8 +9,12 @@
 //! The same parts as on PostgreSQL: the recorder ([`SqliteOutbox`]), the
 //! inbox ([`SqliteInbox`], [`SqliteInboxDatabase`]) and the migrations
 //! ([`migrate`]), on [`SqliteTransaction`]s checked at commit (see
-//! [`Connection`]); and the relay's store ([`SqliteOutboxStore`]), whose
-//! claims are leases rather than row locks (below).
+//! [`Connection`]); the relay's store ([`SqliteOutboxStore`]), whose
+//! claims are leases rather than row locks (below), with the admin API
+//! ([`OutboxAdmin`](outbox_core::admin::OutboxAdmin), for
+//! [`Admin`](outbox_core::admin::Admin) and the
+//! [`Janitor`](outbox_core::admin::Janitor)); and the consumers' dead
+//! letters ([`SqliteDeadLetters`]).
 //!
 //! # Where the outbox lives
 //! One database file is one outbox: its tables are unqualified (an
@@ -85,7 +89,17 @@
 //! - **Times** are INTEGER microseconds since the Unix epoch, UTC.
 //! - **Aggregate keys** use the `BINARY` collation: `"A"`, `"a"` and
 //!   `"a "` are three aggregates, as on PostgreSQL.
+//! - **The admin API**: each chunk of a replay, skip, retry-now or purge
+//!   is a few statements in one short `BEGIN IMMEDIATE` (the write lock
+//!   for a few milliseconds per 1,000 rows). A replay, skip or retry-now
+//!   chunk that selects an event a relay is publishing (under a live
+//!   lease) waits for it without the write lock, up to 5 s, and then fails
+//!   with "run it again", as PostgreSQL's waits for the row lock.
+//!   `error_contains` folds ASCII letters only (SQLite's `lower`), and
+//!   the status report counts the whole table where PostgreSQL estimates.
 
+mod audit;
+mod dead_letters;
 mod inbox;
 mod migrate;
 mod record;
@@ -93,6 +107,7 @@ mod settings;
 mod sql;
 mod store;
 
+pub use dead_letters::SqliteDeadLetters;
 pub use inbox::{SqliteInbox, SqliteInboxDatabase};
 pub use migrate::{SQLITE_MIGRATIONS, migrate, migrate_url};
 pub use record::SqliteOutbox;

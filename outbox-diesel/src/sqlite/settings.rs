@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use super::sql::SqliteSql;
-use super::{AsyncSqliteConnection, SqliteInbox, SqliteOutbox, SqliteOutboxStore};
+use super::{
+    AsyncSqliteConnection, SqliteDeadLetters, SqliteInbox, SqliteOutbox, SqliteOutboxStore,
+};
 use crate::Result;
 
 /// One value for everything a SQLite outbox's parts share: whether
@@ -77,6 +79,15 @@ impl SqliteSettings {
         pool: diesel_async::pooled_connection::deadpool::Pool<AsyncSqliteConnection>,
     ) -> SqliteOutboxStore {
         SqliteOutboxStore::new(pool, self.prepare)
+    }
+
+    /// The consumers' dead letters on `pool`
+    /// ([`SqliteDeadLetters::new`]).
+    pub fn dead_letters(
+        &self,
+        pool: diesel_async::pooled_connection::deadpool::Pool<AsyncSqliteConnection>,
+    ) -> SqliteDeadLetters {
+        SqliteDeadLetters::new(pool)
     }
 
     /// Applies the migrations this version knows, as

@@ -6,7 +6,13 @@
 //! One database file is one outbox, so no table is qualified and the text
 //! is the same for every outbox: rendered once per process.
 
+mod admin;
+mod dead_letters;
+
 use std::sync::{Arc, OnceLock};
+
+pub(crate) use admin::{ChunkSql, ERROR_KEY, SqliteAdminSql};
+pub(crate) use dead_letters::SqliteDeadLetterSql;
 
 /// The columns an `INSERT` of events names, in bind order: id (uuid text),
 /// aggregate type, aggregate id, aggregate version (nullable `BigInt`),
@@ -76,6 +82,12 @@ impl SqliteSql {
 /// Microseconds since the Unix epoch: how every time is stored.
 pub(crate) fn micros(at: chrono::DateTime<chrono::Utc>) -> i64 {
     at.timestamp_micros()
+}
+
+/// A stored time read back, for the admin's reports (the epoch when out of
+/// chrono's range: another writer's value).
+pub(crate) fn time(micros: i64) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::from_timestamp_micros(micros).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 //! directory, deleted when it ends, also when it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod admin;
 mod commit;
+mod dead_letters;
 mod inbox;
 mod migrate;
 mod record;

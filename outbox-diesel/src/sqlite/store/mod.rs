@@ -51,6 +51,7 @@
 //! Relays learn of new events by polling and from in-process wakeups
 //! ([`wakeups`](OutboxStore::wakeups) never yields).
 
+mod admin;
 mod claim;
 mod row;
 mod sql;
@@ -69,9 +70,10 @@ use outbox_core::{
 use uuid::Uuid;
 
 pub use claim::SqliteClaim;
+pub(crate) use sql::COLUMNS;
 
 use super::AsyncSqliteConnection;
-use super::sql::micros;
+use super::sql::{SqliteAdminSql, micros};
 use crate::{Error, Result, SqliteTransaction};
 use row::{OrderRow, PausedRow, StatsRow, VersionRow};
 use sql::SqliteStoreSql;
@@ -84,13 +86,15 @@ const ORDER_CACHE_TTL: Duration = Duration::from_secs(1);
 const SCHEMA: &str = "main";
 
 /// The relay's store on SQLite: lease claims, marks, stats, replays, the
-/// relay registry. Get one from
+/// relay registry, and the admin API
+/// ([`OutboxAdmin`](outbox_core::admin::OutboxAdmin)). Get one from
 /// [`SqliteSettings::store`](super::SqliteSettings::store). How its claim
 /// works: [the module docs](super#the-relay-store-a-lease-claim).
 #[derive(Clone)]
 pub struct SqliteOutboxStore {
     pool: Pool<AsyncSqliteConnection>,
     sql: Arc<SqliteStoreSql>,
+    admin: Arc<SqliteAdminSql>,
     prepare: bool,
     keep_sent: bool,
     claim_timeout: Duration,
@@ -126,6 +130,7 @@ impl SqliteOutboxStore {
         SqliteOutboxStore {
             pool,
             sql: shared_sql(),
+            admin: SqliteAdminSql::shared(),
             prepare,
             keep_sent: false,
             claim_timeout: Duration::from_secs(60),

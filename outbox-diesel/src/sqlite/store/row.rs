@@ -67,8 +67,31 @@ impl EventRow {
         let occurred_at = time(self.occurred_at).ok_or_else(|| {
             malformed(format!("occurred_at {} is out of range", self.occurred_at))
         })?;
-        Ok(OutboxRecord {
-            seq,
+        Ok(self.build(id, headers, status, occurred_at))
+    }
+
+    /// The record as far as it can be read, for the admin's listings: a
+    /// row another writer stored malformed is shown, not an error (headers
+    /// it cannot read are empty, an unknown status reads as `dead`, a time
+    /// out of range as the epoch).
+    pub(crate) fn into_record_lenient(self) -> OutboxRecord {
+        let id = self.id.parse().unwrap_or_default();
+        let headers = serde_json::from_str(&self.headers).unwrap_or_default();
+        // The table's CHECK constraint allows only known statuses.
+        let status = self.status.parse().unwrap_or(EventStatus::Dead);
+        let occurred_at = time(self.occurred_at).unwrap_or_default();
+        self.build(id, headers, status, occurred_at)
+    }
+
+    fn build(
+        self,
+        id: uuid::Uuid,
+        headers: Headers,
+        status: EventStatus,
+        occurred_at: DateTime<Utc>,
+    ) -> OutboxRecord {
+        OutboxRecord {
+            seq: self.seq,
             envelope: EventEnvelope {
                 id,
                 aggregate_type: self.aggregate_type,
@@ -87,7 +110,7 @@ impl EventRow {
             published_at: self.published_at.and_then(time),
             unroutable_since: self.unroutable_since.and_then(time),
             suspect_count: u32::try_from(self.suspect_count).unwrap_or(0),
-        })
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 
 /// The columns of an event row, as the row type reads them (unqualified:
 /// `RETURNING` takes no table names).
-const COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, aggregate_version, event_type, \
+pub(crate) const COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, aggregate_version, event_type, \
     schema_version, payload, headers, occurred_at, status, attempts, next_attempt_at, \
     last_error, published_at, unroutable_since, suspect_count";
 
