@@ -105,6 +105,58 @@ pub trait Connection:
         envelopes: &'a [outbox_core::EventEnvelope],
     ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
 
+    /// Records `event` in the transaction open on this connection, in the
+    /// back end's default outbox, and returns its id: for code generic over
+    /// the back end (an application that runs on any of them, as the
+    /// example service does). The same as the back end's own `record`
+    /// (`outbox_diesel::record`, `outbox_diesel::mysql::record`,
+    /// `outbox_diesel::sqlite::record`), with the default recorder of each
+    /// (PostgreSQL's `public` schema, MariaDB's current database, SQLite's
+    /// `main` database).
+    ///
+    /// # Errors
+    /// As the back end's `record`: [`Error::NoTransaction`] outside a
+    /// transaction, [`Error::Event`] for an invalid event, the database's
+    /// error.
+    fn record_event<E: outbox_core::DomainEvent + Sync>(
+        &mut self,
+        event: &E,
+    ) -> impl Future<Output = Result<uuid::Uuid, Error>> + Send
+    where
+        Self: Sized,
+    {
+        async move {
+            let envelope = outbox_core::EventEnvelope::from_event(event)?;
+            let id = envelope.id;
+            Self::record_envelopes(&Self::Recorder::default(), self, &[envelope]).await?;
+            Ok(id)
+        }
+    }
+
+    /// Records `events` with one `INSERT`, as [`record_event`] does one;
+    /// returns their ids in order. On any error nothing is written.
+    ///
+    /// [`record_event`]: Connection::record_event
+    ///
+    /// # Errors
+    /// As [`record_event`](Connection::record_event).
+    fn record_events<E: outbox_core::DomainEvent + Sync>(
+        &mut self,
+        events: &[E],
+    ) -> impl Future<Output = Result<Vec<uuid::Uuid>, Error>> + Send
+    where
+        Self: Sized,
+    {
+        async move {
+            let envelopes = events
+                .iter()
+                .map(outbox_core::EventEnvelope::from_event)
+                .collect::<Result<Vec<_>, _>>()?;
+            Self::record_envelopes(&Self::Recorder::default(), self, &envelopes).await?;
+            Ok(envelopes.iter().map(|envelope| envelope.id).collect())
+        }
+    }
+
     /// diesel-async's manager for `url` with `config`.
     #[doc(hidden)]
     fn manager(url: &str, config: ManagerConfig<Self>) -> Self::Manager;

@@ -3,7 +3,7 @@
 //!
 //! | variable | default | used by |
 //! |---|---|---|
-//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/ecommerce` (created if missing); TLS (`sslmode`, `sslrootcert`) with the `postgres-tls` feature | every role |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/ecommerce` (created if missing); TLS (`sslmode`, `sslrootcert`) with the `postgres-tls` feature. Or MariaDB, `mysql://user:password@host:3306/ecommerce` (created if missing), or SQLite, `sqlite://shop.db` (a file, created if missing: no database server) | every role |
 //! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | every role |
 //! | `BIND` | `127.0.0.1:3000` | `api`, `all` |
 //! | `EXCHANGE` | `ecommerce.events` | every role |
@@ -19,6 +19,8 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
+
+use crate::db::Backend;
 
 /// Default of `DATABASE_URL`.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/ecommerce";
@@ -42,8 +44,10 @@ pub const DEFAULT_JANITOR_INTERVAL: &str = "5m";
 /// The service's settings.
 #[derive(Clone)]
 pub struct Config {
-    /// PostgreSQL URL of the service's database.
+    /// URL of the service's database.
     pub database_url: String,
+    /// The back end `database_url` names.
+    pub backend: Backend,
     /// RabbitMQ URL.
     pub amqp_url: String,
     /// Where the HTTP API listens.
@@ -69,6 +73,7 @@ impl fmt::Debug for Config {
         // URLs may carry passwords: never log them.
         f.debug_struct("Config")
             .field("database_url", &redact_url(&self.database_url))
+            .field("backend", &self.backend)
             .field("amqp_url", &redact_url(&self.amqp_url))
             .field("bind", &self.bind)
             .field("exchange", &self.exchange)
@@ -111,6 +116,15 @@ pub enum ConfigError {
         "ADMIN_READ_TOKEN is set but ADMIN_TOKEN is not: set ADMIN_TOKEN to enable the admin API"
     )]
     ReadTokenAlone,
+    /// `DATABASE_URL` names a back end the service does not run on.
+    #[error(
+        "DATABASE_URL={url:?} is not a database URL the service knows: use postgres://…, \
+         mysql://… or sqlite://path"
+    )]
+    DatabaseUrl {
+        /// The value given, password redacted.
+        url: String,
+    },
     /// `BIND` is not an address.
     #[error("BIND={value:?} is not a socket address such as 127.0.0.1:3000: {source}")]
     Bind {
@@ -168,8 +182,13 @@ impl Config {
                 source,
             })
         };
+        let database_url = var("DATABASE_URL", DEFAULT_DATABASE_URL)?;
+        let backend = Backend::of(&database_url).ok_or_else(|| ConfigError::DatabaseUrl {
+            url: redact_url(&database_url),
+        })?;
         Ok(Config {
-            database_url: var("DATABASE_URL", DEFAULT_DATABASE_URL)?,
+            database_url,
+            backend,
             amqp_url: var("AMQP_URL", DEFAULT_AMQP_URL)?,
             bind: SocketAddr::from_str(&bind).map_err(|source| ConfigError::Bind {
                 value: bind.clone(),
@@ -266,6 +285,38 @@ mod tests {
         assert!(err.to_string().starts_with("BIND=\"localhost\""), "{err}");
         let err = super::tests::config(&[("EXCHANGE", "")]).unwrap_err();
         assert!(err.to_string().contains("EXCHANGE"), "{err}");
+    }
+
+    #[test]
+    fn the_database_url_chooses_the_back_end() {
+        for (url, backend) in [
+            (DEFAULT_DATABASE_URL, Backend::Postgres),
+            ("postgresql://db/shop", Backend::Postgres),
+            ("mysql://outbox:outbox@127.0.0.1:3306/shop", Backend::Mysql),
+            ("sqlite://shop.db", Backend::Sqlite),
+            ("SQLITE:///var/lib/shop.db", Backend::Sqlite),
+        ] {
+            assert_eq!(
+                config(&[("DATABASE_URL", url)]).unwrap().backend,
+                backend,
+                "{url}"
+            );
+        }
+        for url in [
+            "shop.db",
+            "redis://127.0.0.1/0",
+            "mysql:/db",
+            "mariadb://u:secret@db/shop",
+        ] {
+            let err = config(&[("DATABASE_URL", url)]).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::DatabaseUrl { .. }),
+                "{url}: {err}"
+            );
+            let text = err.to_string();
+            assert!(text.contains("sqlite://path"), "{text}");
+            assert!(!text.contains("secret"), "{text}");
+        }
     }
 
     #[test]

@@ -1,5 +1,9 @@
 //! The example e-commerce service of the `outbox` workspace, built only on
-//! the `outbox` facade (features `derive`, `postgres`, `axum`, `rabbitmq`).
+//! the `outbox` facade (features `derive`, `postgres`, `mysql`, `sqlite`,
+//! `axum`, `rabbitmq`). It runs on PostgreSQL, MariaDB or SQLite, chosen
+//! by `DATABASE_URL` (`postgres://…`, `mysql://…`, `sqlite://path`): the
+//! routes and consumers are generic over [`db::Database`], and each back
+//! end's SQL lives in its own module (see [`db`] for why).
 //!
 //! Orders are placed, paid and cancelled over HTTP; each change records its
 //! event (`order.placed`, `order.paid`, `order.cancelled`) in the outbox in
@@ -15,7 +19,7 @@
 //! | role | runs |
 //! |---|---|
 //! | `api` | the HTTP API (with `/healthz`, `/metrics`) and the `<prefix>.orders` consumer |
-//! | `relay` | the outbox relay: PostgreSQL → RabbitMQ |
+//! | `relay` | the outbox relay: database → RabbitMQ |
 //! | `inventory` | the `<prefix>.inventory` consumer |
 //! | `loyalty` | the `<prefix>.loyalty` consumer |
 //! | `all` | all of the above in one process; the relay is woken in-process after each commit |
@@ -40,10 +44,12 @@ use std::collections::HashMap;
 
 use std::sync::Arc;
 
+use diesel_async::AsyncMysqlConnection;
+use diesel_async::AsyncPgConnection;
 use outbox::admin::Janitor;
-use outbox::axum::OutboxLayer;
-use outbox::postgres::{PgDeadLetters, PgOutboxStore, PgTransaction};
+use outbox::postgres::Transaction;
 use outbox::rabbitmq::{EventHandler, LapinPublisher, QueueTopology};
+use outbox::sqlite::AsyncSqliteConnection;
 use outbox::{Relay, RelayHandle};
 use tokio::task::JoinSet;
 
@@ -51,22 +57,32 @@ pub use error::{Error, error_chain};
 pub use role::{Role, UnknownRole};
 
 use crate::config::Config;
-use crate::db::PgPool;
+use crate::db::{Backend, Database, DbPool};
 use crate::shutdown::Shutdown;
 
 /// Runs `role` until `shutdown` is triggered (or a component fails, which
 /// triggers it for the others), then stops every component gracefully.
 ///
-/// At start, whatever the role: creates and migrates the database, and
-/// declares the whole RabbitMQ topology.
+/// At start, whatever the role: creates and migrates the database (on the
+/// back end `DATABASE_URL` names), and declares the whole RabbitMQ
+/// topology.
 ///
 /// # Errors
 /// The first component error, or a failed start.
 pub async fn run(role: Role, config: Config, shutdown: Shutdown) -> Result<(), Error> {
-    tracing::info!(%role, ?config, "starting");
-    db::prepare(&config.database_url).await?;
+    match config.backend {
+        Backend::Postgres => run_on::<AsyncPgConnection>(role, config, shutdown).await,
+        Backend::Mysql => run_on::<AsyncMysqlConnection>(role, config, shutdown).await,
+        Backend::Sqlite => run_on::<AsyncSqliteConnection>(role, config, shutdown).await,
+    }
+}
+
+/// [`run`] on the back end of connection type `C`.
+async fn run_on<C: Database>(role: Role, config: Config, shutdown: Shutdown) -> Result<(), Error> {
+    tracing::info!(%role, backend = C::KIND.name(), ?config, "starting");
+    C::prepare(&config.database_url).await?;
     topology::declare(&config).await?;
-    let pool = db::pool(&config.database_url, role.pool_size())?;
+    let pool = C::pool(&config.database_url, role.pool_size())?;
     let config = Arc::new(config);
 
     let mut components = Components::default();
@@ -74,7 +90,7 @@ pub async fn run(role: Role, config: Config, shutdown: Shutdown) -> Result<(), E
     if let Some(handle) = &relay {
         components.spawn(
             "relay",
-            run_relay(
+            run_relay::<C>(
                 config.clone(),
                 pool.clone(),
                 handle.clone(),
@@ -85,7 +101,7 @@ pub async fn run(role: Role, config: Config, shutdown: Shutdown) -> Result<(), E
     if role.runs(Role::Api) {
         components.spawn(
             "api",
-            run_api(
+            run_api::<C>(
                 config.clone(),
                 pool.clone(),
                 relay.clone(),
@@ -94,7 +110,7 @@ pub async fn run(role: Role, config: Config, shutdown: Shutdown) -> Result<(), E
         );
         components.spawn(
             "orders consumer",
-            run_consumer(
+            run_consumer::<C, _>(
                 config.clone(),
                 pool.clone(),
                 consumers::orders::Orders::NAME,
@@ -107,12 +123,12 @@ pub async fn run(role: Role, config: Config, shutdown: Shutdown) -> Result<(), E
     if role.runs(Role::Inventory) {
         components.spawn(
             "inventory consumer",
-            run_consumer(
+            run_consumer::<C, _>(
                 config.clone(),
                 pool.clone(),
                 consumers::inventory::Inventory::NAME,
                 topology::inventory_queue(&config),
-                consumers::inventory::Inventory::default(),
+                consumers::inventory::Inventory,
                 shutdown.clone(),
             ),
         );
@@ -120,7 +136,7 @@ pub async fn run(role: Role, config: Config, shutdown: Shutdown) -> Result<(), E
     if role.runs(Role::Loyalty) {
         components.spawn(
             "loyalty consumer",
-            run_consumer(
+            run_consumer::<C, _>(
                 config.clone(),
                 pool.clone(),
                 consumers::loyalty::Loyalty::NAME,
@@ -193,16 +209,15 @@ impl Components {
 }
 
 /// The relay: publishes committed outbox rows to `EXCHANGE`, woken by
-/// PostgreSQL `NOTIFY` (and in-process by the API in the `all` role).
-async fn run_relay(
+/// PostgreSQL `NOTIFY` (on MariaDB and SQLite it polls), and in-process by
+/// the API in the `all` role.
+async fn run_relay<C: Database>(
     config: Arc<Config>,
-    pool: PgPool,
+    pool: DbPool<C>,
     handle: RelayHandle,
     shutdown: Shutdown,
 ) -> Result<(), Error> {
-    let store = PgOutboxStore::builder(pool)
-        .listen(&config.database_url)
-        .build()?;
+    let store = C::store(pool, Some(&config.database_url))?;
     let publisher = LapinPublisher::builder(&config.amqp_url)
         .exchange(&config.exchange)
         .source(topology::SOURCE)
@@ -226,9 +241,9 @@ async fn run_relay(
 }
 
 /// The HTTP API, with the outbox gauges it shows on `/metrics`.
-async fn run_api(
+async fn run_api<C: Database>(
     config: Arc<Config>,
-    pool: PgPool,
+    pool: DbPool<C>,
     relay: Option<RelayHandle>,
     shutdown: Shutdown,
 ) -> Result<(), Error> {
@@ -245,8 +260,8 @@ async fn run_api(
     if relay.is_some() {
         telemetry::register_relay_counters();
     }
-    let store = PgOutboxStore::builder(pool.clone()).build()?;
-    let dead_letters = PgDeadLetters::new(pool.clone());
+    let store = C::store(pool.clone(), None)?;
+    let dead_letters = C::dead_letters(pool.clone());
     let admin = routes::admin::router(&config, store.clone(), dead_letters)?;
     // Once before serving, so the gauges are on `/metrics` from the start.
     if let Err(error) = telemetry::refresh_outbox_gauges(&store).await {
@@ -258,15 +273,15 @@ async fn run_api(
         shutdown.clone(),
     ));
 
-    let mut outbox = OutboxLayer::new(pool.clone());
+    let mut outbox = C::layer(pool.clone());
     if let Some(handle) = relay {
         outbox = outbox.relay(handle);
     }
     let state = routes::AppState {
-        health: Arc::new(routes::Health::new(pool, config.amqp_url.clone())),
+        health: Arc::new(routes::Health::new::<C>(pool, config.amqp_url.clone())),
         metrics,
     };
-    let app = routes::router(state, outbox, admin);
+    let app = routes::router::<C>(state, outbox, admin);
     tracing::info!(%addr, "HTTP API listening");
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.wait_owned())
@@ -281,15 +296,15 @@ async fn run_api(
 }
 
 /// One inbox consumer, until shutdown.
-async fn run_consumer<H: EventHandler<PgTransaction>>(
+async fn run_consumer<C: Database, H: EventHandler<Transaction<C>>>(
     config: Arc<Config>,
-    pool: PgPool,
+    pool: DbPool<C>,
     name: &'static str,
     topology: QueueTopology,
     handler: H,
     shutdown: Shutdown,
 ) -> Result<(), Error> {
-    let consumer = consumers::build(&config, pool, name, topology, handler)?;
+    let consumer = consumers::build::<C, H>(&config, pool, name, topology, handler)?;
     consumer.run(shutdown.wait_owned()).await?;
     Ok(())
 }

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use outbox::OutboxStore;
-use outbox::postgres::PgOutboxStore;
 use outbox::relay::metric_names as names;
 
 use crate::shutdown::Shutdown;
@@ -46,7 +45,7 @@ pub fn register_relay_counters() {
 ///
 /// # Errors
 /// The store's error; the gauges keep their last values.
-pub async fn refresh_outbox_gauges(store: &PgOutboxStore) -> Result<(), outbox::postgres::Error> {
+pub async fn refresh_outbox_gauges<S: OutboxStore>(store: &S) -> Result<(), S::Error> {
     let stats = store.stats().await?;
     // Counts stay far below 2^53, so they are exact as f64.
     metrics::gauge!(names::BACKLOG).set(stats.backlog as f64);
@@ -61,7 +60,11 @@ pub async fn refresh_outbox_gauges(store: &PgOutboxStore) -> Result<(), outbox::
 
 /// Refreshes the outbox gauges every [`GAUGE_INTERVAL`] (the first time at
 /// once) and runs the recorder's upkeep, until shutdown.
-pub async fn outbox_gauges(store: PgOutboxStore, metrics: PrometheusHandle, shutdown: Shutdown) {
+pub async fn outbox_gauges<S: OutboxStore>(
+    store: S,
+    metrics: PrometheusHandle,
+    shutdown: Shutdown,
+) {
     loop {
         if let Err(error) = refresh_outbox_gauges(&store).await {
             tracing::warn!(%error, "reading the outbox stats failed");

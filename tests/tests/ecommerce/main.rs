@@ -10,8 +10,10 @@
 //! log is printed, and the logs are kept under `target/tmp/ecommerce/`).
 //! Effects are eventual, so assertions poll with a deadline.
 //!
-//! Needs PostgreSQL and RabbitMQ at `DATABASE_URL` / `AMQP_URL` (defaults:
-//! the local servers of `scripts/dev-services`).
+//! Needs PostgreSQL, MariaDB and RabbitMQ at `DATABASE_URL`, `MYSQL_URL`
+//! and `AMQP_URL` (defaults: the local servers of `scripts/dev-services`).
+//! The tests of the service's contract (`on_each_backend!`) run once per
+//! database back end: PostgreSQL, MariaDB, and SQLite (a file of the test).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 mod shop;
@@ -26,11 +28,39 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use shop::{Footprint, Shop, eventually};
+use shop::{Backend, Footprint, Shop, eventually};
 
-#[tokio::test(flavor = "multi_thread")]
-async fn place_pay_and_cancel_move_stock_and_points_and_every_role_stops_on_sigterm() {
-    let mut shop = Shop::new("flows").await;
+/// Runs the test body `$body(backend)` once per database back end, as the
+/// tests `$body::postgres`, `$body::mariadb` and `$body::sqlite`: the
+/// service's HTTP and wire contract is the same on each.
+macro_rules! on_each_backend {
+    ($body:ident) => {
+        mod $body {
+            use super::Backend;
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn postgres() {
+                super::$body(Backend::Postgres).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn mariadb() {
+                super::$body(Backend::Mysql).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn sqlite() {
+                super::$body(Backend::Sqlite).await;
+            }
+        }
+    };
+}
+
+on_each_backend!(place_pay_and_cancel_move_stock_and_points_and_every_role_stops_on_sigterm);
+async fn place_pay_and_cancel_move_stock_and_points_and_every_role_stops_on_sigterm(
+    backend: Backend,
+) {
+    let mut shop = Shop::on(backend, "flows").await;
     shop.capture().await;
     shop.start(&["api", "relay", "inventory", "loyalty"]).await;
     shop.set_stock("mug", 10).await;
@@ -199,9 +229,9 @@ async fn orders_with_an_unknown_or_short_sku_are_rejected_and_leave_stock_unchan
     assert_eq!(shop.status(fits).await, "placed");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn http_errors_are_json_with_the_contract_status_and_change_nothing() {
-    let mut shop = Shop::new("errors").await;
+on_each_backend!(http_errors_are_json_with_the_contract_status_and_change_nothing);
+async fn http_errors_are_json_with_the_contract_status_and_change_nothing(backend: Backend) {
+    let mut shop = Shop::on(backend, "errors").await;
     shop.start(&["api"]).await;
     let customer = Uuid::now_v7();
     shop.set_stock("mug", 3).await;
@@ -519,9 +549,9 @@ async fn http_errors_are_json_with_the_contract_status_and_change_nothing() {
     assert!(!metrics.contains("outbox_published_total"), "{metrics}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn duplicates_injected_into_the_consumer_queues_change_nothing() {
-    let mut shop = Shop::new("duplicates").await;
+on_each_backend!(duplicates_injected_into_the_consumer_queues_change_nothing);
+async fn duplicates_injected_into_the_consumer_queues_change_nothing(backend: Backend) {
+    let mut shop = Shop::on(backend, "duplicates").await;
     shop.capture().await;
     shop.start(&["api", "relay", "inventory", "loyalty"]).await;
     shop.set_stock("mug", 10).await;
@@ -565,11 +595,11 @@ async fn duplicates_injected_into_the_consumer_queues_change_nothing() {
     assert_eq!(shop.status(order).await, "cancelled");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_relay_killed_with_sigkill_and_restarted_loses_nothing() {
+on_each_backend!(a_relay_killed_with_sigkill_and_restarted_loses_nothing);
+async fn a_relay_killed_with_sigkill_and_restarted_loses_nothing(backend: Backend) {
     const ORDERS: usize = 40;
     const KILL_AFTER: usize = 10;
-    let mut shop = Shop::new("relay_kill").await;
+    let mut shop = Shop::on(backend, "relay_kill").await;
     shop.start(&["api", "relay", "inventory", "loyalty"]).await;
     shop.set_stock("mug", 1000).await;
     let customer = Uuid::now_v7();

@@ -4,10 +4,11 @@
 //! polling with the tests' deadline.
 
 use outbox_testkit::amqp::TestBroker;
+use outbox_testkit::mysql::TestMysqlDatabase;
 use outbox_testkit::names;
 use outbox_testkit::net::free_port;
 use outbox_testkit::pg::TestDatabase;
-use outbox_testkit::urls::{amqp_url, database_url};
+use outbox_testkit::urls::{amqp_url, database_url, mysql_url};
 use outbox_tests::example_binary as binary;
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -67,8 +68,38 @@ pub(crate) struct Footprint {
     pub(crate) reserved: i64,
 }
 
+/// The database back end a [`Shop`] runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Postgres,
+    Mysql,
+    Sqlite,
+}
+
+/// A test's database, removed when the test ends (also when it panics).
+enum Database {
+    Postgres(TestDatabase),
+    Mysql(TestMysqlDatabase),
+    /// The file (with its `-wal` and `-shm` companions).
+    Sqlite(SqliteFile),
+}
+
+/// A SQLite file of a test, deleted on drop.
+struct SqliteFile(PathBuf);
+
+impl Drop for SqliteFile {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut path = self.0.clone().into_os_string();
+            path.push(suffix);
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 /// One test's private e-commerce deployment.
 pub(crate) struct Shop {
+    pub(crate) backend: Backend,
     pub(crate) database_url: String,
     pub(crate) exchange: String,
     pub(crate) prefix: String,
@@ -84,23 +115,45 @@ pub(crate) struct Shop {
     /// Deletes the exchanges and queues (also when the test panics).
     pub(crate) broker: TestBroker,
     /// Drops the database (also when the test panics).
-    pub(crate) _database: TestDatabase,
+    _database: Database,
 }
 
 impl Shop {
-    /// Names, a port and a broker connection; starts nothing yet.
+    /// Names, a port and a broker connection, on PostgreSQL; starts
+    /// nothing yet.
     pub(crate) async fn new(test: &str) -> Shop {
+        Shop::on(Backend::Postgres, test).await
+    }
+
+    /// [`new`](Shop::new) on `backend`.
+    pub(crate) async fn on(backend: Backend, test: &str) -> Shop {
         let name = names::unique("ecommerce", test);
-        let base = database_url();
-        if let Err(error) = outbox::postgres::connect(&base).await {
-            panic!(
-                "{error}\n(these tests need PostgreSQL at {base} and RabbitMQ at {}: run \
-                 scripts/dev-services, or set DATABASE_URL and AMQP_URL)",
-                amqp_url()
-            );
-        }
-        // The processes create the database; it is dropped all the same.
-        let database = TestDatabase::reserve(&base, &name);
+        let logs = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join("ecommerce")
+            .join(format!("{test}-{name}"));
+        std::fs::create_dir_all(&logs).unwrap();
+        let database = match backend {
+            Backend::Postgres => {
+                let base = database_url();
+                if let Err(error) = outbox::postgres::connect(&base).await {
+                    panic!(
+                        "{error}\n(these tests need PostgreSQL at {base} and RabbitMQ at {}: run \
+                         scripts/dev-services, or set DATABASE_URL and AMQP_URL)",
+                        amqp_url()
+                    );
+                }
+                // The processes create the database; it is dropped all the same.
+                Database::Postgres(TestDatabase::reserve(&base, &name))
+            }
+            // Created here (the service would create it too), dropped at the end.
+            Backend::Mysql => Database::Mysql(TestMysqlDatabase::create(&mysql_url(), &name).await),
+            Backend::Sqlite => Database::Sqlite(SqliteFile(logs.join("shop.db"))),
+        };
+        let database_url = match &database {
+            Database::Postgres(db) => db.url().to_owned(),
+            Database::Mysql(db) => db.url().to_owned(),
+            Database::Sqlite(file) => format!("sqlite://{}", file.0.display()),
+        };
         let broker = TestBroker::new(&name).await;
         let exchange = broker.named("events");
         broker.delete_exchange_on_drop(&exchange);
@@ -111,12 +164,9 @@ impl Shop {
             broker.delete_queue_on_drop(queue);
         }
         broker.delete_queue_on_drop(broker.named("capture"));
-        let logs = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join("ecommerce")
-            .join(format!("{test}-{name}"));
-        std::fs::create_dir_all(&logs).unwrap();
         Shop {
-            database_url: database.url().to_owned(),
+            backend,
+            database_url,
             exchange,
             prefix: name,
             port: free_port(),
@@ -338,19 +388,41 @@ impl Shop {
         body["points"].as_i64().unwrap()
     }
 
-    /// `SELECT count(*)` on the test's database.
+    /// `SELECT count(*) AS n …` on the test's database.
     pub(crate) async fn count(&self, sql: &str) -> i64 {
         #[derive(QueryableByName)]
         struct Count {
             #[diesel(sql_type = BigInt)]
             n: i64,
         }
-        let mut conn = outbox::postgres::connect(&self.database_url).await.unwrap();
-        diesel::sql_query(sql)
-            .get_result::<Count>(&mut conn)
-            .await
-            .unwrap()
-            .n
+        let count: Count = self.query(sql).await;
+        count.n
+    }
+
+    /// The one row of `sql` on the test's database, whatever its back end.
+    pub(crate) async fn query<T>(&self, sql: &str) -> T
+    where
+        T: QueryableByName<diesel::pg::Pg>
+            + QueryableByName<diesel::mysql::Mysql>
+            + QueryableByName<diesel::sqlite::Sqlite>
+            + Send
+            + 'static,
+    {
+        let query = diesel::sql_query(sql);
+        match self.backend {
+            Backend::Postgres => {
+                let mut conn = outbox::postgres::connect(&self.database_url).await.unwrap();
+                query.get_result(&mut conn).await.unwrap()
+            }
+            Backend::Mysql => {
+                let mut conn = outbox::mysql::connect(&self.database_url).await.unwrap();
+                query.get_result(&mut conn).await.unwrap()
+            }
+            Backend::Sqlite => {
+                let mut conn = outbox::sqlite::connect(&self.database_url).await.unwrap();
+                query.get_result(&mut conn).await.unwrap()
+            }
+        }
     }
 
     pub(crate) async fn inbox_rows(&self, consumer: &str) -> i64 {
@@ -484,18 +556,20 @@ impl Shop {
 
     /// What the API's requests leave behind: rows and stock.
     pub(crate) async fn footprint(&self) -> Footprint {
-        let mut conn = outbox::postgres::connect(&self.database_url).await.unwrap();
-        diesel::sql_query(
+        // A sum is `DECIMAL` on MariaDB: cast to its 64-bit integer.
+        let bigint = match self.backend {
+            Backend::Mysql => "SIGNED",
+            Backend::Postgres | Backend::Sqlite => "BIGINT",
+        };
+        self.query(&format!(
             "SELECT (SELECT count(*) FROM orders) AS orders, \
              (SELECT count(*) FROM order_items) AS order_items, \
              (SELECT count(*) FROM outbox_events) AS outbox_events, \
              (SELECT count(*) FROM inventory) AS skus, \
-             (SELECT coalesce(sum(available), 0)::bigint FROM inventory) AS available, \
-             (SELECT coalesce(sum(reserved), 0)::bigint FROM inventory) AS reserved",
-        )
-        .get_result(&mut conn)
+             (SELECT CAST(coalesce(sum(available), 0) AS {bigint}) FROM inventory) AS available, \
+             (SELECT CAST(coalesce(sum(reserved), 0) AS {bigint}) FROM inventory) AS reserved"
+        ))
         .await
-        .unwrap()
     }
 
     /// `POST path` with `body` sent in chunks (`Transfer-Encoding: chunked`,

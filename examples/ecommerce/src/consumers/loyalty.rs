@@ -1,12 +1,11 @@
 //! Loyalty: 1 point per full 100 cents of a paid order, taken back when a
 //! paid order is cancelled.
 
-use diesel_async::AsyncPgConnection;
-use outbox::postgres::PgTransaction;
+use outbox::postgres::Transaction;
 use outbox::rabbitmq::{EventHandler, HandlerError, IncomingEvent};
 
 use super::{payload, unknown_event_type};
-use crate::db;
+use crate::db::Database;
 use crate::domain::loyalty::{Award, AwardStatus, points_for};
 use crate::domain::{OrderCancelled, OrderPaid};
 
@@ -19,9 +18,9 @@ impl Loyalty {
     pub const NAME: &'static str = "loyalty";
 
     /// `order.paid`: awards the order's points, once.
-    async fn award(conn: &mut AsyncPgConnection, paid: OrderPaid) -> Result<(), HandlerError> {
+    async fn award<C: Database>(conn: &mut C, paid: OrderPaid) -> Result<(), HandlerError> {
         let order_id = paid.order_id;
-        if let Some(award) = db::loyalty::lock_award(conn, order_id).await? {
+        if let Some(award) = conn.lock_award(order_id).await? {
             // Revoked by a cancel that overtook the payment.
             tracing::info!(%order_id, status = award.status.as_str(), "order already handled by loyalty");
             return Ok(());
@@ -31,29 +30,30 @@ impl Loyalty {
             points: points_for(paid.total_cents),
             status: AwardStatus::Awarded,
         };
-        db::loyalty::insert_award(conn, order_id, &award).await?;
+        conn.insert_award(order_id, &award).await?;
         if award.points > 0 {
-            db::loyalty::add_points(conn, award.customer_id, award.points).await?;
+            conn.add_points(award.customer_id, award.points).await?;
         }
         tracing::info!(%order_id, customer_id = %award.customer_id, points = award.points, "points awarded");
         Ok(())
     }
 
     /// `order.cancelled`: takes back the points of a paid order.
-    async fn revoke(
-        conn: &mut AsyncPgConnection,
+    async fn revoke<C: Database>(
+        conn: &mut C,
         cancelled: OrderCancelled,
     ) -> Result<(), HandlerError> {
         if !cancelled.was_paid {
             return Ok(());
         }
         let order_id = cancelled.order_id;
-        match db::loyalty::lock_award(conn, order_id).await? {
+        match conn.lock_award(order_id).await? {
             Some(award) if award.status == AwardStatus::Awarded => {
                 if award.points > 0 {
-                    db::loyalty::add_points(conn, award.customer_id, -award.points).await?;
+                    conn.add_points(award.customer_id, -award.points).await?;
                 }
-                db::loyalty::set_award_status(conn, order_id, AwardStatus::Revoked).await?;
+                conn.set_award_status(order_id, AwardStatus::Revoked)
+                    .await?;
                 tracing::info!(%order_id, points = award.points, "points taken back");
             }
             Some(_) => {}
@@ -65,7 +65,7 @@ impl Loyalty {
                     points: 0,
                     status: AwardStatus::Revoked,
                 };
-                db::loyalty::insert_award(conn, order_id, &award).await?;
+                conn.insert_award(order_id, &award).await?;
                 tracing::info!(%order_id, "paid order cancelled before loyalty saw the payment");
             }
         }
@@ -73,18 +73,18 @@ impl Loyalty {
     }
 }
 
-impl EventHandler<PgTransaction> for Loyalty {
+impl<C: Database> EventHandler<Transaction<C>> for Loyalty {
     async fn handle(
         &self,
-        tx: &mut PgTransaction,
+        tx: &mut Transaction<C>,
         event: &IncomingEvent,
     ) -> Result<(), HandlerError> {
         match event.event_type.as_str() {
             OrderPaid::EVENT_TYPE => {
-                Self::award(tx, payload(event, OrderPaid::SCHEMA_VERSION)?).await
+                Self::award(&mut **tx, payload(event, OrderPaid::SCHEMA_VERSION)?).await
             }
             OrderCancelled::EVENT_TYPE => {
-                Self::revoke(tx, payload(event, OrderCancelled::SCHEMA_VERSION)?).await
+                Self::revoke(&mut **tx, payload(event, OrderCancelled::SCHEMA_VERSION)?).await
             }
             _ => Err(unknown_event_type(Self::NAME, event)),
         }

@@ -36,12 +36,12 @@ pub mod inventory;
 pub mod loyalty;
 pub mod orders;
 
-use outbox::postgres::{PgInbox, PgInboxDatabase, PgTransaction};
+use outbox::postgres::Transaction;
 use outbox::rabbitmq::{EventHandler, HandlerError, InboxConsumer, IncomingEvent, QueueTopology};
 use serde::de::DeserializeOwned;
 
 use crate::config::Config;
-use crate::db::PgPool;
+use crate::db::{Database, DbPool};
 
 /// Deliveries handled at once per consumer. Events of one order always go
 /// to the same worker, in queue order; different orders run in parallel.
@@ -55,25 +55,19 @@ pub const PREFETCH: u16 = 32;
 ///
 /// # Errors
 /// [`outbox::rabbitmq::Error::Config`] for invalid names.
-pub fn build<H: EventHandler<PgTransaction>>(
+pub fn build<C: Database, H: EventHandler<Transaction<C>>>(
     config: &Config,
-    pool: PgPool,
+    pool: DbPool<C>,
     name: &str,
     topology: QueueTopology,
     handler: H,
-) -> Result<InboxConsumer<PgInboxDatabase, H>, outbox::rabbitmq::Error> {
+) -> Result<InboxConsumer<C::Inbox, H>, outbox::rabbitmq::Error> {
     let queue = topology.queue_name().to_owned();
-    InboxConsumer::builder(
-        &config.amqp_url,
-        queue,
-        name,
-        PgInboxDatabase::new(pool, PgInbox::default()),
-        handler,
-    )
-    .declare(topology)
-    .concurrency(CONCURRENCY)
-    .prefetch(PREFETCH)
-    .build()
+    InboxConsumer::builder(&config.amqp_url, queue, name, C::inbox(pool), handler)
+        .declare(topology)
+        .concurrency(CONCURRENCY)
+        .prefetch(PREFETCH)
+        .build()
 }
 
 /// The payload of `event` as `T`, whose schema is version `version` of the

@@ -1,12 +1,11 @@
 //! The orders service's own consumer (run by the `api` role): marks an
 //! order `rejected` when the inventory rejects it, if it is still `placed`.
 
-use diesel_async::AsyncPgConnection;
-use outbox::postgres::PgTransaction;
+use outbox::postgres::Transaction;
 use outbox::rabbitmq::{EventHandler, HandlerError, IncomingEvent};
 
 use super::{payload, schema_version, unknown_event_type};
-use crate::db;
+use crate::db::Database;
 use crate::domain::{InventoryRejected, InventoryReserved};
 
 /// The orders consumer's [`EventHandler`].
@@ -18,18 +17,19 @@ impl Orders {
     pub const NAME: &'static str = "orders";
 
     /// `inventory.rejected`: `placed` → `rejected`; any other status stays.
-    async fn reject(
-        conn: &mut AsyncPgConnection,
+    async fn reject<C: Database>(
+        conn: &mut C,
         rejected: InventoryRejected,
     ) -> Result<(), HandlerError> {
         let order_id = rejected.order_id;
         // Locked like every other change to an order.
-        let Some(mut order) = db::orders::find_for_update(conn, order_id).await? else {
+        let Some(mut order) = conn.lock_order(order_id).await? else {
             tracing::warn!(%order_id, "inventory rejected an unknown order; ignored");
             return Ok(());
         };
         if order.reject() {
-            db::orders::update_rejected(conn, &order, &rejected.reason).await?;
+            conn.update_order_status(&order, Some(&rejected.reason))
+                .await?;
             tracing::info!(%order_id, reason = %rejected.reason, "order rejected");
         } else {
             tracing::info!(%order_id, status = order.status.as_str(), "inventory rejected an order that is no longer placed; it keeps its status");
@@ -38,15 +38,19 @@ impl Orders {
     }
 }
 
-impl EventHandler<PgTransaction> for Orders {
+impl<C: Database> EventHandler<Transaction<C>> for Orders {
     async fn handle(
         &self,
-        tx: &mut PgTransaction,
+        tx: &mut Transaction<C>,
         event: &IncomingEvent,
     ) -> Result<(), HandlerError> {
         match event.event_type.as_str() {
             InventoryRejected::EVENT_TYPE => {
-                Self::reject(tx, payload(event, InventoryRejected::SCHEMA_VERSION)?).await
+                Self::reject(
+                    &mut **tx,
+                    payload(event, InventoryRejected::SCHEMA_VERSION)?,
+                )
+                .await
             }
             // Nothing to do, but only for a version this consumer knows.
             InventoryReserved::EVENT_TYPE => {

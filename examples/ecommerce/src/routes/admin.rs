@@ -4,9 +4,8 @@
 //! purge). See the README's "Admin API".
 
 use axum::Router;
-use outbox::admin::{Admin, DeadLetters};
+use outbox::admin::{Admin, DeadLetterStore, DeadLetters, OutboxAdmin};
 use outbox::axum::admin::{AdminRouter, BearerTokens};
-use outbox::postgres::{PgDeadLetters, PgOutboxStore};
 use outbox::rabbitmq::DeadLetterQueues;
 
 use crate::config::Config;
@@ -22,10 +21,10 @@ pub const READ_ONLY: &str = "read-only";
 ///
 /// # Errors
 /// A token shorter than 16 bytes, or both tokens the same.
-pub fn router(
+pub fn router<S: OutboxAdmin, D: DeadLetterStore>(
     config: &Config,
-    store: PgOutboxStore,
-    dead_letters: PgDeadLetters,
+    store: S,
+    dead_letters: D,
 ) -> Result<Option<Router>, outbox::axum::Error> {
     let Some(token) = &config.admin_token else {
         tracing::info!("admin API off: set ADMIN_TOKEN to enable it");
@@ -59,7 +58,11 @@ mod tests {
     use outbox::testing::InMemoryStore;
     use tower::ServiceExt as _;
 
+    use diesel_async::AsyncPgConnection;
+    use outbox::postgres::{PgDeadLetters, PgOutboxStore};
+
     use super::*;
+    use crate::db::Database;
     use crate::routes::{AppState, Health};
 
     const TOKEN: &str = "0123456789abcdef0123";
@@ -76,12 +79,12 @@ mod tests {
 
     fn store() -> PgOutboxStore {
         // Never connects: nothing here reaches the database.
-        let pool = crate::db::pool("postgres://nobody@127.0.0.1:1/nothing", 1).unwrap();
+        let pool = AsyncPgConnection::pool("postgres://nobody@127.0.0.1:1/nothing", 1).unwrap();
         PgOutboxStore::builder(pool).build().unwrap()
     }
 
     fn dead_letters() -> PgDeadLetters {
-        let pool = crate::db::pool("postgres://nobody@127.0.0.1:1/nothing", 1).unwrap();
+        let pool = AsyncPgConnection::pool("postgres://nobody@127.0.0.1:1/nothing", 1).unwrap();
         PgDeadLetters::new(pool)
     }
 
@@ -109,16 +112,20 @@ mod tests {
     /// Mounted at `/admin` inside the app's layers, next to its routes.
     #[tokio::test]
     async fn the_admin_api_answers_at_admin_behind_its_token() {
-        let pool = crate::db::pool("postgres://nobody@127.0.0.1:1/nothing", 1).unwrap();
+        let pool = AsyncPgConnection::pool("postgres://nobody@127.0.0.1:1/nothing", 1).unwrap();
         let admin = AdminRouter::builder(Admin::new(InMemoryStore::new()))
             .auth(BearerTokens::new().operator(OPERATOR, TOKEN))
             .build()
             .unwrap();
         let state = AppState {
-            health: Arc::new(Health::new(pool.clone(), "amqp://127.0.0.1:1/%2f")),
+            health: Arc::new(Health::new::<AsyncPgConnection>(
+                pool.clone(),
+                "amqp://127.0.0.1:1/%2f",
+            )),
             metrics: PrometheusBuilder::new().build_recorder().handle(),
         };
-        let app = crate::routes::router(state, OutboxLayer::new(pool), Some(admin));
+        let app =
+            crate::routes::router::<AsyncPgConnection>(state, OutboxLayer::new(pool), Some(admin));
         let call = |token: Option<&str>, path: &str| {
             let mut request = Request::get(path);
             if let Some(token) = token {

@@ -6,7 +6,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::error::{ApiError, ApiPath};
-use crate::db;
+use crate::db::Database;
 
 /// A customer's loyalty points.
 #[derive(Debug, Clone, Serialize)]
@@ -21,11 +21,11 @@ pub struct PointsView {
 ///
 /// # Errors
 /// `400` for a malformed id.
-pub async fn points(
-    mut tx: Tx,
+pub async fn points<C: Database>(
+    mut tx: Tx<C>,
     ApiPath(customer_id): ApiPath<Uuid>,
 ) -> Result<Json<PointsView>, ApiError> {
-    let points = db::loyalty::points(&mut tx, customer_id).await?;
+    let points = tx.points(customer_id).await?;
     Ok(Json(PointsView {
         customer_id,
         points,

@@ -5,7 +5,7 @@ use outbox::axum::Tx;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, ApiJson, ApiPath};
-use crate::db;
+use crate::db::Database;
 use crate::domain::inventory::{MAX_SKU_LEN, Stock, is_valid_sku};
 
 /// Body of `PUT /inventory/{sku}`.
@@ -42,8 +42,8 @@ impl From<Stock> for StockView {
 ///
 /// # Errors
 /// `400` for a malformed SKU, `422` for a negative quantity.
-pub async fn put(
-    mut tx: Tx,
+pub async fn put<C: Database>(
+    mut tx: Tx<C>,
     ApiPath(sku): ApiPath<String>,
     ApiJson(body): ApiJson<SetStock>,
 ) -> Result<Json<StockView>, ApiError> {
@@ -54,7 +54,7 @@ pub async fn put(
             body.available
         )));
     }
-    let stock = db::inventory::set_available(&mut tx, &sku, body.available).await?;
+    let stock = tx.set_available(&sku, body.available).await?;
     tracing::info!(%sku, available = stock.available, "stock set");
     Ok(Json(stock.into()))
 }
@@ -63,9 +63,13 @@ pub async fn put(
 ///
 /// # Errors
 /// `400` for a malformed SKU, `404` for an unknown one.
-pub async fn get(mut tx: Tx, ApiPath(sku): ApiPath<String>) -> Result<Json<StockView>, ApiError> {
+pub async fn get<C: Database>(
+    mut tx: Tx<C>,
+    ApiPath(sku): ApiPath<String>,
+) -> Result<Json<StockView>, ApiError> {
     check_sku(&sku)?;
-    let stock = db::inventory::find(&mut tx, &sku)
+    let stock = tx
+        .find_stock(&sku)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("sku {sku:?} not found")))?;
     Ok(Json(stock.into()))

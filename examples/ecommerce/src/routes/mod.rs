@@ -22,6 +22,8 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
+use crate::db::Database;
+
 pub use error::{ApiError, ApiJson, ApiPath};
 pub use ops::Health;
 
@@ -49,14 +51,17 @@ pub struct AppState {
 /// order): a handler timeout (a `408` rolls back cleanly), the outbox
 /// layer, then for every route a body limit, panic catching (a `500`
 /// after the outbox layer rolled back) and request tracing.
-pub fn router(state: AppState, outbox: OutboxLayer, admin: Option<Router>) -> Router {
+pub fn router<C: Database>(state: AppState, outbox: OutboxLayer, admin: Option<Router>) -> Router {
     let api = Router::new()
-        .route("/inventory/{sku}", get(inventory::get).put(inventory::put))
-        .route("/orders", post(orders::place))
-        .route("/orders/{id}", get(orders::get))
-        .route("/orders/{id}/pay", post(orders::pay))
-        .route("/orders/{id}/cancel", post(orders::cancel))
-        .route("/customers/{id}/points", get(customers::points))
+        .route(
+            "/inventory/{sku}",
+            get(inventory::get::<C>).put(inventory::put::<C>),
+        )
+        .route("/orders", post(orders::place::<C>))
+        .route("/orders/{id}", get(orders::get::<C>))
+        .route("/orders/{id}/pay", post(orders::pay::<C>))
+        .route("/orders/{id}/cancel", post(orders::cancel::<C>))
+        .route("/customers/{id}/points", get(customers::points::<C>))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             HANDLER_TIMEOUT,

@@ -7,20 +7,25 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use diesel_async::RunQueryDsl;
+use diesel_async::SimpleAsyncConnection as _;
+use futures_util::FutureExt as _;
+use futures_util::future::BoxFuture;
 use lapin::{Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
 use super::AppState;
 use crate::config::redact_url;
-use crate::db::PgPool;
+use crate::db::{Database, DbPool};
 
 /// How long each health probe may take before it counts as down.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The database probe: a `SELECT 1` on a pooled connection.
+type DatabaseProbe = Box<dyn Fn() -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
+
 /// Probes the database and the broker.
 pub struct Health {
-    pool: PgPool,
+    database: DatabaseProbe,
     amqp_url: String,
     /// Kept open between probes (reopened when lost), so a probe is one
     /// channel round trip rather than a new AMQP connection.
@@ -38,7 +43,7 @@ impl fmt::Debug for Health {
 /// The outcome of one probe of each dependency: `Err` says why it is down.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthReport {
-    /// PostgreSQL: a `SELECT 1` on a pooled connection.
+    /// The database: a `SELECT 1` on a pooled connection.
     pub database: Result<(), ProbeError>,
     /// RabbitMQ: opening and closing a channel.
     pub broker: Result<(), ProbeError>,
@@ -82,9 +87,19 @@ impl HealthReport {
 
 impl Health {
     /// Probes on `pool` and the broker at `amqp_url`.
-    pub fn new(pool: PgPool, amqp_url: impl Into<String>) -> Self {
+    pub fn new<C: Database>(pool: DbPool<C>, amqp_url: impl Into<String>) -> Self {
+        let database: DatabaseProbe = Box::new(move || {
+            let pool = pool.clone();
+            async move {
+                let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+                conn.batch_execute("SELECT 1")
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            .boxed()
+        });
         Health {
-            pool,
+            database,
             amqp_url: amqp_url.into(),
             broker: Mutex::new(None),
         }
@@ -98,12 +113,7 @@ impl Health {
     }
 
     async fn check_database(&self) -> Result<(), String> {
-        let mut conn = self.pool.get().await.map_err(|e| e.to_string())?;
-        diesel::sql_query("SELECT 1")
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(())
+        (self.database)().await
     }
 
     async fn check_broker(&self) -> Result<(), String> {
@@ -204,8 +214,13 @@ mod tests {
     /// drivers' error text (which names hosts, ports and users).
     #[tokio::test]
     async fn healthz_is_503_naming_what_is_unreachable_without_error_text() {
-        let pool = crate::db::pool("postgres://health_user@127.0.0.1:1/nothing", 1).unwrap();
-        let health = Health::new(pool, "amqp://guest:guest@127.0.0.1:1/%2f");
+        let pool =
+            diesel_async::AsyncPgConnection::pool("postgres://health_user@127.0.0.1:1/nothing", 1)
+                .unwrap();
+        let health = Health::new::<diesel_async::AsyncPgConnection>(
+            pool,
+            "amqp://guest:guest@127.0.0.1:1/%2f",
+        );
         let report = health.check().await;
         assert!(
             matches!(&report.database, Err(ProbeError::Failed(detail)) if !detail.is_empty()),

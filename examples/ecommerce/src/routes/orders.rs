@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::error::{ApiError, ApiJson, ApiPath};
-use crate::db;
+use crate::db::Database;
 use crate::domain::{LineItem, Order};
 
 /// Body of `POST /orders`.
@@ -100,14 +100,14 @@ impl From<&Order> for StatusView {
 ///
 /// # Errors
 /// `422` for an invalid order.
-pub async fn place(
-    mut tx: Tx,
+pub async fn place<C: Database>(
+    mut tx: Tx<C>,
     events: Events,
     ApiJson(request): ApiJson<PlaceOrder>,
 ) -> Result<(StatusCode, Json<OrderView>), ApiError> {
     let items = request.items.into_iter().map(LineItem::from).collect();
     let (order, placed) = Order::place(request.customer_id, items)?;
-    db::orders::insert(&mut tx, &order).await?;
+    tx.insert_order(&order).await?;
     events.raise(placed)?;
     tracing::info!(order_id = %order.id, total_cents = order.total_cents, "order placed");
     Ok((StatusCode::CREATED, Json(OrderView::from(&order))))
@@ -117,10 +117,11 @@ pub async fn place(
 ///
 /// # Errors
 /// `404` for an unknown order.
-pub async fn get(mut tx: Tx, ApiPath(id): ApiPath<Uuid>) -> Result<Json<OrderView>, ApiError> {
-    let order = db::orders::find(&mut tx, id)
-        .await?
-        .ok_or_else(|| not_found(id))?;
+pub async fn get<C: Database>(
+    mut tx: Tx<C>,
+    ApiPath(id): ApiPath<Uuid>,
+) -> Result<Json<OrderView>, ApiError> {
+    let order = tx.find_order(id).await?.ok_or_else(|| not_found(id))?;
     Ok(Json(OrderView::from(&order)))
 }
 
@@ -128,16 +129,14 @@ pub async fn get(mut tx: Tx, ApiPath(id): ApiPath<Uuid>) -> Result<Json<OrderVie
 ///
 /// # Errors
 /// `404` for an unknown order, `409` unless it is `placed`.
-pub async fn pay(
-    mut tx: Tx,
+pub async fn pay<C: Database>(
+    mut tx: Tx<C>,
     events: Events,
     ApiPath(id): ApiPath<Uuid>,
 ) -> Result<Json<StatusView>, ApiError> {
-    let mut order = db::orders::find_for_update(&mut tx, id)
-        .await?
-        .ok_or_else(|| not_found(id))?;
+    let mut order = tx.lock_order(id).await?.ok_or_else(|| not_found(id))?;
     let paid = order.pay()?;
-    db::orders::update_status(&mut tx, &order).await?;
+    tx.update_order_status(&order, None).await?;
     events.raise(paid)?;
     tracing::info!(order_id = %id, "order paid");
     Ok(Json(StatusView::from(&order)))
@@ -148,16 +147,14 @@ pub async fn pay(
 ///
 /// # Errors
 /// `404` for an unknown order, `409` if it is `cancelled` or `rejected`.
-pub async fn cancel(
-    mut tx: Tx,
+pub async fn cancel<C: Database>(
+    mut tx: Tx<C>,
     events: Events,
     ApiPath(id): ApiPath<Uuid>,
 ) -> Result<Json<StatusView>, ApiError> {
-    let mut order = db::orders::find_for_update(&mut tx, id)
-        .await?
-        .ok_or_else(|| not_found(id))?;
+    let mut order = tx.lock_order(id).await?.ok_or_else(|| not_found(id))?;
     let cancelled = order.cancel()?;
-    db::orders::update_status(&mut tx, &order).await?;
+    tx.update_order_status(&order, None).await?;
     tracing::info!(order_id = %id, was_paid = cancelled.was_paid, "order cancelled");
     events.raise(cancelled)?;
     Ok(Json(StatusView::from(&order)))

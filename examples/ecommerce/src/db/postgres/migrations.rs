@@ -7,8 +7,8 @@ use diesel::sql_types::BigInt;
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 
-use super::DbError;
 use super::schema::ecommerce_schema_version as versions;
+use crate::db::DbError;
 
 /// One migration: a version, a name and its SQL.
 #[derive(Debug, Clone, Copy)]
@@ -26,7 +26,7 @@ pub struct Migration {
 pub const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
     name: "initial",
-    sql: include_str!("../../migrations/001_initial.sql"),
+    sql: include_str!("../../../migrations/postgres/001_initial.sql"),
 }];
 
 /// The key of the transaction-scoped advisory lock held while migrating

@@ -1,5 +1,5 @@
 //! Diesel definitions of the service's tables (created by
-//! `migrations/001_initial.sql`, in the `public` schema).
+//! `migrations/postgres/001_initial.sql`, in the `public` schema).
 
 diesel::table! {
     /// Orders: one row per order aggregate.
