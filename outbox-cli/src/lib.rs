@@ -128,6 +128,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 
+mod backend;
 mod cli;
 mod commands;
 mod error;

@@ -6,10 +6,10 @@
 //! and purge act on the dead-letter queue in RabbitMQ and mark the records,
 //! through `outbox_core::admin::DeadLetters` (as the admin router does).
 
+use crate::backend::AnyDeadLetters;
 use outbox_core::admin::{
     AdminError, DeadLetterQuery, DeadLetterRecord, DeadLetters, DlqPurge, DlqReplay, StopCause,
 };
-use outbox_diesel::PgDeadLetters;
 use outbox_lapin::DeadLetterQueues;
 
 use super::Context;
@@ -172,7 +172,7 @@ fn amqp_url(global: &Global) -> Result<&str> {
 impl Context {
     /// The dead-letter verbs over the database's records and the broker at
     /// `amqp_url` (listing never connects to it).
-    fn verbs(&self, amqp_url: Option<&str>) -> DeadLetters<PgDeadLetters, DeadLetterQueues> {
+    fn verbs(&self, amqp_url: Option<&str>) -> DeadLetters<AnyDeadLetters, DeadLetterQueues> {
         DeadLetters::new(
             self.dead_letters.clone(),
             DeadLetterQueues::new(amqp_url.unwrap_or_default()),

@@ -3,7 +3,11 @@
 use std::io::{BufRead as _, IsTerminal as _, Write as _};
 
 use outbox_core::admin::{Admin, Caller};
-use outbox_diesel::{PgDeadLetters, PgOutboxStore, PgSettings};
+use outbox_diesel::PgSettings;
+use outbox_diesel::mysql::MysqlSettings;
+use outbox_diesel::sqlite::SqliteSettings;
+
+use crate::backend::{AnyDeadLetters, AnyStore, Backend};
 
 use crate::cli::{Cli, Command, Global};
 use crate::error::{Error, Result};
@@ -46,9 +50,9 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
 /// What a command against the database works with.
 #[derive(Debug)]
 pub(crate) struct Context {
-    pub(crate) admin: Admin<PgOutboxStore>,
+    pub(crate) admin: Admin<AnyStore>,
     /// Consumers' dead letters, in the same schema.
-    pub(crate) dead_letters: PgDeadLetters,
+    pub(crate) dead_letters: AnyDeadLetters,
     pub(crate) caller: Caller,
     pub(crate) out: Output,
     pub(crate) yes: bool,
@@ -59,14 +63,49 @@ pub(crate) struct Context {
 impl Context {
     pub(crate) async fn connect(global: &Global, out: Output) -> Result<Context> {
         let url = database_url(global)?;
+        let prepared = !global.no_prepared_statements;
         // One direct connection first: an unreachable server is exit code 5
         // with a hint, not a pool timeout later.
-        drop(outbox_diesel::connect(url).await.map_err(Error::Connect)?);
-        let pool = outbox_diesel::pool(url, 2)?;
-        let settings =
-            PgSettings::new(&global.schema)?.prepared_statements(!global.no_prepared_statements);
-        let dead_letters = settings.dead_letters(pool.clone());
-        let store = settings.store(pool).build()?;
+        let (store, dead_letters) = match backend(url)? {
+            Backend::Postgres => {
+                drop(outbox_diesel::connect(url).await.map_err(Error::Connect)?);
+                let pool = outbox_diesel::pool(url, 2)?;
+                let settings = PgSettings::new(&global.schema)?.prepared_statements(prepared);
+                let dead_letters = settings.dead_letters(pool.clone());
+                let store = settings.store(pool).build()?;
+                (
+                    AnyStore::Postgres(store),
+                    AnyDeadLetters::Postgres(dead_letters),
+                )
+            }
+            Backend::Mysql => {
+                drop(
+                    outbox_diesel::mysql::connect(url)
+                        .await
+                        .map_err(Error::Connect)?,
+                );
+                let pool = outbox_diesel::mysql::pool(url, 2)?;
+                let settings = MysqlSettings::default().prepared_statements(prepared);
+                let dead_letters = outbox_diesel::mysql::MysqlDeadLetters::new(pool.clone());
+                let store = settings.store(pool);
+                (AnyStore::Mysql(store), AnyDeadLetters::Mysql(dead_letters))
+            }
+            Backend::Sqlite => {
+                drop(
+                    outbox_diesel::sqlite::connect(url)
+                        .await
+                        .map_err(Error::Connect)?,
+                );
+                let pool = outbox_diesel::sqlite::pool(url, 2)?;
+                let settings = SqliteSettings::default().prepared_statements(prepared);
+                let dead_letters = outbox_diesel::sqlite::SqliteDeadLetters::new(pool.clone());
+                let store = settings.store(pool);
+                (
+                    AnyStore::Sqlite(store),
+                    AnyDeadLetters::Sqlite(dead_letters),
+                )
+            }
+        };
         let admin = Admin::new(store)
             .chunk_size(global.chunk_size)
             .dedup_window(global.dedup_window);
@@ -126,6 +165,17 @@ pub(crate) fn database_url(global: &Global) -> Result<&str> {
         .as_deref()
         .filter(|u| !u.is_empty())
         .ok_or(Error::NoDatabaseUrl)
+}
+
+/// The back end `url` names.
+pub(crate) fn backend(url: &str) -> Result<Backend> {
+    Backend::of(url).ok_or_else(|| {
+        Error::Invalid(format!(
+            "DATABASE_URL {:?} names no back end the CLI knows: use postgres://…, mysql://… or \
+             sqlite://path",
+            outbox_core::redact_url(url)
+        ))
+    })
 }
 
 /// `cli:$USER@$HOST`.

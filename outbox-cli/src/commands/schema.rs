@@ -2,28 +2,49 @@
 
 use serde_json::json;
 
-use super::{Context, database_url};
+use super::{Context, backend, database_url};
+use crate::backend::{AnyStore, Backend};
 use crate::cli::{ExplainArgs, Global, MigrateArgs};
 use crate::error::{Error, Result};
 use crate::output::{self, Output};
 
 pub(crate) async fn migrate(global: &Global, out: Output, args: &MigrateArgs) -> Result<()> {
     let url = database_url(global)?;
-    let mut conn = outbox_diesel::connect(url).await.map_err(Error::Connect)?;
-    let mut applied = outbox_diesel::migrate(&mut conn, &global.schema).await?;
-    if args.contract {
-        applied.extend(outbox_diesel::migrate_contract(&mut conn, &global.schema).await?);
-    }
+    let (applied, target) = match backend(url)? {
+        Backend::Postgres => {
+            let mut conn = outbox_diesel::connect(url).await.map_err(Error::Connect)?;
+            let mut applied = outbox_diesel::migrate(&mut conn, &global.schema).await?;
+            if args.contract {
+                applied.extend(outbox_diesel::migrate_contract(&mut conn, &global.schema).await?);
+            }
+            (applied, format!("schema {:?}", global.schema))
+        }
+        // Their migrations have no contract phase yet: `--contract` has
+        // nothing more to apply.
+        Backend::Mysql => {
+            let mut conn = outbox_diesel::mysql::connect(url)
+                .await
+                .map_err(Error::Connect)?;
+            let applied = outbox_diesel::mysql::migrate(&mut conn).await?;
+            (applied, "MariaDB database".to_owned())
+        }
+        Backend::Sqlite => {
+            let mut conn = outbox_diesel::sqlite::connect(url)
+                .await
+                .map_err(Error::Connect)?;
+            let applied = outbox_diesel::sqlite::migrate(&mut conn).await?;
+            (applied, "SQLite database".to_owned())
+        }
+    };
     if out.json {
         return out.json(&json!({ "schema": global.schema, "applied": applied }));
     }
     if applied.is_empty() {
-        output::line(&format!("schema {:?} is up to date", global.schema))
+        output::line(&format!("{target} is up to date"))
     } else {
         let list: Vec<String> = applied.iter().map(i32::to_string).collect();
         output::line(&format!(
-            "schema {:?}: applied migration(s) {}",
-            global.schema,
+            "{target}: applied migration(s) {}",
             list.join(", ")
         ))
     }
@@ -38,7 +59,21 @@ pub(crate) fn ddl(global: &Global, out: Output) -> Result<()> {
 }
 
 pub(crate) async fn explain_claim(ctx: &Context, args: &ExplainArgs) -> Result<()> {
-    let plan = ctx.admin.store().explain_claim(args.limit).await?;
+    let AnyStore::Postgres(store) = ctx.admin.store() else {
+        return Err(Error::Invalid(format!(
+            "explain-claim shows PostgreSQL's plan; this DATABASE_URL is {}",
+            backend_name(ctx.admin.store())
+        )));
+    };
+    let plan = store.explain_claim(args.limit).await?;
     // The plan is JSON either way: PostgreSQL's own format.
     ctx.out.json(&plan)
+}
+
+fn backend_name(store: &AnyStore) -> &'static str {
+    match store {
+        AnyStore::Postgres(_) => Backend::Postgres.name(),
+        AnyStore::Mysql(_) => Backend::Mysql.name(),
+        AnyStore::Sqlite(_) => Backend::Sqlite.name(),
+    }
 }
