@@ -247,15 +247,75 @@ async fn events_held_behind_an_unroutable_head_are_released_in_order() {
     assert_eq!(count("SELECT COUNT(*) AS n FROM outbox_events").await, 0);
 }
 
+/// Queue `q` of `broker`, bound to topic exchange `x` for `order.*`, with
+/// its dead-letter exchange and queue, declared, all deleted when `broker`
+/// is dropped; the exchange's name and the topology.
+async fn declared_topology(broker: &TestBroker) -> (String, outbox::rabbitmq::QueueTopology) {
+    let exchange = broker.named("x");
+    let topology = outbox::rabbitmq::QueueTopology::new(broker.named("q"))
+        .exchange(&exchange)
+        .bind("order.*");
+    broker.delete_queue_on_drop(topology.queue_name());
+    broker.delete_queue_on_drop(topology.dead_letter_queue_name().unwrap());
+    broker.delete_exchange_on_drop(&exchange);
+    broker.delete_exchange_on_drop(topology.dead_letter_exchange_name().unwrap());
+    topology.declare(broker.channel()).await.unwrap();
+    (exchange, topology)
+}
+
+/// An inbox consumer of MariaDB, running.
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<outbox::rabbitmq::Result<()>>,
+}
+
+impl Running {
+    /// Consumes `queue` as `<name>.consumer`, handlers' transactions from
+    /// `pool`.
+    fn start<H>(
+        queue: &str,
+        name: &str,
+        pool: &diesel_async::pooled_connection::deadpool::Pool<diesel_async::AsyncMysqlConnection>,
+        handler: H,
+    ) -> Running
+    where
+        H: outbox::rabbitmq::EventHandler<mysql::MysqlTransaction> + Send + Sync + 'static,
+    {
+        let database = mysql::MysqlInboxDatabase::new(pool.clone(), mysql::MysqlInbox::default());
+        let consumer = outbox::rabbitmq::InboxConsumer::builder(
+            amqp_url(),
+            queue,
+            format!("{name}.consumer"),
+            database,
+            handler,
+        )
+        .build()
+        .unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(consumer.run(async {
+            let _ = stopped.await;
+        }));
+        Running { stop, task }
+    }
+
+    /// Stops it and waits until it has.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("the consumer stops")
+            .unwrap()
+            .unwrap();
+    }
+}
+
 /// The inbox consumer on MariaDB: the handler works in a
 /// `MysqlTransaction`, a redelivered event takes effect once, and an event
 /// the handler records commits with its effect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inbox_consumer_takes_a_redelivered_event_once() {
-    use outbox::mysql::{MysqlInbox, MysqlInboxDatabase, MysqlTransaction};
-    use outbox::rabbitmq::{
-        EventHandler, HandlerError, InboxConsumer, IncomingEvent, QueueTopology, wire,
-    };
+    use outbox::mysql::MysqlTransaction;
+    use outbox::rabbitmq::{EventHandler, HandlerError, IncomingEvent, wire};
 
     struct Effect(Arc<std::sync::atomic::AtomicUsize>);
 
@@ -295,32 +355,16 @@ async fn the_inbox_consumer_takes_a_redelivered_event_once() {
     .await
     .unwrap();
     let broker = TestBroker::new(&name).await;
-    let exchange = broker.named("x");
-    let topology = QueueTopology::new(broker.named("q"))
-        .exchange(&exchange)
-        .bind("order.*");
-    broker.delete_queue_on_drop(topology.queue_name());
-    broker.delete_queue_on_drop(topology.dead_letter_queue_name().unwrap());
-    broker.delete_exchange_on_drop(&exchange);
-    broker.delete_exchange_on_drop(topology.dead_letter_exchange_name().unwrap());
-    topology.declare(broker.channel()).await.unwrap();
+    let (exchange, topology) = declared_topology(&broker).await;
 
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let database =
-        MysqlInboxDatabase::new(mysql::pool(db.url(), 4).unwrap(), MysqlInbox::default());
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
+    let pool = mysql::pool(db.url(), 4).unwrap();
+    let consumer = Running::start(
         topology.queue_name(),
-        format!("{name}.consumer"),
-        database,
+        &name,
+        &pool,
         Effect(Arc::clone(&calls)),
-    )
-    .build()
-    .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(consumer.run(async {
-        let _ = stopped.await;
-    }));
+    );
 
     let event = outbox::EventEnvelope::from_event(&OrderPlaced {
         order: "o-1".into(),
@@ -358,12 +402,7 @@ async fn the_inbox_consumer_takes_a_redelivered_event_once() {
             }
         })
         .await;
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), task)
-        .await
-        .expect("the consumer stops")
-        .unwrap()
-        .unwrap();
+    consumer.stop().await;
 
     assert_eq!(
         outbox_testkit::mysql::count(&mut conn, "SELECT COUNT(*) AS n FROM effects").await,
@@ -397,11 +436,8 @@ async fn the_inbox_consumer_takes_a_redelivered_event_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_is_recorded_listed_and_replayed_through_the_facade() {
     use outbox::admin::{Caller, DeadLetterQuery, DeadLetterStore as _, DeadLetters, DlqReplay};
-    use outbox::mysql::{MysqlDeadLetters, MysqlInbox, MysqlInboxDatabase, MysqlTransaction};
-    use outbox::rabbitmq::{
-        DeadLetterQueues, EventHandler, HandlerError, InboxConsumer, IncomingEvent, QueueTopology,
-        wire,
-    };
+    use outbox::mysql::{MysqlDeadLetters, MysqlTransaction};
+    use outbox::rabbitmq::{DeadLetterQueues, EventHandler, HandlerError, IncomingEvent, wire};
 
     struct Refuse;
 
@@ -420,32 +456,12 @@ async fn a_dead_letter_is_recorded_listed_and_replayed_through_the_facade() {
     let mut conn = mysql::connect(db.url()).await.unwrap();
     mysql::migrate(&mut conn).await.unwrap();
     let broker = TestBroker::new(&name).await;
-    let exchange = broker.named("x");
-    let topology = QueueTopology::new(broker.named("q"))
-        .exchange(&exchange)
-        .bind("order.*");
+    let (exchange, topology) = declared_topology(&broker).await;
     let queue = topology.queue_name().to_owned();
     let dead = topology.dead_letter_queue_name().unwrap().to_owned();
-    broker.delete_queue_on_drop(&queue);
-    broker.delete_queue_on_drop(&dead);
-    broker.delete_exchange_on_drop(&exchange);
-    broker.delete_exchange_on_drop(topology.dead_letter_exchange_name().unwrap());
-    topology.declare(broker.channel()).await.unwrap();
 
     let pool = mysql::pool(db.url(), 4).unwrap();
-    let consumer = InboxConsumer::builder(
-        amqp_url(),
-        &queue,
-        format!("{name}.consumer"),
-        MysqlInboxDatabase::new(pool.clone(), MysqlInbox::default()),
-        Refuse,
-    )
-    .build()
-    .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(consumer.run(async {
-        let _ = stopped.await;
-    }));
+    let consumer = Running::start(&queue, &name, &pool, Refuse);
     let event = outbox::EventEnvelope::from_event(&OrderPlaced {
         order: "o-1".into(),
         n: 0,
@@ -479,12 +495,7 @@ async fn a_dead_letter_is_recorded_listed_and_replayed_through_the_facade() {
         })
         .await;
     // Stopped, so that the replayed message is not refused again.
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), task)
-        .await
-        .expect("the consumer stops")
-        .unwrap()
-        .unwrap();
+    consumer.stop().await;
     assert_eq!(page.items.len(), 1);
     let record = &page.items[0];
     assert_eq!(record.letter.event_id, Some(event.id));

@@ -14,7 +14,7 @@
 //! `OutboxAdmin`, and consumers' dead letters are read and settled through
 //! [`MysqlDeadLetters`] (`outbox-axum`'s admin router takes any
 //! `OutboxAdmin`). Not yet on MariaDB: the `outbox` CLI (it opens a
-//! PostgreSQL URL), the Axum layer's `Tx`, TLS.
+//! PostgreSQL URL), TLS.
 //!
 //! ```no_run
 //! # async fn f() -> outbox_diesel::Result<()> {

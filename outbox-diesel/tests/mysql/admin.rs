@@ -312,6 +312,16 @@ async fn skipping_a_head_releases_its_aggregate_and_the_status_counts_it() {
     let report = admin.status().await.unwrap();
     assert_eq!((report.counts.dead, report.counts.skipped), (0, 1));
     assert_eq!(report.blocked_aggregates, 0);
+
+    // A retrying head, skipped by id, releases what it held back too.
+    let c = db.record(&[("c", 0), ("c", 1)]).await;
+    let later = Utc::now() + chrono::Duration::hours(1);
+    db.fail(&c[..1], "nack", NextStep::RetryAt(later)).await;
+    assert_eq!(status(&admin, c[1]).await, EventStatus::Held);
+    let skipped = admin.skip(&operator(), c[0], false).await.unwrap();
+    assert_eq!((skipped.matched, skipped.changed), (1, 1));
+    assert_eq!(status(&admin, c[0]).await, EventStatus::Skipped);
+    assert_eq!(status(&admin, c[1]).await, EventStatus::Pending);
 }
 
 #[tokio::test]

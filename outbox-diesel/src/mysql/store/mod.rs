@@ -64,7 +64,10 @@ use sql::MysqlStoreSql;
 const ORDER_CACHE_TTL: Duration = Duration::from_secs(1);
 
 /// The relay's store on MariaDB: claims, marks, stats, replays, the relay
-/// registry. Get one from [`MysqlSettings::store`](super::MysqlSettings::store).
+/// registry, and the admin API (`outbox_core::admin::OutboxAdmin`, for
+/// `Admin` and the `Janitor`; see the [module docs](super) for what
+/// differs from PostgreSQL). Get one from
+/// [`MysqlSettings::store`](super::MysqlSettings::store).
 #[derive(Clone)]
 pub struct MysqlOutboxStore {
     pool: Pool<AsyncMysqlConnection>,

@@ -2,7 +2,7 @@
 //! contract as on PostgreSQL (see `outbox_core::admin`), from the
 //! statements of `docs/design/mysql-statements.md` section 8.
 //!
-//! What differs from PostgreSQL is said in the docs of [`crate::mysql`]
+//! What differs from PostgreSQL is said in the docs of `crate::mysql`
 //! ("The admin API"): a chunk is several statements in one `READ
 //! COMMITTED` transaction (the chunk's seqs locked with `FOR UPDATE` under
 //! a 5 s `innodb_lock_wait_timeout`, changed by primary key, counted in the
