@@ -11,10 +11,11 @@ pub(crate) enum Error {
     /// No `--database-url` and no `DATABASE_URL`.
     #[error(
         "no database: pass --database-url or set DATABASE_URL \
-         (e.g. postgres://postgres@127.0.0.1:5432/postgres)"
+         (e.g. postgres://postgres@127.0.0.1:5432/postgres, mysql://user:pw@127.0.0.1:3306/db \
+         or sqlite://app.db)"
     )]
     NoDatabaseUrl,
-    /// PostgreSQL could not be reached (the message names the redacted URL
+    /// The database could not be reached (the message names the redacted URL
     /// and says to start it with scripts/dev-services).
     #[error("{0}")]
     Connect(#[source] outbox_diesel::Error),
@@ -58,7 +59,7 @@ pub(crate) mod code {
     pub(crate) const NOT_FOUND: u8 = 3;
     /// Invalid or unconfirmed request.
     pub(crate) const INVALID: u8 = 4;
-    /// PostgreSQL not reachable.
+    /// The database not reachable.
     pub(crate) const CONNECT: u8 = 5;
     /// RabbitMQ not reachable.
     pub(crate) const AMQP_CONNECT: u8 = 6;

@@ -1,7 +1,11 @@
-//! `outbox`: see, fix and clean a transactional outbox on PostgreSQL.
+//! `outbox`: see, fix and clean a transactional outbox on PostgreSQL,
+//! MariaDB or SQLite.
 //!
 //! A thin shell over the admin API of `outbox-core`
-//! (`outbox_core::admin::Admin`) on the PostgreSQL store of `outbox-diesel`:
+//! (`outbox_core::admin::Admin`) on the store of `outbox-diesel` for the
+//! back end `DATABASE_URL`'s scheme names (`postgres://…` in `--schema`,
+//! `mysql://…` in the URL's database, `sqlite://path`; `explain-claim` is
+//! PostgreSQL's only, and `ddl` prints the SQL of the URL's back end):
 //! every mutation is chunked, audited (as `--as NAME`, by default
 //! `cli:$USER@$HOST`) and can be tried with `--dry-run` first.
 //!
@@ -114,7 +118,7 @@
 //! | 2 | usage: unknown flag, missing argument |
 //! | 3 | not found: no such event, aggregate head, relay or dead letter |
 //! | 4 | invalid request: empty selection, unconfirmed mutation, no database or RabbitMQ URL, a dead-letter queue with consumers (a replay of it runs: try again when it ends) |
-//! | 5 | PostgreSQL not reachable (start it with `scripts/dev-services`, check `DATABASE_URL`) |
+//! | 5 | the database not reachable (start it with `scripts/dev-services`, check `DATABASE_URL`) |
 //! | 6 | RabbitMQ not reachable (start it with `scripts/dev-services`, check `AMQP_URL`) |
 //! | 7 | a `dlq replay` stopped part way: nothing was lost, what it replayed is printed, the rest is still in the dead-letter queue; the message says why (a message that cannot go back; the broker failed; marking the records failed: those messages went back but stay listed open) |
 //!
@@ -138,7 +142,11 @@ mod output;
 /// (see [Exit codes](crate#exit-codes)); what the `outbox` binary does.
 pub fn run() -> ExitCode {
     let cli = cli::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    // Multi-thread (two workers are plenty): the SQLite back end waits for
+    // a cancelled statement with `block_in_place`, which the current-thread
+    // runtime does not allow.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
     {

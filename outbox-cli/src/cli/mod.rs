@@ -26,7 +26,7 @@ Exit codes:
   3  not found: no such event, aggregate head, relay or dead letter
   4  invalid request: empty selection, unconfirmed mutation (add --yes), bad value,
      a dead-letter queue with consumers (a replay of it runs: try again later)
-  5  cannot connect to PostgreSQL (start it with scripts/dev-services, check DATABASE_URL)
+  5  cannot connect to the database (start it with scripts/dev-services, check DATABASE_URL)
   6  cannot connect to RabbitMQ (start it with scripts/dev-services, check AMQP_URL)
   7  a dead-letter replay stopped part way: nothing lost, the rest is still in the
      dead-letter queue (fix the cause, run it again)";
@@ -49,7 +49,7 @@ Examples:
   outbox dlq purge billing.orders.dead --yes
   outbox --json status | jq .counts";
 
-/// See, fix and clean a transactional outbox on PostgreSQL.
+/// See, fix and clean a transactional outbox on PostgreSQL, MariaDB or SQLite.
 #[derive(Debug, Parser)]
 #[command(name = "outbox", version, after_help = format!("{EXAMPLES}\n\n{EXIT_CODES}"))]
 pub(crate) struct Cli {
@@ -63,7 +63,8 @@ pub(crate) struct Cli {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Global options")]
 pub(crate) struct Global {
-    /// PostgreSQL URL (its password is never printed).
+    /// Database URL: postgres://…, mysql://… (MariaDB) or sqlite://path
+    /// (its password is never printed).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub(crate) database_url: Option<String>,
     /// RabbitMQ URL, used by `dlq replay` and `dlq purge` (its password is never printed).

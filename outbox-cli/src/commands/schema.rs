@@ -50,8 +50,32 @@ pub(crate) async fn migrate(global: &Global, out: Output, args: &MigrateArgs) ->
     }
 }
 
+/// The SQL of every migration: PostgreSQL's in `--schema`, unless
+/// `DATABASE_URL` names MariaDB (the connection's database) or SQLite.
 pub(crate) fn ddl(global: &Global, out: Output) -> Result<()> {
-    let sql = outbox_diesel::ddl(&global.schema)?;
+    let backend = match global.database_url.as_deref().filter(|u| !u.is_empty()) {
+        Some(url) => backend(url)?,
+        None => Backend::Postgres,
+    };
+    let text = |migrations: &[outbox_diesel::Migration]| {
+        migrations
+            .iter()
+            .map(|m| {
+                format!(
+                    "-- {} {}\n{}",
+                    m.version,
+                    m.name,
+                    m.sql.replace("{schema}", "")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let sql = match backend {
+        Backend::Postgres => outbox_diesel::ddl(&global.schema)?,
+        Backend::Mysql => text(outbox_diesel::mysql::MYSQL_MIGRATIONS),
+        Backend::Sqlite => text(outbox_diesel::sqlite::SQLITE_MIGRATIONS),
+    };
     if out.json {
         return out.json(&json!({ "schema": global.schema, "sql": sql }));
     }
