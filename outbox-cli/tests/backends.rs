@@ -135,6 +135,18 @@ async fn operate(url: &str, store: impl OutboxStore, ids: &[Uuid]) {
         .assert()
         .failure()
         .stderr(predicate::str::contains("PostgreSQL"));
+    // PostgreSQL's schema and contract phase are refused, not ignored: a
+    // mutation must not act on another outbox than the one named.
+    outbox(url)
+        .args(["--schema", "billing", "replay", "--all-dead", "--yes"])
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains("--schema"));
+    outbox(url)
+        .args(["migrate", "--contract"])
+        .assert()
+        .code(4)
+        .stderr(predicate::str::contains("contract"));
 }
 
 #[tokio::test(flavor = "multi_thread")]

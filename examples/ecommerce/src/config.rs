@@ -294,7 +294,7 @@ mod tests {
             ("postgresql://db/shop", Backend::Postgres),
             ("mysql://outbox:outbox@127.0.0.1:3306/shop", Backend::Mysql),
             ("sqlite://shop.db", Backend::Sqlite),
-            ("SQLITE:///var/lib/shop.db", Backend::Sqlite),
+            ("sqlite:///var/lib/shop.db", Backend::Sqlite),
         ] {
             assert_eq!(
                 config(&[("DATABASE_URL", url)]).unwrap().backend,
@@ -307,6 +307,7 @@ mod tests {
             "redis://127.0.0.1/0",
             "mysql:/db",
             "mariadb://u:secret@db/shop",
+            "SQLITE://shop.db",
         ] {
             let err = config(&[("DATABASE_URL", url)]).unwrap_err();
             assert!(

@@ -70,8 +70,8 @@ pub(crate) struct Global {
     /// RabbitMQ URL, used by `dlq replay` and `dlq purge` (its password is never printed).
     #[arg(long, env = "AMQP_URL", global = true, hide_env_values = true)]
     pub(crate) amqp_url: Option<String>,
-    /// The outbox's schema.
-    #[arg(long, env = "OUTBOX_SCHEMA", default_value = "public", global = true)]
+    /// The outbox's schema (PostgreSQL; on MariaDB and SQLite leave it unset).
+    #[arg(long, env = "OUTBOX_SCHEMA", default_value = crate::commands::DEFAULT_SCHEMA, global = true)]
     pub(crate) schema: String,
     /// Send every statement unprepared, for a PgBouncer in transaction
     /// pooling mode (older than 1.21) between the CLI and PostgreSQL.

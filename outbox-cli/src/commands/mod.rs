@@ -66,9 +66,9 @@ impl Context {
         let prepared = !global.no_prepared_statements;
         // One direct connection first: an unreachable server is exit code 5
         // with a hint, not a pool timeout later.
-        let (store, dead_letters) = match backend(url)? {
+        let (store, dead_letters) = match backend_for(global, url)? {
             Backend::Postgres => {
-                drop(outbox_diesel::connect(url).await.map_err(Error::Connect)?);
+                drop(outbox_diesel::connect(url).await.map_err(connect_error)?);
                 let pool = outbox_diesel::pool(url, 2)?;
                 let settings = PgSettings::new(&global.schema)?.prepared_statements(prepared);
                 let dead_letters = settings.dead_letters(pool.clone());
@@ -82,7 +82,7 @@ impl Context {
                 drop(
                     outbox_diesel::mysql::connect(url)
                         .await
-                        .map_err(Error::Connect)?,
+                        .map_err(connect_error)?,
                 );
                 let pool = outbox_diesel::mysql::pool(url, 2)?;
                 let settings = MysqlSettings::default().prepared_statements(prepared);
@@ -94,7 +94,7 @@ impl Context {
                 drop(
                     outbox_diesel::sqlite::connect(url)
                         .await
-                        .map_err(Error::Connect)?,
+                        .map_err(connect_error)?,
                 );
                 let pool = outbox_diesel::sqlite::pool(url, 2)?;
                 let settings = SqliteSettings::default().prepared_statements(prepared);
@@ -176,6 +176,34 @@ pub(crate) fn backend(url: &str) -> Result<Backend> {
             outbox_core::redact_url(url)
         ))
     })
+}
+
+/// The back end `url` names, refusing PostgreSQL's `--schema` on the
+/// others (MariaDB's outbox is in the URL's database, SQLite's in the
+/// file): a mutation must never act on another outbox than the one named.
+pub(crate) fn backend_for(global: &Global, url: &str) -> Result<Backend> {
+    let backend = backend(url)?;
+    if backend != Backend::Postgres && global.schema != DEFAULT_SCHEMA {
+        return Err(Error::Invalid(format!(
+            "--schema (OUTBOX_SCHEMA) {:?} is PostgreSQL's: on {} the outbox is in the URL's \
+             database; leave it unset",
+            global.schema,
+            backend.name()
+        )));
+    }
+    Ok(backend)
+}
+
+/// The default of `--schema`.
+pub(crate) const DEFAULT_SCHEMA: &str = "public";
+
+/// A failed connect: exit code 5 when the server cannot be reached or
+/// refuses the login, the error's own code otherwise (a bad setting).
+pub(crate) fn connect_error(error: outbox_diesel::Error) -> Error {
+    match error {
+        error @ outbox_diesel::Error::Connect { .. } => Error::Connect(error),
+        error => Error::Store(error),
+    }
 }
 
 /// `cli:$USER@$HOST`.

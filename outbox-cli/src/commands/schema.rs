@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use super::{Context, backend, database_url};
+use super::{Context, backend_for, connect_error, database_url};
 use crate::backend::{AnyStore, Backend};
 use crate::cli::{ExplainArgs, Global, MigrateArgs};
 use crate::error::{Error, Result};
@@ -10,34 +10,42 @@ use crate::output::{self, Output};
 
 pub(crate) async fn migrate(global: &Global, out: Output, args: &MigrateArgs) -> Result<()> {
     let url = database_url(global)?;
-    let (applied, target) = match backend(url)? {
+    let backend = backend_for(global, url)?;
+    if args.contract && backend != Backend::Postgres {
+        return Err(Error::Invalid(format!(
+            "--contract: {}'s migrations have no contract phase",
+            backend.name()
+        )));
+    }
+    let (applied, target) = match backend {
         Backend::Postgres => {
-            let mut conn = outbox_diesel::connect(url).await.map_err(Error::Connect)?;
+            let mut conn = outbox_diesel::connect(url).await.map_err(connect_error)?;
             let mut applied = outbox_diesel::migrate(&mut conn, &global.schema).await?;
             if args.contract {
                 applied.extend(outbox_diesel::migrate_contract(&mut conn, &global.schema).await?);
             }
             (applied, format!("schema {:?}", global.schema))
         }
-        // Their migrations have no contract phase yet: `--contract` has
-        // nothing more to apply.
         Backend::Mysql => {
             let mut conn = outbox_diesel::mysql::connect(url)
                 .await
-                .map_err(Error::Connect)?;
+                .map_err(connect_error)?;
             let applied = outbox_diesel::mysql::migrate(&mut conn).await?;
             (applied, "MariaDB database".to_owned())
         }
         Backend::Sqlite => {
             let mut conn = outbox_diesel::sqlite::connect(url)
                 .await
-                .map_err(Error::Connect)?;
+                .map_err(connect_error)?;
             let applied = outbox_diesel::sqlite::migrate(&mut conn).await?;
             (applied, "SQLite database".to_owned())
         }
     };
     if out.json {
-        return out.json(&json!({ "schema": global.schema, "applied": applied }));
+        return out.json(&match backend {
+            Backend::Postgres => json!({ "schema": global.schema, "applied": applied }),
+            Backend::Mysql | Backend::Sqlite => json!({ "applied": applied }),
+        });
     }
     if applied.is_empty() {
         output::line(&format!("{target} is up to date"))
@@ -54,7 +62,7 @@ pub(crate) async fn migrate(global: &Global, out: Output, args: &MigrateArgs) ->
 /// `DATABASE_URL` names MariaDB (the connection's database) or SQLite.
 pub(crate) fn ddl(global: &Global, out: Output) -> Result<()> {
     let backend = match global.database_url.as_deref().filter(|u| !u.is_empty()) {
-        Some(url) => backend(url)?,
+        Some(url) => backend_for(global, url)?,
         None => Backend::Postgres,
     };
     let text = |migrations: &[outbox_diesel::Migration]| {

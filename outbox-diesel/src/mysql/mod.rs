@@ -205,6 +205,41 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncMysqlConnection>> {
     crate::pool_of(url, max_size, verified, move || open(owned.clone()).boxed())
 }
 
+/// [`pool`], where each new connection also runs `session` (one or more
+/// statements) after its own setup: session settings the application's
+/// transactions rely on, e.g. `SET SESSION TRANSACTION ISOLATION LEVEL
+/// READ COMMITTED` (MariaDB's default, `REPEATABLE READ`, makes a locking
+/// read of a missing row take a gap lock, so two transactions inserting
+/// rows into the same gap deadlock; the example service runs its
+/// transactions at `READ COMMITTED` for that reason). The relay's claims
+/// set their own isolation level, whatever the session's.
+///
+/// # Errors
+/// As [`pool`]. A `session` the server refuses fails every checkout
+/// ([`Error::Pool`], with the server's error), never silently.
+pub fn pool_with_session(
+    url: &str,
+    max_size: usize,
+    session: &str,
+) -> Result<Pool<AsyncMysqlConnection>> {
+    refuse_tls(url)?;
+    let owned = url.to_owned();
+    let session = session.to_owned();
+    let verified = diesel_async::pooled_connection::RecyclingMethod::Verified;
+    crate::pool_of(url, max_size, verified, move || {
+        let (url, session) = (owned.clone(), session.clone());
+        async move {
+            use diesel_async::SimpleAsyncConnection as _;
+            let mut conn = open(url).await?;
+            conn.batch_execute(&session)
+                .await
+                .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+            Ok(conn)
+        }
+        .boxed()
+    })
+}
+
 /// Establishes and sets up a connection.
 async fn open(url: String) -> diesel::ConnectionResult<AsyncMysqlConnection> {
     use diesel_async::SimpleAsyncConnection as _;

@@ -8,6 +8,7 @@ mod commit;
 mod dead_letters;
 mod inbox;
 mod migrate;
+mod pool;
 mod record;
 mod store;
 

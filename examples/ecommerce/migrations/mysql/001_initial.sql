@@ -3,8 +3,9 @@
 -- statement is idempotent (`IF NOT EXISTS`) and the runner holds
 -- `GET_LOCK` while applying (see src/db/mysql.rs). Ids are UUIDs as
 -- 36-character ASCII text with a binary collation (MariaDB 10.6 has no
--- UUID type); SKUs are binary-collated too, so `Mug` and `mug ` stay two
--- SKUs as they are on PostgreSQL.
+-- UUID type); SKUs are binary-collated too, so `Mug` and `mug` stay two
+-- SKUs as they are on PostgreSQL (`ascii_bin` pads: `mug` and `mug ` would
+-- be one, but a SKU has no spaces: see `is_valid_sku`).
 
 CREATE TABLE IF NOT EXISTS orders (
     id               CHAR(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,

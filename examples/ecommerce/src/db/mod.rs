@@ -11,7 +11,7 @@
 //! | | PostgreSQL | MariaDB | SQLite |
 //! |---|---|---|---|
 //! | ids | `uuid` | `CHAR(36)` ASCII, binary collation | `TEXT` |
-//! | locking a row | `SELECT … FOR UPDATE` | `SELECT … FOR UPDATE` | none needed: a transaction holds the database's one write lock from its `BEGIN IMMEDIATE` |
+//! | locking a row | `SELECT … FOR UPDATE` | `SELECT … FOR UPDATE`, at `READ COMMITTED` (see [`mysql`]) | none needed: a transaction holds the database's one write lock from its `BEGIN IMMEDIATE` |
 //! | upsert | `ON CONFLICT … DO UPDATE … RETURNING` | `ON DUPLICATE KEY UPDATE`, then a `SELECT` (no `RETURNING` there) | `ON CONFLICT … DO UPDATE … RETURNING` |
 //! | migrations | one transaction under `pg_advisory_xact_lock` | each statement idempotent (DDL commits itself) under `GET_LOCK` | one `BEGIN IMMEDIATE` transaction |
 //!
@@ -76,7 +76,7 @@ pub enum DbError {
 pub enum Backend {
     /// `postgres://` or `postgresql://`.
     Postgres,
-    /// `mysql://` (MariaDB 10.6+, or MySQL).
+    /// `mysql://` (MariaDB 10.6+; the SQL is MariaDB's).
     Mysql,
     /// `sqlite://path` (a file, created if missing).
     Sqlite,
@@ -86,8 +86,8 @@ impl Backend {
     /// The back end of `url`, or `None` for a scheme the service does not
     /// know.
     pub fn of(url: &str) -> Option<Backend> {
-        let scheme = url.split_once("://")?.0;
-        match scheme.to_ascii_lowercase().as_str() {
+        // Lower case only: the drivers' URL parsers expect it.
+        match url.split_once("://")?.0 {
             "postgres" | "postgresql" => Some(Backend::Postgres),
             "mysql" => Some(Backend::Mysql),
             "sqlite" => Some(Backend::Sqlite),

@@ -4,9 +4,19 @@
 //! itself on MariaDB, so each statement is idempotent instead of the whole
 //! migration being one transaction).
 //!
-//! Request and consumer transactions run at MariaDB's default isolation,
-//! `REPEATABLE READ`; every read that a change depends on is a locking
-//! read (`FOR UPDATE`), which reads the latest committed row.
+//! Every transaction of the service runs at `READ COMMITTED` (set on each
+//! pooled connection: [`SESSION`]), and every read that a change depends on
+//! is a locking read (`FOR UPDATE`), which reads the latest committed row.
+//! Not MariaDB's default `REPEATABLE READ`: there a locking read of a
+//! missing row (a reservation or award not recorded yet) takes a gap lock,
+//! gap locks do not conflict with each other, and two transactions then
+//! insert into the same gap (order ids are UUIDv7: every new one lands at
+//! the end of the index) and deadlock, for *different* orders. At `READ
+//! COMMITTED` the second insert of the *same* order waits for the first
+//! and fails on the primary key, as the `Inventory` docs describe.
+//!
+//! The SQL is MariaDB's (`VALUE(col)` in `ON DUPLICATE KEY UPDATE`); MySQL
+//! 8 would need its own dialect, and is not tested.
 
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
@@ -42,7 +52,12 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
     include_str!("../../migrations/mysql/001_initial.sql"),
 )];
 
-/// The name of the `GET_LOCK` lock held while migrating.
+/// What every pooled connection runs first (see the module docs).
+pub const SESSION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// The name of the `GET_LOCK` lock held while migrating, followed by the
+/// database's name (the lock is server-wide: databases of other services
+/// on the same server do not wait for each other).
 pub const LOCK_NAME: &str = "ecommerce_migrations";
 
 /// How long a second instance waits for the first one's migrations.
@@ -68,13 +83,14 @@ impl Database for AsyncMysqlConnection {
     }
 
     fn pool(url: &str, size: usize) -> Result<DbPool<Self>, DbError> {
-        Ok(outbox::mysql::pool(url, size)?)
+        Ok(outbox::mysql::pool_with_session(url, size, SESSION)?)
     }
 
     /// MariaDB has no `NOTIFY`: the relay polls, and is woken in-process
-    /// in the `all` role; `url` is not used.
+    /// in the `all` role; `url` is not used. Sent events are kept (for the
+    /// admin API, until `SENT_RETENTION`), as on PostgreSQL.
     fn store(pool: DbPool<Self>, _url: Option<&str>) -> Result<MysqlOutboxStore, DbError> {
-        Ok(MysqlSettings::default().store(pool))
+        Ok(MysqlSettings::default().store(pool).keep_sent(true))
     }
 
     fn dead_letters(pool: DbPool<Self>) -> MysqlDeadLetters {
@@ -139,11 +155,12 @@ pub async fn migrate(conn: &mut AsyncMysqlConnection) -> Result<Vec<i32>, DbErro
         #[diesel(sql_type = Nullable<BigInt>)]
         granted: Option<i64>,
     }
-    let granted: Granted = diesel::sql_query("SELECT GET_LOCK(?, ?) AS granted")
-        .bind::<Text, _>(LOCK_NAME)
-        .bind::<Integer, _>(LOCK_WAIT_SECONDS)
-        .get_result(conn)
-        .await?;
+    let granted: Granted =
+        diesel::sql_query("SELECT GET_LOCK(CONCAT(?, ':', DATABASE()), ?) AS granted")
+            .bind::<Text, _>(LOCK_NAME)
+            .bind::<Integer, _>(LOCK_WAIT_SECONDS)
+            .get_result(conn)
+            .await?;
     if granted.granted != Some(1) {
         return Err(DbError::Query(diesel::result::Error::QueryBuilderError(
             format!(
@@ -156,7 +173,9 @@ pub async fn migrate(conn: &mut AsyncMysqlConnection) -> Result<Vec<i32>, DbErro
     let applied = migrate_locked(conn).await;
     // Released also when a migration failed (and with the connection).
     let released = conn
-        .batch_execute(&format!("DO RELEASE_LOCK('{LOCK_NAME}')"))
+        .batch_execute(&format!(
+            "DO RELEASE_LOCK(CONCAT('{LOCK_NAME}', ':', DATABASE()))"
+        ))
         .await;
     let applied = applied?;
     released?;

@@ -63,9 +63,10 @@ impl Database for AsyncSqliteConnection {
     }
 
     /// SQLite has no `NOTIFY`: the relay polls, and is woken in-process in
-    /// the `all` role; `url` is not used.
+    /// the `all` role; `url` is not used. Sent events are kept (for the
+    /// admin API, until `SENT_RETENTION`), as on PostgreSQL.
     fn store(pool: DbPool<Self>, _url: Option<&str>) -> Result<SqliteOutboxStore, DbError> {
-        Ok(SqliteSettings::default().store(pool))
+        Ok(SqliteSettings::default().store(pool).keep_sent(true))
     }
 
     fn dead_letters(pool: DbPool<Self>) -> SqliteDeadLetters {

@@ -273,7 +273,14 @@ macro_rules! text_queries {
                     let lock = DIALECT.lock;
                     let mut stock = Vec::with_capacity(skus.len());
                     // One row at a time, in SKU order (see `lock_order`).
-                    for sku in text::lock_order(skus) {
+                    // An invalid SKU (from another producer's event) is
+                    // never stored, so it is unknown, as on PostgreSQL;
+                    // MariaDB would refuse to compare it with its ASCII
+                    // column instead.
+                    for sku in text::lock_order(skus)
+                        .into_iter()
+                        .filter(|sku| $crate::domain::inventory::is_valid_sku(sku))
+                    {
                         let row: Option<StockRow> = diesel::sql_query(format!(
                             "SELECT sku, available, reserved FROM inventory WHERE sku = ?{lock}"
                         ))
