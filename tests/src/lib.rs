@@ -8,9 +8,10 @@
 //! - [`servers`]: the shared servers, or private ones
 //!   ([`PrivatePostgres`], a throwaway `initdb` cluster; [`PrivateRabbit`],
 //!   a second RabbitMQ node) that a scenario may stop and restart;
-//! - [`Scenario`]: its own schema, exchange and queues, removed on drop,
-//!   and [`Scenario::verify`], which checks every guarantee at the end and
-//!   prints one summary line;
+//! - [`Scenario`]: its own schema (or, on the [`Backend`] MariaDB, its own
+//!   database; on SQLite its own file), exchange and queues, removed on
+//!   drop, and [`Scenario::verify`], which checks every guarantee at the
+//!   end and prints one summary line;
 //! - [`Producers`]: commit business rows with their events, roll some back
 //!   on purpose, survive connection loss;
 //! - [`RelayProcess`]: a relay as a real child process, SIGKILLed at random
@@ -77,7 +78,7 @@ pub use outbox_testkit::servers::{Frozen, PrivatePostgres, PrivateRabbit};
 pub use pipeline::Pipeline;
 pub use proxy::KillingProxy;
 pub use relay_process::RelayProcess;
-pub use scenario::{Committed, Scenario, Servers, Summary, connect_amqp, connect_db};
+pub use scenario::{Backend, Committed, Scenario, Servers, Summary, connect_amqp, connect_db};
 /// Logs of the library parts running in the test process (inbox consumer,
 /// producers, relays) go to the test's captured output, shown when it
 /// fails: `RUST_LOG`, else warnings (returned messages only as errors).

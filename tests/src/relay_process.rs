@@ -19,11 +19,12 @@ pub const READY_LINE: &str = "OUTBOX-FAULT-RELAY RUNNING";
 
 /// Environment variables the relay binary reads.
 pub mod env {
-    /// PostgreSQL URL.
+    /// Database URL; its scheme chooses the store (`postgres://`,
+    /// `mysql://`, `sqlite://`).
     pub const DATABASE_URL: &str = "DATABASE_URL";
     /// RabbitMQ URL.
     pub const AMQP_URL: &str = "AMQP_URL";
-    /// Schema of the outbox.
+    /// Schema of the outbox (PostgreSQL only).
     pub const SCHEMA: &str = "OUTBOX_FAULT_SCHEMA";
     /// Exchange to publish to.
     pub const EXCHANGE: &str = "OUTBOX_FAULT_EXCHANGE";

@@ -1,6 +1,7 @@
-//! One fault-injection scenario: its own PostgreSQL schema (the outbox, the
-//! inbox and two business tables) and its own exchange and queues, on the
-//! shared servers or on private ones.
+//! One fault-injection scenario: its own database (a PostgreSQL schema, a
+//! MariaDB database or a SQLite file, see [`Backend`]) holding the outbox,
+//! the inbox and two business tables, and its own exchange and queues, on
+//! the shared servers or on private ones.
 //!
 //! The business table `orders` is the ground truth: producers insert one
 //! row per event in the transaction that records the event, so after any
@@ -14,28 +15,37 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use diesel::QueryableByName;
+use diesel::mysql::Mysql;
+use diesel::pg::Pg;
 use diesel::sql_types::{BigInt, Integer, Text};
+use diesel::sqlite::Sqlite;
 use diesel_async::pooled_connection::deadpool::Pool;
-use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ExchangeKind};
 use outbox::rabbitmq::QueueTopology;
 use outbox_testkit::amqp::{self, BrokerCleanup};
+use outbox_testkit::mysql::TestMysqlDatabase;
 use outbox_testkit::names;
 use outbox_testkit::pg::TestSchema;
 use uuid::Uuid;
 
 use crate::relay_process::RelayProcess;
 
+mod backend;
 mod verify;
 
+pub use backend::Backend;
+use backend::DatabaseGuard;
+pub(crate) use backend::Db;
 pub use verify::Summary;
 
 /// Where a scenario's servers are.
 #[derive(Debug, Clone)]
 pub struct Servers {
-    /// PostgreSQL URL.
+    /// PostgreSQL URL; for a scenario on MariaDB or SQLite, the URL of its
+    /// own database (`mysql://…/<database>`, `sqlite://<file>`).
     pub database_url: String,
     /// RabbitMQ URL.
     pub amqp_url: String,
@@ -60,7 +70,11 @@ pub struct Scenario {
     pub name: String,
     /// The servers.
     pub servers: Servers,
-    /// PostgreSQL schema of the outbox, inbox, `orders` and `effects`.
+    /// The database back end.
+    pub backend: Backend,
+    /// PostgreSQL schema of the outbox, inbox, `orders` and `effects` (on
+    /// MariaDB the database's name, on SQLite the file's stem: their
+    /// tables are not qualified).
     pub schema: String,
     /// The topic exchange the relay publishes to.
     pub exchange: String,
@@ -72,11 +86,12 @@ pub struct Scenario {
     bindings: Vec<String>,
     /// Hand-written rows that must end `dead` (not counted as unsent).
     expected_dead: Mutex<HashSet<Uuid>>,
-    pool: Pool<AsyncPgConnection>,
+    db: Db,
     faults: Mutex<Vec<(Instant, String)>>,
     started: Instant,
-    /// Drops the schema (also when the test fails).
-    _schema: TestSchema,
+    /// Drops the schema, the database or the file (also when the test
+    /// fails).
+    _database: DatabaseGuard,
     /// Deletes the exchanges and queues (also when the test fails).
     _broker: BrokerCleanup,
 }
@@ -85,6 +100,7 @@ impl std::fmt::Debug for Scenario {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scenario")
             .field("name", &self.name)
+            .field("backend", &self.backend.name())
             .field(
                 "database_url",
                 &outbox::redact_url(&self.servers.database_url),
@@ -96,17 +112,26 @@ impl std::fmt::Debug for Scenario {
 }
 
 /// One committed event, from the `orders` table.
-#[derive(Debug, Clone, QueryableByName)]
+#[derive(Debug, Clone)]
 pub struct Committed {
     /// Event id.
-    #[diesel(sql_type = diesel::sql_types::Uuid)]
     pub event_id: Uuid,
     /// Aggregate id.
-    #[diesel(sql_type = Text)]
     pub aggregate: String,
     /// The producer's sequence number within the aggregate.
-    #[diesel(sql_type = Integer)]
     pub seq: i32,
+}
+
+/// A row of `orders`, its id as text (the column is a `uuid` on
+/// PostgreSQL, text elsewhere).
+#[derive(QueryableByName)]
+struct OrderRow {
+    #[diesel(sql_type = Text)]
+    event_id: String,
+    #[diesel(sql_type = Text)]
+    aggregate: String,
+    #[diesel(sql_type = Integer)]
+    seq: i32,
 }
 
 #[derive(QueryableByName)]
@@ -117,8 +142,8 @@ struct Count {
 
 #[derive(QueryableByName)]
 struct EffectCount {
-    #[diesel(sql_type = diesel::sql_types::Uuid)]
-    event_id: Uuid,
+    #[diesel(sql_type = Text)]
+    event_id: String,
     #[diesel(sql_type = BigInt)]
     n: i64,
 }
@@ -135,26 +160,93 @@ impl Scenario {
     /// routing key none of them matches is unroutable until
     /// [`bind`](Self::bind) adds it.
     pub async fn with_bindings(test: &str, servers: Servers, bindings: &[&str]) -> Scenario {
+        Scenario::build(Backend::Postgres, test, servers, bindings).await
+    }
+
+    /// [`Scenario::new`] on `backend`, with the shared servers: on MariaDB
+    /// a database of its own, on SQLite a file of its own (both named like
+    /// the scenario), removed at the end. Panics, saying how to start them,
+    /// when the servers are not reachable.
+    pub async fn on(backend: Backend, test: &str) -> Scenario {
+        Scenario::build(backend, test, Servers::shared(), &["#"]).await
+    }
+
+    async fn build(
+        backend: Backend,
+        test: &str,
+        mut servers: Servers,
+        bindings: &[&str],
+    ) -> Scenario {
         let name = names::unique("fault", test);
         let schema = name.clone();
-        let schema_guard = TestSchema::reserve(&servers.database_url, &schema);
         let broker = BrokerCleanup::new(&servers.amqp_url, &name);
-        outbox::postgres::migrate_url(&servers.database_url, &schema)
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "PostgreSQL at {}: {e}; start it with scripts/dev-services",
-                    outbox::redact_url(&servers.database_url)
+        let (db, database) = match &backend {
+            Backend::Postgres => {
+                let guard = TestSchema::reserve(&servers.database_url, &schema);
+                outbox::postgres::migrate_url(&servers.database_url, &schema)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "PostgreSQL at {}: {e}; start it with scripts/dev-services",
+                            outbox::redact_url(&servers.database_url)
+                        )
+                    });
+                let mut conn = connect_db(&servers.database_url).await;
+                conn.batch_execute(&format!(
+                    "CREATE TABLE \"{schema}\".orders (event_id uuid PRIMARY KEY, \
+                       aggregate text NOT NULL, seq integer NOT NULL); \
+                     CREATE TABLE \"{schema}\".effects (event_id uuid NOT NULL, consumer text NOT NULL);"
+                ))
+                .await
+                .unwrap_or_else(|e| panic!("creating the business tables: {e}"));
+                let pool = outbox::postgres::pool(&servers.database_url, 8)
+                    .unwrap_or_else(|e| panic!("pool: {e}"));
+                (Db::Pg(pool), DatabaseGuard::Schema { _schema: guard })
+            }
+            Backend::Mariadb => {
+                let guard =
+                    TestMysqlDatabase::create(&outbox_testkit::urls::mysql_url(), &name).await;
+                servers.database_url = guard.url().to_owned();
+                outbox::mysql::migrate_url(guard.url())
+                    .await
+                    .unwrap_or_else(|e| panic!("migrating {name}: {e}"));
+                let mut conn = outbox_testkit::mysql::connect(guard.url()).await;
+                for table in [
+                    "CREATE TABLE orders (event_id CHAR(36) NOT NULL PRIMARY KEY, \
+                       aggregate VARCHAR(64) NOT NULL, seq INT NOT NULL) ENGINE = InnoDB",
+                    "CREATE TABLE effects (event_id CHAR(36) NOT NULL, \
+                       consumer VARCHAR(255) NOT NULL) ENGINE = InnoDB",
+                ] {
+                    conn.batch_execute(table)
+                        .await
+                        .unwrap_or_else(|e| panic!("creating the business tables: {e}"));
+                }
+                let pool =
+                    outbox::mysql::pool(guard.url(), 8).unwrap_or_else(|e| panic!("pool: {e}"));
+                (Db::Mysql(pool), DatabaseGuard::Mysql { _database: guard })
+            }
+            Backend::Sqlite { dir } => {
+                let file = dir.join(format!("{name}.db"));
+                let guard = DatabaseGuard::File(file.clone());
+                servers.database_url = format!("sqlite://{}", file.display());
+                let url = &servers.database_url;
+                let mut conn = outbox::sqlite::connect(url)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                outbox::sqlite::migrate(&mut conn)
+                    .await
+                    .unwrap_or_else(|e| panic!("migrating {name}: {e}"));
+                conn.batch_execute(
+                    "CREATE TABLE orders (event_id TEXT PRIMARY KEY, \
+                       aggregate TEXT NOT NULL, seq INTEGER NOT NULL); \
+                     CREATE TABLE effects (event_id TEXT NOT NULL, consumer TEXT NOT NULL);",
                 )
-            });
-        let mut conn = connect_db(&servers.database_url).await;
-        conn.batch_execute(&format!(
-            "CREATE TABLE \"{schema}\".orders (event_id uuid PRIMARY KEY, \
-               aggregate text NOT NULL, seq integer NOT NULL); \
-             CREATE TABLE \"{schema}\".effects (event_id uuid NOT NULL, consumer text NOT NULL);"
-        ))
-        .await
-        .unwrap_or_else(|e| panic!("creating the business tables: {e}"));
+                .await
+                .unwrap_or_else(|e| panic!("creating the business tables: {e}"));
+                let pool = outbox::sqlite::pool(url, 8).unwrap_or_else(|e| panic!("pool: {e}"));
+                (Db::Sqlite(pool), guard)
+            }
+        };
         let exchange = format!("{name}.x");
         let tap_queue = format!("{name}.tap");
         let inbox_queue = format!("{name}.inbox");
@@ -169,14 +261,14 @@ impl Scenario {
             inbox_queue,
             bindings: bindings.iter().map(|b| (*b).to_owned()).collect(),
             expected_dead: Mutex::default(),
-            pool: outbox::postgres::pool(&servers.database_url, 8)
-                .unwrap_or_else(|e| panic!("pool: {e}")),
+            db,
             name,
             servers,
+            backend,
             schema,
             faults: Mutex::default(),
             started: Instant::now(),
-            _schema: schema_guard,
+            _database: database,
             _broker: broker,
         };
         scenario.declare_topology().await;
@@ -251,9 +343,27 @@ impl Scenario {
         }
     }
 
-    /// A pool on the scenario's database.
+    /// A pool on the scenario's database (PostgreSQL: other back ends
+    /// panic).
     pub fn pool(&self) -> Pool<AsyncPgConnection> {
-        self.pool.clone()
+        match &self.db {
+            Db::Pg(pool) => pool.clone(),
+            _ => panic!("{}: pool() is PostgreSQL's", self.name),
+        }
+    }
+
+    /// The scenario's pool, of its back end.
+    pub(crate) fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// `table` qualified by the scenario's schema on PostgreSQL, as is on
+    /// the other back ends (the tables of their database).
+    pub fn table(&self, table: &str) -> String {
+        match self.backend {
+            Backend::Postgres => format!("\"{}\".{table}", self.schema),
+            _ => table.to_owned(),
+        }
     }
 
     /// Starts a relay child process named `<scenario>.<name>` (its AMQP
@@ -294,27 +404,18 @@ impl Scenario {
 
     /// Runs `sql` on the scenario's database; panics with the error.
     pub async fn execute(&self, sql: &str) -> usize {
-        let mut conn = self
-            .pool
-            .get()
-            .await
-            .unwrap_or_else(|e| panic!("{}: no connection: {e}", self.name));
-        diesel::sql_query(sql)
-            .execute(&mut conn)
+        self.db
+            .execute(sql)
             .await
             .unwrap_or_else(|e| panic!("{}: {sql}: {e}", self.name))
     }
 
     /// Loads the rows of `sql` from the scenario's database.
-    pub async fn query<T: QueryableByName<diesel::pg::Pg> + Send + 'static>(
-        &self,
-        sql: String,
-    ) -> Result<Vec<T>, String> {
-        let mut conn = self.pool.get().await.map_err(|e| e.to_string())?;
-        diesel::sql_query(sql)
-            .load::<T>(&mut conn)
-            .await
-            .map_err(|e| e.to_string())
+    pub async fn query<T>(&self, sql: String) -> Result<Vec<T>, String>
+    where
+        T: QueryableByName<Pg> + QueryableByName<Mysql> + QueryableByName<Sqlite> + Send + 'static,
+    {
+        self.db.load(sql).await
     }
 
     /// The `n` column of the first row of `sql` (a `count(*) AS n`).
@@ -343,9 +444,9 @@ impl Scenario {
             format!(" AND id NOT IN ({})", expected.join(","))
         };
         self.count(format!(
-            "SELECT count(*) AS n FROM \"{}\".outbox_events \
+            "SELECT count(*) AS n FROM {} \
              WHERE status NOT IN ('sent', 'skipped'){except}",
-            self.schema
+            self.table("outbox_events")
         ))
         .await
     }
@@ -353,24 +454,46 @@ impl Scenario {
     /// Every committed event (the `orders` table), in commit order per
     /// aggregate.
     pub async fn committed(&self) -> Result<Vec<Committed>, String> {
-        self.query(format!(
-            "SELECT event_id, aggregate, seq FROM \"{}\".orders ORDER BY aggregate, seq",
-            self.schema
+        self.query::<OrderRow>(format!(
+            "SELECT {} AS event_id, aggregate, seq FROM {} ORDER BY aggregate, seq",
+            self.id_as_text(),
+            self.table("orders")
         ))
-        .await
+        .await?
+        .into_iter()
+        .map(|row| {
+            Ok(Committed {
+                event_id: parse_id(&row.event_id)?,
+                aggregate: row.aggregate,
+                seq: row.seq,
+            })
+        })
+        .collect()
     }
 
     async fn effects(&self) -> Result<HashMap<Uuid, i64>, String> {
-        Ok(self
-            .query::<EffectCount>(format!(
-                "SELECT event_id, count(*) AS n FROM \"{}\".effects GROUP BY event_id",
-                self.schema
-            ))
-            .await?
-            .into_iter()
-            .map(|e| (e.event_id, e.n))
-            .collect())
+        self.query::<EffectCount>(format!(
+            "SELECT {} AS event_id, count(*) AS n FROM {} GROUP BY event_id",
+            self.id_as_text(),
+            self.table("effects")
+        ))
+        .await?
+        .into_iter()
+        .map(|e| Ok((parse_id(&e.event_id)?, e.n)))
+        .collect()
     }
+
+    /// `event_id` as text: PostgreSQL's column is a `uuid`.
+    fn id_as_text(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => "event_id::text",
+            _ => "event_id",
+        }
+    }
+}
+
+fn parse_id(id: &str) -> Result<Uuid, String> {
+    Uuid::parse_str(id).map_err(|e| format!("event id {id:?}: {e}"))
 }
 
 /// A direct connection, or a panic saying how to start PostgreSQL.

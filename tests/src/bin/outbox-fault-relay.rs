@@ -1,5 +1,7 @@
 //! The relay of the fault-injection suite, run as a child process by
-//! `outbox_tests::RelayProcess`: the PostgreSQL outbox store and the
+//! `outbox_tests::RelayProcess`: the outbox store of the back end
+//! `DATABASE_URL`'s scheme names (`postgres://`: PostgreSQL, in the schema
+//! `OUTBOX_FAULT_SCHEMA`; `mysql://`: MariaDB; `sqlite://`: SQLite) and the
 //! RabbitMQ publisher of the library, configured from the environment (see
 //! `outbox_tests::relay_process::env`). With `OUTBOX_FAULT_CRASH_AT` set to
 //! a failpoint name it SIGKILLs itself the n-th time the relay reaches that
@@ -11,9 +13,11 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use outbox::mysql::MysqlSettings;
 use outbox::postgres::PgOutboxStore;
 use outbox::rabbitmq::LapinPublisher;
-use outbox::{Relay, RetryPolicy, UnroutablePolicy};
+use outbox::sqlite::SqliteSettings;
+use outbox::{OutboxStore, Relay, RetryPolicy, UnroutablePolicy};
 use outbox_tests::relay_process::{CRASH_LINE, READY_LINE, env};
 
 fn var(name: &str) -> Result<String, String> {
@@ -74,25 +78,50 @@ fn with_application_name(url: &str, name: &str) -> String {
     format!("{url}{separator}application_name={name}")
 }
 
+/// How long a claim may take (PostgreSQL, MariaDB) or its lease lasts
+/// (SQLite): on SQLite the rows a SIGKILLed relay had leased are taken
+/// again after it, so it bounds the drain after a kill there. Above the
+/// publisher's confirm timeout (5 s), as the stores require.
+const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
+
 async fn run() -> Result<(), String> {
     arm_crash()?;
     let database_url = var(env::DATABASE_URL)?;
-    let amqp_url = var(env::AMQP_URL)?;
-    let schema = var(env::SCHEMA)?;
-    let exchange = var(env::EXCHANGE)?;
     let name = var(env::NAME)?;
-    let url = with_application_name(&database_url, &name);
-    let pool = outbox::postgres::pool(&url, 4).map_err(|e| e.to_string())?;
-    let store = PgOutboxStore::builder(pool)
-        .schema(&schema)
-        .listen(&url)
-        .claim_timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| e.to_string())?;
+    if database_url.starts_with("mysql://") || database_url.starts_with("mariadb://") {
+        let pool = outbox::mysql::pool(&database_url, 4).map_err(|e| e.to_string())?;
+        let store = MysqlSettings::default()
+            .store(pool)
+            .claim_timeout(CLAIM_TIMEOUT);
+        serve(store, &name).await
+    } else if database_url.starts_with("sqlite:") {
+        let pool = outbox::sqlite::pool(&database_url, 4).map_err(|e| e.to_string())?;
+        let store = SqliteSettings::default()
+            .store(pool)
+            .claim_timeout(CLAIM_TIMEOUT);
+        serve(store, &name).await
+    } else {
+        let schema = var(env::SCHEMA)?;
+        let url = with_application_name(&database_url, &name);
+        let pool = outbox::postgres::pool(&url, 4).map_err(|e| e.to_string())?;
+        let store = PgOutboxStore::builder(pool)
+            .schema(&schema)
+            .listen(&url)
+            .claim_timeout(CLAIM_TIMEOUT)
+            .build()
+            .map_err(|e| e.to_string())?;
+        serve(store, &name).await
+    }
+}
+
+/// Runs the relay on `store` until SIGTERM or the end of stdin.
+async fn serve<S: OutboxStore>(store: S, name: &str) -> Result<(), String> {
+    let amqp_url = var(env::AMQP_URL)?;
+    let exchange = var(env::EXCHANGE)?;
     let publisher = LapinPublisher::builder(amqp_url)
         .exchange(&exchange)
         .source("/outbox-fault-relay")
-        .connection_name(&name)
+        .connection_name(name)
         .confirm_timeout(Duration::from_secs(5))
         .build()
         .map_err(|e| e.to_string())?;

@@ -158,6 +158,7 @@ impl Scenario {
 
         let summary = Summary {
             scenario: self.name.clone(),
+            backend: self.backend.name(),
             events: committed.len(),
             rolled_back: produced.rolled_back.len(),
             failed_transactions: produced.failed,
@@ -184,6 +185,8 @@ impl Scenario {
 pub struct Summary {
     /// Scenario name.
     pub scenario: String,
+    /// The database back end ([`Backend::name`](super::Backend::name)).
+    pub backend: &'static str,
     /// Committed events.
     pub events: usize,
     /// Events of transactions rolled back on purpose (never delivered).
@@ -209,9 +212,10 @@ impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "FAULT SUMMARY {}: events={} rolled_back={} failed_tx={} faults={} deliveries={} \
-             duplicates={} redeliveries={} drain_after_last_fault={:.2}s",
+            "FAULT SUMMARY {} on {}: events={} rolled_back={} failed_tx={} faults={} \
+             deliveries={} duplicates={} redeliveries={} drain_after_last_fault={:.2}s",
             self.scenario,
+            self.backend,
             self.events,
             self.rolled_back,
             self.failed_transactions,

@@ -4,16 +4,18 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use diesel::sql_types::Text;
-use diesel_async::RunQueryDsl;
-use outbox::postgres::{PgInbox, PgInboxDatabase, PgTransaction};
+use diesel_async::SimpleAsyncConnection as _;
+use outbox::mysql::{MysqlInbox, MysqlInboxDatabase};
+use outbox::postgres::{Connection, PgInbox, PgInboxDatabase, Transaction};
 use outbox::rabbitmq::{EventHandler, HandlerError, InboxConsumer, IncomingEvent};
+use outbox::sqlite::{SqliteInbox, SqliteInboxDatabase};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use super::Tick;
 use crate::Scenario;
+use crate::scenario::Db;
 
 /// How the inbox consumer's handler misbehaves.
 #[derive(Debug, Clone, Default)]
@@ -27,31 +29,34 @@ pub struct HandlerFaults {
 }
 
 /// The scenario's inbox consumer: writes one `effects` row per event on the
-/// consumer's transaction.
+/// consumer's transaction, on any back end.
 #[derive(Debug)]
 struct WriteEffect {
-    insert: String,
+    /// The `effects` table, qualified on PostgreSQL.
+    effects: String,
     consumer: String,
     faults: HandlerFaults,
     failed_once: Mutex<HashSet<Uuid>>,
 }
 
-impl EventHandler<PgTransaction> for WriteEffect {
+impl<C: Connection> EventHandler<Transaction<C>> for WriteEffect {
     async fn handle(
         &self,
-        tx: &mut PgTransaction,
+        tx: &mut Transaction<C>,
         event: &IncomingEvent,
     ) -> Result<(), HandlerError> {
         let tick: Tick = event.payload_as().map_err(HandlerError::permanent)?;
         if !self.faults.slow.is_zero() {
             tokio::time::sleep(self.faults.slow).await;
         }
-        diesel::sql_query(&self.insert)
-            .bind::<diesel::sql_types::Uuid, _>(event.id)
-            .bind::<Text, _>(&self.consumer)
-            .execute(&mut **tx)
-            .await
-            .map_err(HandlerError::new)?;
+        // Literals: the id is a uuid, the consumer name the scenario's
+        // (letters, digits, `_` and `.`), so one statement fits every back
+        // end's placeholders.
+        let insert = format!(
+            "INSERT INTO {} (event_id, consumer) VALUES ('{}', '{}')",
+            self.effects, event.id, self.consumer
+        );
+        tx.batch_execute(&insert).await.map_err(HandlerError::new)?;
         let every = self.faults.fail_every;
         let first_attempt = || {
             self.failed_once
@@ -93,35 +98,48 @@ impl Inbox {
         faults: HandlerFaults,
     ) -> Inbox {
         let name = format!("{}.inbox", scenario.name);
-        let inbox = PgInbox::new(&scenario.schema).unwrap_or_else(|e| panic!("inbox: {e}"));
         let handler = WriteEffect {
-            insert: format!(
-                "INSERT INTO \"{}\".effects (event_id, consumer) VALUES ($1, $2)",
-                scenario.schema
-            ),
+            effects: scenario.table("effects"),
             consumer: name.clone(),
             faults,
             failed_once: Mutex::default(),
         };
-        let consumer = InboxConsumer::builder(
-            scenario.servers.amqp_url.clone(),
-            scenario.inbox_queue.clone(),
-            name,
-            PgInboxDatabase::new(scenario.pool(), inbox),
-            handler,
-        )
-        .declare(scenario.inbox_topology())
-        .prefetch(prefetch)
-        .concurrency(concurrency)
-        .max_attempts(5)
-        .retry_delay(Duration::from_millis(200))
-        .reconnect_backoff(Duration::from_millis(100), Duration::from_secs(1))
-        .build()
-        .unwrap_or_else(|e| panic!("inbox consumer: {e}"));
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(consumer.run(async {
+        let stopped = async {
             let _ = stopped.await;
-        }));
+        };
+        // The same consumer on each back end's inbox.
+        macro_rules! run {
+            ($database:expr) => {{
+                let consumer = InboxConsumer::builder(
+                    scenario.servers.amqp_url.clone(),
+                    scenario.inbox_queue.clone(),
+                    name,
+                    $database,
+                    handler,
+                )
+                .declare(scenario.inbox_topology())
+                .prefetch(prefetch)
+                .concurrency(concurrency)
+                .max_attempts(5)
+                .retry_delay(Duration::from_millis(200))
+                .reconnect_backoff(Duration::from_millis(100), Duration::from_secs(1))
+                .build()
+                .unwrap_or_else(|e| panic!("inbox consumer: {e}"));
+                tokio::spawn(consumer.run(stopped))
+            }};
+        }
+        let task = match scenario.db() {
+            Db::Pg(pool) => {
+                let inbox = PgInbox::new(&scenario.schema).unwrap_or_else(|e| panic!("inbox: {e}"));
+                run!(PgInboxDatabase::new(pool.clone(), inbox))
+            }
+            Db::Mysql(pool) => run!(MysqlInboxDatabase::new(pool.clone(), MysqlInbox::default())),
+            Db::Sqlite(pool) => run!(SqliteInboxDatabase::new(
+                pool.clone(),
+                SqliteInbox::default()
+            )),
+        };
         Inbox {
             stop: Some(stop),
             task,

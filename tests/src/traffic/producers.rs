@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use diesel::sql_types::{Integer, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use outbox::postgres::Outbox;
+use outbox::postgres::{Connection, Outbox, Transaction};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use super::{Late, Tick};
 use crate::Scenario;
+use crate::scenario::Db;
 
 /// How the producers run.
 #[derive(Debug, Clone)]
@@ -86,17 +87,40 @@ impl From<outbox::postgres::Error> for TxError {
 impl Producers {
     /// Starts the producers on the scenario's database. Each transaction
     /// inserts 1–3 `orders` rows and records their [`Tick`]s through
-    /// [`Outbox::record_all`]; connection failures are counted and the
-    /// producer reconnects.
+    /// [`Outbox::record_all`] (on MariaDB and SQLite through
+    /// [`Connection::record_events`], on a pool of one connection per
+    /// producer); connection failures are counted and the producer
+    /// reconnects.
     pub fn start(scenario: &Scenario, config: ProducerConfig) -> Producers {
         let stop = Arc::new(AtomicBool::new(false));
+        let url = scenario.servers.database_url.clone();
         let tasks = (0..config.producers)
             .map(|p| {
-                let url = scenario.servers.database_url.clone();
-                let schema = scenario.schema.clone();
                 let config = config.clone();
                 let stop = Arc::clone(&stop);
-                tokio::spawn(produce(p, url, schema, config, stop))
+                match scenario.db() {
+                    Db::Pg(_) => tokio::spawn(produce(
+                        p,
+                        url.clone(),
+                        scenario.schema.clone(),
+                        config,
+                        stop,
+                    )),
+                    Db::Mysql(_) => {
+                        let pool = outbox::mysql::pool(&url, 1)
+                            .unwrap_or_else(|e| panic!("producer pool: {e}"));
+                        tokio::spawn(produce_on::<diesel_async::AsyncMysqlConnection>(
+                            p, pool, config, stop,
+                        ))
+                    }
+                    Db::Sqlite(_) => {
+                        let pool = outbox::sqlite::pool(&url, 1)
+                            .unwrap_or_else(|e| panic!("producer pool: {e}"));
+                        tokio::spawn(produce_on::<outbox::sqlite::AsyncSqliteConnection>(
+                            p, pool, config, stop,
+                        ))
+                    }
+                }
             })
             .collect();
         Producers { stop, tasks }
@@ -182,6 +206,75 @@ async fn produce(
                 tracing::debug!(producer, %error, "transaction failed; reconnecting");
                 produced.failed += 1;
                 conn = None;
+            }
+        }
+        tokio::time::sleep(config.interval).await;
+    }
+    produced
+}
+
+/// The producer loop of [`produce`] on MariaDB or SQLite: the same
+/// transactions, begun on `pool` (one connection) as the back end's
+/// [`Transaction`], the events recorded with
+/// [`Connection::record_events`] into the database's outbox, the `orders`
+/// rows inserted as literals (ids, aggregates and numbers the producer
+/// made).
+async fn produce_on<C: Connection>(
+    producer: usize,
+    pool: deadpool::managed::Pool<C::Manager>,
+    config: ProducerConfig,
+    stop: Arc<AtomicBool>,
+) -> Produced {
+    let mut produced = Produced::default();
+    let mut seqs = vec![0i32; config.aggregates.max(1)];
+    let mut round = 0usize;
+    while !AtomicBool::load(&stop, Ordering::Relaxed) {
+        round += 1;
+        let a = round % seqs.len();
+        let events: Vec<Tick> = (0..1 + round % 3)
+            .map(|i| Tick {
+                aggregate: format!("p{producer}-a{a}"),
+                seq: seqs[a] + i as i32,
+            })
+            .collect();
+        // As in `produce`: sequence numbers are spent whatever the outcome.
+        seqs[a] += events.len() as i32;
+        let roll_back = config.rollback_every > 0 && round.is_multiple_of(config.rollback_every);
+        let late = producer < config.late_producers && a < 2 && round.is_multiple_of(3);
+        let result = async {
+            let mut tx = Transaction::<C>::begin(&pool).await?;
+            let ids = if late {
+                let events: Vec<Late> = events.iter().map(Late::from).collect();
+                tx.record_events(&events).await?
+            } else {
+                tx.record_events(&events).await?
+            };
+            let rows: Vec<String> = ids
+                .iter()
+                .zip(&events)
+                .map(|(id, e)| format!("('{id}', '{}', {})", e.aggregate, e.seq))
+                .collect();
+            tx.batch_execute(&format!(
+                "INSERT INTO orders (event_id, aggregate, seq) VALUES {}",
+                rows.join(", ")
+            ))
+            .await?;
+            if roll_back {
+                // A failed rollback closes the connection: rolled back too.
+                let _ = tx.rollback().await;
+                return Err(TxError::RollBack(ids));
+            }
+            tx.commit().await?;
+            Ok::<(), TxError>(())
+        }
+        .await;
+        match result {
+            Ok(()) => produced.committed_transactions += 1,
+            Err(TxError::RollBack(ids)) => produced.rolled_back.extend(ids),
+            Err(TxError::Failed(error)) => {
+                tracing::debug!(producer, %error, "transaction failed");
+                produced.failed += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
         tokio::time::sleep(config.interval).await;
