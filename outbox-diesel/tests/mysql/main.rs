@@ -10,6 +10,7 @@ mod inbox;
 mod migrate;
 mod record;
 mod store;
+mod tls;
 
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};
