@@ -24,7 +24,7 @@ const DRIVER_TLS_KEYS: [&str; 4] = [
 /// How to open connections to one URL, worked out once.
 pub(super) struct Connector {
     /// The URL without [`SSL_CA`].
-    #[cfg_attr(feature = "mysql-tls", allow(dead_code))]
+    #[cfg(not(feature = "mysql-tls"))]
     url: String,
     /// mysql_async's options, TLS included.
     #[cfg(feature = "mysql-tls")]
@@ -135,8 +135,8 @@ impl Connector {
     /// # Errors
     /// [`Error::Tls`]: without the `mysql-tls` feature, a URL that asks for
     /// TLS; with it, an `ssl_ca` that cannot be read or holds no
-    /// certificate, `ssl_ca` with `require_ssl=false`, or an `ssl…`
-    /// parameter this crate does not know. [`Error::Config`]: with the
+    /// certificate, `verify_identity=false` (which mysql_async 0.36 cannot
+    /// honour), or an `ssl…` parameter this crate does not know. [`Error::Config`]: with the
     /// feature, a URL mysql_async cannot read (without it, that is reported
     /// when connecting).
     pub(super) fn new(url: &str) -> Result<Connector> {
@@ -207,7 +207,7 @@ mod tls {
         Url(String),
     }
 
-    /// The connector for `params` (of `url`).
+    /// The connector for a URL's `params`.
     pub(super) fn connector(params: TlsParams) -> Result<Connector, Refused> {
         if let Some(key) = params.keys.iter().find(|key| {
             let key = key.to_ascii_lowercase();
@@ -221,14 +221,9 @@ mod tls {
         }
         let opts = Opts::from_url(&params.url).map_err(|e| Refused::Url(e.to_string()))?;
         let mut ssl = opts.ssl_opts().cloned();
-
-        if let Some(path) = &params.ssl_ca {
-            if params.require_ssl.as_deref() == Some("false") {
-                return Err(Refused::Tls(
-                    "ssl_ca is set but require_ssl=false asks for plaintext: remove one of them"
-                        .into(),
-                ));
-            }
+        // With require_ssl=false (plaintext) ssl_ca is not read, as libpq
+        // ignores sslrootcert with sslmode=disable.
+        if let Some(path) = params.ssl_ca.as_ref().filter(|_| ssl.is_some()) {
             let pem = read_ca(path).map_err(Refused::Tls)?;
             // A private CA replaces the built-in (public) roots, unless the
             // URL asks for both with built_in_roots=true.
@@ -263,7 +258,6 @@ mod tls {
             builder = builder.ssl_opts(ssl).prefer_socket(false);
         }
         Ok(Connector {
-            url: params.url,
             opts: builder.into(),
             tls,
         })

@@ -63,8 +63,8 @@
 //! ```
 //!
 //! `ssl_ca` is read when [`pool`] is built (a new CA needs a new pool) or
-//! [`connect`] is called; a file that cannot be read or holds no
-//! certificate, `ssl_ca` with `require_ssl=false`, and any other `ssl…`
+//! [`connect`] is called (not with `require_ssl=false`, which wins: plaintext);
+//! a file that cannot be read or holds no certificate, and any other `ssl…`
 //! parameter (`sslmode`, client certificates: not supported) are refused
 //! with [`Error::Tls`] before connecting. A certificate that fails its
 //! check ends in [`Error::Connect`] (from [`pool`], when a connection is

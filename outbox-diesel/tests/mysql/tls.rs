@@ -142,7 +142,16 @@ mod with_the_feature {
     async fn tls_plaintext_still_connects_when_the_server_allows_it() {
         let pki = TestPki::generate();
         let server = PrivateMariadb::start(&pki);
-        for url in [server.url(), format!("{}?require_ssl=false", server.url())] {
+        let plaintext = [
+            server.url(),
+            format!("{}?require_ssl=false", server.url()),
+            // require_ssl=false wins over ssl_ca (which is then not read).
+            format!(
+                "{}?require_ssl=false&ssl_ca=/nonexistent/ca.pem",
+                server.url()
+            ),
+        ];
+        for url in plaintext {
             let mut conn = mysql::connect(&url).await.unwrap();
             assert_eq!(cipher(&mut conn).await, "", "{url}: plaintext");
         }
