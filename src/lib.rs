@@ -42,6 +42,7 @@
 //! | `postgres-sync` | no | `postgres`, and recording on a sync `diesel::PgConnection` (`Outbox::record_sync`; links libpq) |
 //! | `postgres-tls` | no | TLS to PostgreSQL (rustls) honouring `sslmode` and `sslrootcert` in the URL; implies `postgres`. Without it, connections are plaintext and a URL asking for `require` or `verify-*` is refused |
 //! | `mysql` | no | `outbox::mysql` (`outbox-diesel`'s `mysql` module): MariaDB recording, the relay store (with the admin API), the inbox, consumers' dead letters and migrations on diesel-async (mysql_async, pure Rust); MariaDB 10.6+ |
+//! | `mysql-tls` | no | TLS to MariaDB (rustls with ring) for every connection `outbox::mysql` opens: `require_ssl`, `verify_ca`, `verify_identity`, `built_in_roots` and `ssl_ca=<PEM file>` in the URL; implies `mysql`. Without it, a URL asking for TLS is refused |
 //! | `sqlite` | no | `outbox::sqlite` (`outbox-diesel`'s `sqlite` module): SQLite recording, inbox and migrations on diesel-async's `SyncConnectionWrapper` (SQLite compiled in, no system library; tokio's multi-thread runtime) |
 //! | `axum` | no | `outbox::axum` (`outbox-axum`): the Tower layer; implies `postgres` |
 //! | `rabbitmq` | no | `outbox::rabbitmq` (`outbox-lapin`): publisher with confirms, inbox consumer |

@@ -269,6 +269,7 @@
 //! | `mysql` | no | the MariaDB back end, module `mysql` (mysql_async, pure Rust); tested on MariaDB 10.6+ |
 //! | `sqlite` | no | the SQLite back end, module `sqlite` (diesel's `SqliteConnection` in diesel-async's `SyncConnectionWrapper`, SQLite compiled in); needs tokio's multi-thread runtime |
 //! | `postgres-tls` | no | TLS to PostgreSQL (rustls with ring, no OpenSSL) for every connection the crate opens, honouring `sslmode` and `sslrootcert`; see [TLS](#tls). Without it, connections are plaintext and a URL asking for `require` or `verify-*` is refused |
+//! | `mysql-tls` | no | TLS to MariaDB (mysql_async's rustls with ring, no OpenSSL) for every connection of the `mysql` module, honouring `require_ssl`, `verify_ca`, `verify_identity`, `built_in_roots` and `ssl_ca`; see `mysql`'s "TLS". Without it, a URL asking for TLS is refused; implies `mysql` |
 
 #[cfg(feature = "postgres")]
 mod audit;

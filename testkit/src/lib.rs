@@ -40,7 +40,7 @@
 //! | [`mysql`] | [`TestMysqlDatabase`](mysql::TestMysqlDatabase) (a database of the test on MariaDB, dropped with the sessions using it killed), [`connect`](mysql::connect), [`count`](mysql::count) |
 //! | [`amqp`] | [`TestBroker`](amqp::TestBroker) (exchanges and queues declared through it, deleted on drop; publish with confirm, ready count, drain, peek), [`BrokerCleanup`](amqp::BrokerCleanup) (the same deletion for objects declared over connections of the test's own, holding no connection until then), [`connect`](amqp::connect), finding and force-closing connections with `rabbitmqctl` |
 //! | [`net`] | [`free_port`](net::free_port) |
-//! | [`servers`] | [`PrivatePostgres`](servers::PrivatePostgres) (a throwaway `initdb` cluster) and [`PrivateRabbit`](servers::PrivateRabbit) (a second node) that a test may crash, restart, freeze |
+//! | [`servers`] | [`PrivatePostgres`](servers::PrivatePostgres) (a throwaway `initdb` cluster), [`PrivateMariadb`](servers::PrivateMariadb) (a throwaway `mariadbd` with TLS) and [`PrivateRabbit`](servers::PrivateRabbit) (a second node) that a test may crash, restart, freeze |
 //! | [`pki`] | [`TestPki`](pki::TestPki): a throwaway CA and server certificate for TLS tests |
 //!
 //! # Teardown

@@ -13,8 +13,7 @@
 //! `Janitor`) runs over [`MysqlOutboxStore`], which implements
 //! `OutboxAdmin`, and consumers' dead letters are read and settled through
 //! [`MysqlDeadLetters`] (`outbox-axum`'s admin router takes any
-//! `OutboxAdmin`). Not yet on MariaDB: the `outbox` CLI (it opens a
-//! PostgreSQL URL), TLS.
+//! `OutboxAdmin`). TLS needs the `mysql-tls` feature (see [TLS](#tls)).
 //!
 //! ```no_run
 //! # async fn f() -> outbox_diesel::Result<()> {
@@ -38,6 +37,51 @@
 //! let store = MysqlSettings::default().store(pool.clone());
 //! # Ok(()) }
 //! ```
+//!
+//! # TLS
+//! Every connection this module opens ([`connect`], [`pool`],
+//! [`migrate_url`]) reads the URL's TLS parameters: mysql_async's own and
+//! `ssl_ca`, this crate's. TLS itself needs the `mysql-tls` feature
+//! (mysql_async's rustls on ring; no OpenSSL):
+//!
+//! | URL parameter | with `mysql-tls` | without it |
+//! |---|---|---|
+//! | none, or `require_ssl=false` | plaintext | plaintext |
+//! | `require_ssl=true` | TLS or no connection; the certificate must chain to the built-in (webpki, public) roots and name the host | refused with [`Error::Tls`], which names the feature: never a silent plaintext connection |
+//! | `ssl_ca=<path>` | the PEM file's CA certificate(s) are the roots instead of the built-in ones (both with `built_in_roots=true`); implies `require_ssl=true` | refused, as above |
+//! | `verify_identity=false` | refused with [`Error::Tls`]: mysql_async 0.36 (the driver under diesel-async 0.9) checks the host name anyway (its issue #404); connect by a name the certificate holds | refused, as above |
+//! | `verify_ca=false` | the certificate is not checked at all: encrypted, unauthenticated | refused, as above |
+//! | `built_in_roots=false` | only `ssl_ca`'s roots | refused, as above |
+//!
+//! ```no_run
+//! # async fn run() -> outbox_diesel::Result<()> {
+//! use outbox_diesel::mysql;
+//! let url = "mysql://app:secret@db.internal/shop?require_ssl=true&ssl_ca=/etc/ssl/db-ca.pem";
+//! mysql::migrate_url(url).await?;
+//! let pool = mysql::pool(url, 16)?; // every connection verified
+//! # Ok(()) }
+//! ```
+//!
+//! `ssl_ca` is read when [`pool`] is built (a new CA needs a new pool) or
+//! [`connect`] is called (not with `require_ssl=false`, which wins: plaintext);
+//! a file that cannot be read or holds no certificate, and any other `ssl…`
+//! parameter (`sslmode`, client certificates: not supported) are refused
+//! with [`Error::Tls`] before connecting. A certificate that fails its
+//! check ends in [`Error::Connect`] (from [`pool`], when a connection is
+//! opened) with rustls's reason, e.g. `invalid peer certificate:
+//! UnknownIssuer` (not signed by a trusted CA) or `certificate not valid
+//! for name "…"` (not for the URL's host). A server
+//! without TLS fails `require_ssl=true` the same way. MariaDB answers a
+//! plaintext login it refuses because it requires TLS
+//! (`require_secure_transport`, a user's `REQUIRE SSL`) with "Access
+//! denied"; with the feature, that error adds that the server may require
+//! TLS.
+//!
+//! mysql_async moves a connection to a server on the same host onto the
+//! server's Unix socket after logging in (its `prefer_socket`); a TLS
+//! connection stays on TCP and TLS. mysql_async builds its rustls
+//! configuration with the process's default `CryptoProvider`: when the
+//! process has none, ring's is installed as the default.
 //!
 //! # Where the outbox lives
 //! MySQL has no schemas inside a database: the outbox's tables live in a
@@ -106,6 +150,7 @@
 //!   column of its header cut to 255 characters.
 
 mod audit;
+mod connect;
 mod dead_letters;
 mod inbox;
 mod migrate;
@@ -128,11 +173,13 @@ pub use crate::{
     Transaction, begin_top_level, commit_top_level, in_top_level_transaction,
 };
 
+use diesel_async::AsyncMysqlConnection;
 use diesel_async::pooled_connection::deadpool::Pool;
-use diesel_async::{AsyncConnection, AsyncMysqlConnection};
 use futures_util::FutureExt as _;
 use outbox_core::DomainEvent;
 use uuid::Uuid;
+
+use connect::Connector;
 
 /// Records `event` in the transaction open on `conn`, in the outbox of the
 /// connection's database. Shorthand for
@@ -160,33 +207,34 @@ pub async fn record_all<E: DomainEvent + Sync>(
 }
 
 /// Opens a direct connection to `url` (`mysql://user:password@host:port/db`),
-/// in strict SQL mode (see below).
+/// in strict SQL mode (see below), over TLS if `url` asks for it (see
+/// [TLS](self#tls)).
 ///
 /// The session's `sql_mode` gets `STRICT_ALL_TABLES` added: without it
 /// MariaDB truncates a value too long for its column (a consumer name, an
 /// aggregate id) with a warning instead of an error, which could make two
 /// consumers one or store a date as `0000-00-00`.
 ///
-/// Connections are plaintext: TLS to MariaDB is not built in yet, and a
-/// URL that asks for it (`require_ssl`, `verify_ca`, `verify_identity`,
-/// `built_in_roots`, `ssl…`) is refused rather than silently unencrypted.
-///
 /// # Errors
-/// [`Error::Tls`] if `url` asks for TLS; [`Error::Connect`], naming the
-/// (redacted) URL, if the server cannot be reached, refuses the login or
-/// the session setup.
+/// [`Error::Tls`] if `url`'s TLS parameters cannot be honoured (without
+/// the `mysql-tls` feature: any that asks for TLS); [`Error::Config`] if
+/// mysql_async cannot read `url` (with the feature); [`Error::Connect`],
+/// naming the (redacted) URL, if the server cannot be reached, fails the
+/// TLS handshake or the certificate check, refuses the login or the
+/// session setup.
 pub async fn connect(url: &str) -> Result<AsyncMysqlConnection> {
-    refuse_tls(url)?;
-    open(url.to_owned()).await.map_err(|source| Error::Connect {
+    let connector = Connector::new(url)?;
+    open(&connector).await.map_err(|source| Error::Connect {
         url: crate::error::redact_url(url),
         source,
     })
 }
 
 /// A deadpool pool of at most `max_size` connections to `url`, each set up
-/// as [`connect`] sets it up, with the same timeouts as PostgreSQL's pool
-/// ([`POOL_WAIT_TIMEOUT`], [`POOL_CONNECT_TIMEOUT`]). Connections are
-/// opened lazily, on first use.
+/// as [`connect`] sets it up (TLS included), with the same timeouts as
+/// PostgreSQL's pool ([`POOL_WAIT_TIMEOUT`], [`POOL_CONNECT_TIMEOUT`]).
+/// Connections are opened lazily, on first use; `url`'s TLS parameters are
+/// read (and an `ssl_ca` file loaded) now.
 ///
 /// Unlike PostgreSQL's pool, each checkout pings the connection (diesel's
 /// `RecyclingMethod::Verified`, one `SELECT 1` round trip): mysql_async does
@@ -196,13 +244,15 @@ pub async fn connect(url: &str) -> Result<AsyncMysqlConnection> {
 /// pool, for ever.
 ///
 /// # Errors
-/// [`Error::Tls`] as [`connect`]; [`Error::Config`] if the pool cannot be
-/// built.
+/// [`Error::Tls`] and [`Error::Config`] as [`connect`]; [`Error::Config`]
+/// if the pool cannot be built.
 pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncMysqlConnection>> {
-    refuse_tls(url)?;
-    let owned = url.to_owned();
+    let connector = std::sync::Arc::new(Connector::new(url)?);
     let verified = diesel_async::pooled_connection::RecyclingMethod::Verified;
-    crate::pool_of(url, max_size, verified, move || open(owned.clone()).boxed())
+    crate::pool_of(url, max_size, verified, move || {
+        let connector = std::sync::Arc::clone(&connector);
+        async move { open(&connector).await }.boxed()
+    })
 }
 
 /// [`pool`], where each new connection also runs `session` (one or more
@@ -241,9 +291,9 @@ pub fn pool_with_session(
 }
 
 /// Establishes and sets up a connection.
-async fn open(url: String) -> diesel::ConnectionResult<AsyncMysqlConnection> {
+async fn open(connector: &Connector) -> diesel::ConnectionResult<AsyncMysqlConnection> {
     use diesel_async::SimpleAsyncConnection as _;
-    let mut conn = AsyncMysqlConnection::establish(&url).await?;
+    let mut conn = connector.connect().await?;
     conn.batch_execute(STRICT)
         .await
         .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
@@ -253,30 +303,3 @@ async fn open(url: String) -> diesel::ConnectionResult<AsyncMysqlConnection> {
 /// Adds `STRICT_ALL_TABLES` to the session's SQL mode.
 const STRICT: &str =
     "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@sql_mode, ''), 'STRICT_ALL_TABLES')";
-
-/// `Err` if `url` asks for TLS (see [`connect`]).
-fn refuse_tls(url: &str) -> Result<()> {
-    let query = url.split_once('?').map_or("", |(_, q)| q);
-    let asks = query.split('&').any(|pair| {
-        let key = pair
-            .split('=')
-            .next()
-            .unwrap_or_default()
-            .to_ascii_lowercase();
-        key.starts_with("ssl")
-            || matches!(
-                key.as_str(),
-                "require_ssl" | "verify_ca" | "verify_identity" | "built_in_roots"
-            )
-    });
-    if asks {
-        return Err(Error::Tls {
-            url: crate::error::redact_url(url),
-            reason: "TLS to MariaDB is not supported by this version (connections are \
-                     plaintext); remove the TLS parameters, or reach the server over a \
-                     trusted network or a TLS tunnel"
-                .into(),
-        });
-    }
-    Ok(())
-}

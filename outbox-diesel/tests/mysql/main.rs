@@ -11,6 +11,7 @@ mod migrate;
 mod pool;
 mod record;
 mod store;
+mod tls;
 
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};

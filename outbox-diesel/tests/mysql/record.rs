@@ -235,13 +235,3 @@ async fn values_too_long_are_refused_not_truncated() {
     .unwrap_err();
     assert!(error.to_string().contains("too long"), "{error}");
 }
-
-#[tokio::test]
-async fn a_url_asking_for_tls_is_refused_not_left_plaintext() {
-    let url = format!("{}?require_ssl=true", mysql_url());
-    let Err(error) = mysql::connect(&url).await else {
-        panic!("a TLS URL connected in plaintext");
-    };
-    assert!(matches!(error, Error::Tls { .. }), "{error}");
-    assert!(matches!(mysql::pool(&url, 1), Err(Error::Tls { .. })));
-}

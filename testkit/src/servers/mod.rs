@@ -1,19 +1,24 @@
-//! Private server instances: a PostgreSQL cluster or a RabbitMQ node
+//! Private server instances: a PostgreSQL cluster, a MariaDB server or a
+//! RabbitMQ node
 //! started for one test on ports of its own, so that it can be stopped,
 //! restarted, frozen and broken without touching the shared servers
 //! ([`urls`](crate::urls)) or any other test.
 //!
 //! Private instances need the server binaries of `scripts/dev-services`
-//! (Debian's `postgresql` and `rabbitmq-server` packages). Run as root, the
-//! harness starts them as the `postgres` and `rabbitmq` users (`runuser`),
-//! as those servers refuse to run as root or keep their cookie there.
+//! (Debian's `postgresql`, `mariadb-server` and `rabbitmq-server`
+//! packages). Run as root, the harness starts them as the `postgres`,
+//! `mysql` and `rabbitmq` users (`runuser`), as those servers refuse to run
+//! as root or keep their cookie there.
 //!
-//! [`PrivatePostgres`] lives in `postgres`, [`PrivateRabbit`] in `rabbit`;
-//! what both need to run a server program here.
+//! [`PrivatePostgres`] lives in `postgres`, [`PrivateMariadb`] in
+//! `mariadb`, [`PrivateRabbit`] in `rabbit`; what they need to run a server
+//! program here.
 
+mod mariadb;
 mod postgres;
 mod rabbit;
 
+pub use mariadb::PrivateMariadb;
 pub use postgres::PrivatePostgres;
 pub use rabbit::{Frozen, PrivateRabbit};
 
