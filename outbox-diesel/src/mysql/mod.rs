@@ -247,12 +247,7 @@ pub async fn connect(url: &str) -> Result<AsyncMysqlConnection> {
 /// [`Error::Tls`] and [`Error::Config`] as [`connect`]; [`Error::Config`]
 /// if the pool cannot be built.
 pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncMysqlConnection>> {
-    let connector = std::sync::Arc::new(Connector::new(url)?);
-    let verified = diesel_async::pooled_connection::RecyclingMethod::Verified;
-    crate::pool_of(url, max_size, verified, move || {
-        let connector = std::sync::Arc::clone(&connector);
-        async move { open(&connector).await }.boxed()
-    })
+    pool_setting_up(url, max_size, None)
 }
 
 /// [`pool`], where each new connection also runs `session` (one or more
@@ -272,18 +267,29 @@ pub fn pool_with_session(
     max_size: usize,
     session: &str,
 ) -> Result<Pool<AsyncMysqlConnection>> {
-    refuse_tls(url)?;
-    let owned = url.to_owned();
-    let session = session.to_owned();
+    pool_setting_up(url, max_size, Some(session.to_owned()))
+}
+
+/// The pool of [`pool`] and [`pool_with_session`].
+fn pool_setting_up(
+    url: &str,
+    max_size: usize,
+    session: Option<String>,
+) -> Result<Pool<AsyncMysqlConnection>> {
+    let connector = std::sync::Arc::new(Connector::new(url)?);
+    let session = std::sync::Arc::new(session);
     let verified = diesel_async::pooled_connection::RecyclingMethod::Verified;
     crate::pool_of(url, max_size, verified, move || {
-        let (url, session) = (owned.clone(), session.clone());
+        let connector = std::sync::Arc::clone(&connector);
+        let session = std::sync::Arc::clone(&session);
         async move {
             use diesel_async::SimpleAsyncConnection as _;
-            let mut conn = open(url).await?;
-            conn.batch_execute(&session)
-                .await
-                .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+            let mut conn = open(&connector).await?;
+            if let Some(session) = session.as_deref() {
+                conn.batch_execute(session)
+                    .await
+                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+            }
             Ok(conn)
         }
         .boxed()
