@@ -10,7 +10,7 @@ use outbox::rabbitmq::{LapinPublisher, wire};
 use outbox::{DeliveryOrder, EventEnvelope, Relay};
 use uuid::Uuid;
 
-use crate::setup::{BoxError, Env, OrderPlaced};
+use crate::setup::{BoxError, Bus, Env, OrderPlaced};
 
 /// One drain: how long until a consumer had every event.
 #[derive(Debug, Clone, Copy)]
@@ -43,7 +43,7 @@ pub(crate) fn median(drains: &[Drain]) -> Drain {
     median
 }
 
-async fn receive_all(
+pub(crate) async fn receive_all(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Uuid, i64, Vec<u8>)>,
     expected: &HashSet<Uuid>,
     started: Instant,
@@ -137,12 +137,14 @@ pub(crate) async fn relay(
 
 /// The ceiling: the same messages published with raw lapin on one
 /// confirm-mode channel, `batch_size` pipelined then all confirms awaited.
+/// Only the queue is emptied first: the ceiling touches no database, so it
+/// is the same for every back end.
 pub(crate) async fn raw(
-    env: &Env,
+    env: &Bus,
     events: &[OrderPlaced],
     batch_size: usize,
 ) -> Result<Drain, BoxError> {
-    env.reset().await?;
+    env.purge().await?;
     let envelopes: Vec<EventEnvelope> = events
         .iter()
         .map(EventEnvelope::from_event)

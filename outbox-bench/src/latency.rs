@@ -52,7 +52,7 @@ pub(crate) struct Latency {
 
 /// What one tick's transaction does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Mode {
+pub(crate) enum Mode {
     /// Record the event in the outbox; the relay publishes it.
     Outbox,
     /// Insert the order row, commit, publish inline and await the confirm.
@@ -186,7 +186,7 @@ impl Producer<'_> {
 
 /// Receives until every stamped message is in (or 10 s pass); the latencies
 /// of each mode.
-async fn measure(
+pub(crate) async fn measure(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Uuid, i64, Vec<u8>)>,
     stamps: &HashMap<Uuid, (i64, Mode)>,
 ) -> HashMap<Mode, Latency> {

@@ -5,9 +5,32 @@
 //! ```text
 //! scripts/dev-services && cargo run --release -p outbox-bench
 //! ```
-//! (`-- --quick` for a shorter smoke run.) Needs PostgreSQL and RabbitMQ
-//! (`DATABASE_URL`, `AMQP_URL`); uses a private schema, exchange and queue,
-//! removed at the end. Prints a table, then one JSON line.
+//! (`-- --quick` for a shorter smoke run; `-- --only w1,w3` for some
+//! workloads.) Needs PostgreSQL and RabbitMQ (`DATABASE_URL`, `AMQP_URL`);
+//! uses a private schema, exchange and queue, removed at the end. Prints a
+//! table, then one JSON line.
+//!
+//! # Back ends
+//! `-- --backend postgres|mysql|sqlite|all` (default `postgres`; `all` runs
+//! the three one after another, each with its own table and JSON line):
+//! - **postgres**: everything below, W1–W4.
+//! - **mysql** (MariaDB, `MYSQL_URL`, default
+//!   `mysql://outbox:outbox@127.0.0.1:3306/outbox_test`): a database of the
+//!   run's own on that server, dropped at the end.
+//! - **sqlite**: a file of the run's own under the workspace's `target/`,
+//!   deleted at the end.
+//!
+//! On MariaDB and SQLite, W1–W3 are measured as on PostgreSQL, each against
+//! the same back end's ceiling in the same run (W1: that back end's commit
+//! rate of the same order insert without the event; W2: the raw broker
+//! ceiling, which touches no database; W3: the floor, an order row committed
+//! on that back end and then published inline). Neither has `NOTIFY`: those
+//! rows say "polling" (the relay polls, or is woken in-process). The
+//! library's transactions begin and commit as its docs ask
+//! (`begin_top_level`/`commit_top_level`: on MariaDB a savepoint more than the
+//! ceilings' plain `BEGIN`/`COMMIT`; on SQLite `BEGIN IMMEDIATE` for both).
+//! W4 is PostgreSQL's only (it counts EXPLAIN's shared buffers). The JSON
+//! line of those back ends has a `"backend"` key; PostgreSQL's is unchanged.
 //!
 //! Workloads:
 //! - **W1 record**: transactions/s of "insert an order + record its event",
@@ -28,6 +51,7 @@
 //!   heads of 100 events each (the producer also writing into them).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod backend;
 mod claim;
 mod drain;
 mod latency;
@@ -39,6 +63,7 @@ use std::time::Duration;
 use outbox::DeliveryOrder;
 use serde_json::json;
 
+use backend::Backend;
 use setup::{BoxError, Env};
 
 /// W1 runs its variants in turns of this many slices each (see
@@ -94,11 +119,22 @@ async fn run() -> Result<(), BoxError> {
             w4_heads: 1_000,
         }
     };
-    let env = Env::new().await?;
-    let result = workloads(&env, &p, only.as_deref()).await;
-    env.cleanup().await;
-    let report = result?;
-    println!("{report}");
+    let backends = Backend::from_args()?;
+    for (n, &which) in backends.iter().enumerate() {
+        if n > 0 {
+            println!();
+        }
+        let report = match which {
+            Backend::Postgres => {
+                let env = Env::new().await?;
+                let result = workloads(&env, &p, only.as_deref()).await;
+                env.cleanup().await;
+                result?
+            }
+            Backend::Mysql | Backend::Sqlite => backend::run(which, &p, only.as_deref()).await?,
+        };
+        println!("{report}");
+    }
     Ok(())
 }
 

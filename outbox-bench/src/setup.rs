@@ -38,41 +38,29 @@ pub(crate) fn now_ns() -> i64 {
     chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0)
 }
 
-/// A schema (outbox tables + `bench_orders`), an exchange and a durable queue
-/// bound with `#`, all private to this run: the schema removed by
-/// [`Env::cleanup`], the exchange and queue when the `Env` is dropped.
-pub(crate) struct Env {
-    pub(crate) schema: String,
-    pub(crate) pool: Pool<AsyncPgConnection>,
+/// An exchange and a durable queue bound with `#`, private to this run
+/// (deleted when dropped), and the run's AMQP connection: what every back
+/// end's workloads publish to and consume from.
+pub(crate) struct Bus {
     pub(crate) channel: Channel,
     pub(crate) exchange: String,
     pub(crate) queue: String,
     broker: TestBroker,
 }
 
-impl Env {
-    pub(crate) async fn new() -> Result<Env, BoxError> {
-        let schema = names::unique("bench", "run");
-        let mut conn = outbox::postgres::connect(&database_url()).await?;
-        outbox::postgres::migrate(&mut conn, &schema).await?;
-        conn.batch_execute(&format!(
-            "CREATE TABLE \"{schema}\".bench_orders (
-                 id uuid PRIMARY KEY, customer_id uuid NOT NULL,
-                 total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
-        ))
-        .await?;
-        let broker = TestBroker::new(&schema).await;
+impl Bus {
+    /// The exchange and queue of the run `name`.
+    pub(crate) async fn new(name: &str) -> Bus {
+        let broker = TestBroker::new(name).await;
         let exchange = broker.topic_exchange(&broker.named("events")).await;
         let queue = broker.queue(&broker.named("all")).await;
         broker.bind(&queue, &exchange, "#").await;
-        Ok(Env {
-            pool: outbox::postgres::pool(&database_url(), 12)?,
-            schema,
+        Bus {
             channel: broker.channel().clone(),
             exchange,
             queue,
             broker,
-        })
+        }
     }
 
     /// The run's own AMQP connection.
@@ -80,45 +68,10 @@ impl Env {
         self.broker.connection()
     }
 
-    pub(crate) fn table(&self, table: &str) -> String {
-        format!("\"{}\".{table}", self.schema)
-    }
-
-    pub(crate) async fn conn(&self) -> Result<AsyncPgConnection, BoxError> {
-        Ok(outbox::postgres::connect(&database_url()).await?)
-    }
-
-    pub(crate) async fn exec(&self, sql: &str) -> Result<(), BoxError> {
-        let mut conn = self.conn().await?;
-        conn.batch_execute(sql).await?;
-        Ok(())
-    }
-
-    /// Empties the outbox and the queue between runs.
-    pub(crate) async fn reset(&self) -> Result<(), BoxError> {
-        self.exec(&format!(
-            "TRUNCATE {}, {}",
-            self.table("outbox_events"),
-            self.table("bench_orders")
-        ))
-        .await?;
+    /// Empties the queue.
+    pub(crate) async fn purge(&self) -> Result<(), BoxError> {
         self.channel
             .queue_purge(self.queue.as_str().into(), QueuePurgeOptions::default())
-            .await?;
-        Ok(())
-    }
-
-    /// Records `events` in committed transactions of 1,000.
-    pub(crate) async fn backlog(&self, events: &[OrderPlaced]) -> Result<(), BoxError> {
-        let outbox = outbox::postgres::Outbox::new(&self.schema)?.notify(false);
-        let mut conn = self.conn().await?;
-        for chunk in events.chunks(1000) {
-            conn.transaction::<_, outbox::postgres::Error, _>(async |conn| {
-                outbox.record_all(conn, chunk).await
-            })
-            .await?;
-        }
-        self.exec(&format!("VACUUM ANALYZE {}", self.table("outbox_events")))
             .await?;
         Ok(())
     }
@@ -195,6 +148,83 @@ impl Env {
         });
         Ok(rx)
     }
+}
+
+/// A schema (outbox tables + `bench_orders`) private to this run, removed by
+/// [`Env::cleanup`], and the run's [`Bus`] (its fields and methods are the
+/// `Env`'s through `Deref`).
+pub(crate) struct Env {
+    pub(crate) schema: String,
+    pub(crate) pool: Pool<AsyncPgConnection>,
+    bus: Bus,
+}
+
+impl std::ops::Deref for Env {
+    type Target = Bus;
+
+    fn deref(&self) -> &Bus {
+        &self.bus
+    }
+}
+
+impl Env {
+    pub(crate) async fn new() -> Result<Env, BoxError> {
+        let schema = names::unique("bench", "run");
+        let mut conn = outbox::postgres::connect(&database_url()).await?;
+        outbox::postgres::migrate(&mut conn, &schema).await?;
+        conn.batch_execute(&format!(
+            "CREATE TABLE \"{schema}\".bench_orders (
+                 id uuid PRIMARY KEY, customer_id uuid NOT NULL,
+                 total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .await?;
+        let bus = Bus::new(&schema).await;
+        Ok(Env {
+            pool: outbox::postgres::pool(&database_url(), 12)?,
+            schema,
+            bus,
+        })
+    }
+
+    pub(crate) fn table(&self, table: &str) -> String {
+        format!("\"{}\".{table}", self.schema)
+    }
+
+    pub(crate) async fn conn(&self) -> Result<AsyncPgConnection, BoxError> {
+        Ok(outbox::postgres::connect(&database_url()).await?)
+    }
+
+    pub(crate) async fn exec(&self, sql: &str) -> Result<(), BoxError> {
+        let mut conn = self.conn().await?;
+        conn.batch_execute(sql).await?;
+        Ok(())
+    }
+
+    /// Empties the outbox and the queue between runs.
+    pub(crate) async fn reset(&self) -> Result<(), BoxError> {
+        self.exec(&format!(
+            "TRUNCATE {}, {}",
+            self.table("outbox_events"),
+            self.table("bench_orders")
+        ))
+        .await?;
+        self.purge().await
+    }
+
+    /// Records `events` in committed transactions of 1,000.
+    pub(crate) async fn backlog(&self, events: &[OrderPlaced]) -> Result<(), BoxError> {
+        let outbox = outbox::postgres::Outbox::new(&self.schema)?.notify(false);
+        let mut conn = self.conn().await?;
+        for chunk in events.chunks(1000) {
+            conn.transaction::<_, outbox::postgres::Error, _>(async |conn| {
+                outbox.record_all(conn, chunk).await
+            })
+            .await?;
+        }
+        self.exec(&format!("VACUUM ANALYZE {}", self.table("outbox_events")))
+            .await?;
+        Ok(())
+    }
 
     /// Drops the schema; the exchange and queue go when `self` is dropped.
     pub(crate) async fn cleanup(self) {
@@ -257,17 +287,17 @@ pub(crate) fn secs(d: Duration) -> String {
 #[derive(Debug, Clone)]
 pub(crate) struct Prepared<Q>(pub(crate) Q);
 
-impl<Q: diesel::query_builder::QueryFragment<diesel::pg::Pg>>
-    diesel::query_builder::QueryFragment<diesel::pg::Pg> for Prepared<Q>
+impl<DB: diesel::backend::Backend, Q: diesel::query_builder::QueryFragment<DB>>
+    diesel::query_builder::QueryFragment<DB> for Prepared<Q>
 {
     fn walk_ast<'b>(
         &'b self,
-        pass: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>,
+        pass: diesel::query_builder::AstPass<'_, 'b, DB>,
     ) -> diesel::QueryResult<()> {
         self.0.walk_ast(pass)
     }
 
-    fn is_safe_to_cache_prepared(&self, _backend: &diesel::pg::Pg) -> diesel::QueryResult<bool> {
+    fn is_safe_to_cache_prepared(&self, _backend: &DB) -> diesel::QueryResult<bool> {
         Ok(true)
     }
 }
