@@ -879,73 +879,24 @@ async fn workloads(
         }
         let raw = drain::median(&raws);
         let ordered = drain::median(&ordered);
-        let line = |name: &str, d: &Drain, ceiling: f64| {
-            println!(
-                "  {:<42} {:>10.0} {:>8} {:>8.2} {:>8} {:>6}",
-                name,
-                d.rate(),
-                setup::secs(d.elapsed),
-                d.rate() / ceiling,
-                d.missing,
-                d.duplicates
-            );
-        };
-        line("raw publish-with-confirms (ceiling)", &raw, raw.rate());
-        w2.insert("raw_per_s".into(), json!(raw.rate()));
-        line("relay, ordered, 1 relay", &ordered, raw.rate());
-        w2.insert(
-            "ordered_1".into(),
-            json!({"per_s": ordered.rate(), "ratio": ordered.rate() / raw.rate(), "missing": ordered.missing, "duplicates": ordered.duplicates}),
+        drain::report(
+            &mut w2,
+            "raw publish-with-confirms (ceiling)",
+            None,
+            &raw,
+            raw.rate(),
         );
-        let variants = [
-            (
-                "relay, unordered, 1 relay",
-                "unordered_1",
-                &spread,
-                DeliveryOrder::Unordered,
-                1,
-                true,
-            ),
-            (
-                "relay, ordered, 2 relays",
-                "ordered_2",
-                &spread,
-                DeliveryOrder::PerAggregate,
-                2,
-                true,
-            ),
-            (
-                "relay, unordered, 2 relays",
-                "unordered_2",
-                &spread,
-                DeliveryOrder::Unordered,
-                2,
-                true,
-            ),
-            (
-                "relay, ordered, 1 relay, delete on publish",
-                "ordered_1_delete",
-                &spread,
-                DeliveryOrder::PerAggregate,
-                1,
-                false,
-            ),
-            (
-                "hot: relay, ordered, 1 relay (20 aggregates)",
-                "hot_ordered_1",
-                &hot,
-                DeliveryOrder::PerAggregate,
-                1,
-                true,
-            ),
-        ];
-        for (label, key, events, order, relays, keep_sent) in variants {
+        w2.insert("raw_per_s".into(), json!(raw.rate()));
+        drain::report(
+            &mut w2,
+            "relay, ordered, 1 relay",
+            Some("ordered_1"),
+            &ordered,
+            raw.rate(),
+        );
+        for (label, key, events, order, relays, keep_sent) in drain::variants(&spread, &hot) {
             let d = w2_relay(rig, events, order, relays, 100, keep_sent).await?;
-            line(label, &d, raw.rate());
-            w2.insert(
-                key.into(),
-                json!({"per_s": d.rate(), "ratio": d.rate() / raw.rate(), "missing": d.missing, "duplicates": d.duplicates}),
-            );
+            drain::report(&mut w2, label, Some(key), &d, raw.rate());
         }
         println!(
             "  ceiling and ordered 1 relay: median of {W2_ROUNDS} alternating drains each; \

@@ -10,7 +10,7 @@ use outbox::rabbitmq::{LapinPublisher, wire};
 use outbox::{DeliveryOrder, EventEnvelope, Relay};
 use uuid::Uuid;
 
-use crate::setup::{BoxError, Bus, Env, OrderPlaced};
+use crate::setup::{self, BoxError, Bus, Env, OrderPlaced};
 
 /// One drain: how long until a consumer had every event.
 #[derive(Debug, Clone, Copy)]
@@ -179,4 +179,88 @@ pub(crate) async fn raw(
         }
     }
     Ok(receive_all(&mut rx, &expected, started).await)
+}
+
+/// A W2 relay variant after the headline one: its label, its key in the
+/// JSON, its backlog, delivery order, relays and whether sent rows are kept.
+pub(crate) type Variant<'a> = (
+    &'static str,
+    &'static str,
+    &'a [OrderPlaced],
+    DeliveryOrder,
+    usize,
+    bool,
+);
+
+/// The W2 relay variants every back end runs after the ordered single
+/// relay, on the `spread` and `hot` backlogs.
+pub(crate) fn variants<'a>(spread: &'a [OrderPlaced], hot: &'a [OrderPlaced]) -> [Variant<'a>; 5] {
+    [
+        (
+            "relay, unordered, 1 relay",
+            "unordered_1",
+            spread,
+            DeliveryOrder::Unordered,
+            1,
+            true,
+        ),
+        (
+            "relay, ordered, 2 relays",
+            "ordered_2",
+            spread,
+            DeliveryOrder::PerAggregate,
+            2,
+            true,
+        ),
+        (
+            "relay, unordered, 2 relays",
+            "unordered_2",
+            spread,
+            DeliveryOrder::Unordered,
+            2,
+            true,
+        ),
+        (
+            "relay, ordered, 1 relay, delete on publish",
+            "ordered_1_delete",
+            spread,
+            DeliveryOrder::PerAggregate,
+            1,
+            false,
+        ),
+        (
+            "hot: relay, ordered, 1 relay (20 aggregates)",
+            "hot_ordered_1",
+            hot,
+            DeliveryOrder::PerAggregate,
+            1,
+            true,
+        ),
+    ]
+}
+
+/// Prints one W2 row against `ceiling` and records it under `key` in `w2`
+/// (the raw ceiling itself is recorded by its caller as `raw_per_s`).
+pub(crate) fn report(
+    w2: &mut serde_json::Map<String, serde_json::Value>,
+    name: &str,
+    key: Option<&str>,
+    d: &Drain,
+    ceiling: f64,
+) {
+    println!(
+        "  {:<42} {:>10.0} {:>8} {:>8.2} {:>8} {:>6}",
+        name,
+        d.rate(),
+        setup::secs(d.elapsed),
+        d.rate() / ceiling,
+        d.missing,
+        d.duplicates
+    );
+    if let Some(key) = key {
+        w2.insert(
+            key.into(),
+            serde_json::json!({"per_s": d.rate(), "ratio": d.rate() / ceiling, "missing": d.missing, "duplicates": d.duplicates}),
+        );
+    }
 }
