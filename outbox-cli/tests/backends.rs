@@ -5,14 +5,13 @@
 //! PostgreSQL's own tests are in `cli.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-
 use assert_cmd::Command;
 use outbox_core::testing::{TestEvent, fail_claimed};
 use outbox_core::{Claim as _, NextStep, OutboxStore};
 use outbox_diesel::{AsConnection, Connection as _, begin_top_level, commit_top_level};
 use outbox_testkit::mysql::TestMysqlDatabase;
 use outbox_testkit::names;
+use outbox_testkit::sqlite::TestSqliteFile;
 use outbox_testkit::urls::mysql_url;
 use predicates::prelude::*;
 use serde_json::Value;
@@ -178,26 +177,10 @@ async fn every_verb_works_on_mariadb() {
         ));
 }
 
-/// A SQLite file of a test, deleted (with its WAL) at the end.
-struct TestFile(PathBuf);
-
-impl Drop for TestFile {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut path = self.0.clone().into_os_string();
-            path.push(suffix);
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn every_verb_works_on_sqlite() {
-    let file = TestFile(
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("{}.db", names::unique("t_cli", "sqlite"))),
-    );
-    let url = format!("sqlite://{}", file.0.display());
+    let file = TestSqliteFile::new(env!("CARGO_TARGET_TMPDIR"), "t_cli", "sqlite");
+    let url = file.url();
     outbox(&url)
         .arg("migrate")
         .assert()

@@ -38,6 +38,7 @@
 //! | [`eventually`] | polling until something holds, equals a value or is found, failing with what was awaited and the last value seen; [`within`](eventually::within) for a future that must finish |
 //! | [`pg`] | [`TestSchema`](pg::TestSchema) (a schema and a pool on its database) and [`TestDatabase`](pg::TestDatabase) guards, [`connect`](pg::connect), [`count`](pg::count), [`backend_pid`](pg::backend_pid) |
 //! | [`mysql`] | [`TestMysqlDatabase`](mysql::TestMysqlDatabase) (a database of the test on MariaDB, dropped with the sessions using it killed), [`connect`](mysql::connect), [`count`](mysql::count) |
+//! | [`sqlite`] | [`TestSqliteFile`](sqlite::TestSqliteFile) (a unique SQLite file path of the test, removed with its WAL files on drop) |
 //! | [`amqp`] | [`TestBroker`](amqp::TestBroker) (exchanges and queues declared through it, deleted on drop; publish with confirm, ready count, drain, peek), [`BrokerCleanup`](amqp::BrokerCleanup) (the same deletion for objects declared over connections of the test's own, holding no connection until then), [`connect`](amqp::connect), finding and force-closing connections with `rabbitmqctl` |
 //! | [`net`] | [`free_port`](net::free_port) |
 //! | [`servers`] | [`PrivatePostgres`](servers::PrivatePostgres) (a throwaway `initdb` cluster), [`PrivateMariadb`](servers::PrivateMariadb) (a throwaway `mariadbd` with TLS) and [`PrivateRabbit`](servers::PrivateRabbit) (a second node) that a test may crash, restart, freeze |
@@ -94,5 +95,6 @@ pub mod net;
 pub mod pg;
 pub mod pki;
 pub mod servers;
+pub mod sqlite;
 mod teardown;
 pub mod urls;

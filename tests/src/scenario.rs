@@ -29,6 +29,7 @@ use outbox_testkit::amqp::{self, BrokerCleanup};
 use outbox_testkit::mysql::TestMysqlDatabase;
 use outbox_testkit::names;
 use outbox_testkit::pg::TestSchema;
+use outbox_testkit::sqlite::TestSqliteFile;
 use uuid::Uuid;
 
 use crate::relay_process::RelayProcess;
@@ -226,9 +227,9 @@ impl Scenario {
                 (Db::Mysql(pool), DatabaseGuard::Mysql { _database: guard })
             }
             Backend::Sqlite { dir } => {
-                let file = dir.join(format!("{name}.db"));
-                let guard = DatabaseGuard::File(file.clone());
-                servers.database_url = format!("sqlite://{}", file.display());
+                let file = TestSqliteFile::at(dir.join(format!("{name}.db")));
+                servers.database_url = file.url();
+                let guard = DatabaseGuard::File { _file: file };
                 let url = &servers.database_url;
                 let mut conn = outbox::sqlite::connect(url)
                     .await

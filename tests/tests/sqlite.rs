@@ -11,6 +11,7 @@ use outbox::sqlite::{self, AsyncSqliteConnection};
 use outbox_testkit::amqp::TestBroker;
 use outbox_testkit::eventually::eventually;
 use outbox_testkit::names;
+use outbox_testkit::sqlite::TestSqliteFile;
 use outbox_testkit::urls::amqp_url;
 use serde::{Deserialize, Serialize};
 
@@ -20,19 +21,6 @@ struct OrderPlaced {
     #[aggregate_id]
     order: String,
     n: u32,
-}
-
-/// Removes the database file and its WAL files.
-struct Cleanup(std::path::PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut path = self.0.clone().into_os_string();
-            path.push(suffix);
-            let _ = std::fs::remove_file(path);
-        }
-    }
 }
 
 #[derive(diesel::QueryableByName)]
@@ -86,9 +74,8 @@ async fn the_inbox_consumer_takes_a_redelivered_event_once() {
     }
 
     let name = names::unique("sq", "consumer");
-    let file = std::env::temp_dir().join(format!("{name}.db"));
-    let url = format!("sqlite://{}", file.display());
-    let _cleanup = Cleanup(file.clone());
+    let file = TestSqliteFile::temp("sq", "consumer");
+    let url = file.url();
     let mut conn = sqlite::connect(&url).await.unwrap();
     sqlite::migrate(&mut conn).await.unwrap();
     diesel_async::SimpleAsyncConnection::batch_execute(

@@ -11,48 +11,24 @@ mod migrate;
 mod record;
 mod store;
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::RunQueryDsl;
 use outbox_diesel::sqlite::AsyncSqliteConnection;
+use outbox_testkit::sqlite::TestSqliteFile;
 
-/// A database file of the test's own; removed (with its `-wal` and `-shm`
-/// files) when dropped, so also when the test panics.
-struct TempDb {
-    path: PathBuf,
-}
+/// A database file of the test's own, removed (with its WAL files) when
+/// dropped, so also when the test panics.
+struct TempDb(TestSqliteFile);
 
 impl TempDb {
     fn new(test: &str) -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let path = std::env::temp_dir().join(format!(
-            "outbox-sqlite-{test}-{}-{nanos}-{}.db",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        TempDb { path }
+        TempDb(TestSqliteFile::temp("outbox_sqlite", test))
     }
 
     /// `sqlite://` and the file's path.
     fn url(&self) -> String {
-        format!("sqlite://{}", self.path.display())
-    }
-}
-
-impl Drop for TempDb {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            let mut path = self.path.clone().into_os_string();
-            path.push(suffix);
-            let _ = std::fs::remove_file(path);
-        }
+        self.0.url()
     }
 }
 

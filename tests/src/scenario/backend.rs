@@ -12,6 +12,7 @@ use diesel_async::{AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl};
 use outbox::sqlite::AsyncSqliteConnection;
 use outbox_testkit::mysql::TestMysqlDatabase;
 use outbox_testkit::pg::TestSchema;
+use outbox_testkit::sqlite::TestSqliteFile;
 
 /// The database a scenario's outbox, inbox and business tables live in.
 #[derive(Debug, Clone)]
@@ -107,17 +108,8 @@ pub(crate) enum DatabaseGuard {
         _database: TestMysqlDatabase,
     },
     /// SQLite: removes the file and its WAL files.
-    File(PathBuf),
-}
-
-impl Drop for DatabaseGuard {
-    fn drop(&mut self) {
-        if let DatabaseGuard::File(path) = self {
-            for suffix in ["", "-wal", "-shm", "-journal"] {
-                let mut file = path.clone().into_os_string();
-                file.push(suffix);
-                let _ = std::fs::remove_file(file);
-            }
-        }
-    }
+    File {
+        /// Held: dropping it deletes the file.
+        _file: TestSqliteFile,
+    },
 }

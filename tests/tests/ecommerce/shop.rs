@@ -8,6 +8,7 @@ use outbox_testkit::mysql::TestMysqlDatabase;
 use outbox_testkit::names;
 use outbox_testkit::net::free_port;
 use outbox_testkit::pg::TestDatabase;
+use outbox_testkit::sqlite::TestSqliteFile;
 use outbox_testkit::urls::{amqp_url, database_url, mysql_url};
 use outbox_tests::example_binary as binary;
 use std::collections::HashMap;
@@ -81,20 +82,7 @@ enum Database {
     Postgres(TestDatabase),
     Mysql(TestMysqlDatabase),
     /// The file (with its `-wal` and `-shm` companions).
-    Sqlite(SqliteFile),
-}
-
-/// A SQLite file of a test, deleted on drop.
-struct SqliteFile(PathBuf);
-
-impl Drop for SqliteFile {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            let mut path = self.0.clone().into_os_string();
-            path.push(suffix);
-            let _ = std::fs::remove_file(path);
-        }
-    }
+    Sqlite(TestSqliteFile),
 }
 
 /// One test's private e-commerce deployment.
@@ -147,12 +135,12 @@ impl Shop {
             }
             // Created here (the service would create it too), dropped at the end.
             Backend::Mysql => Database::Mysql(TestMysqlDatabase::create(&mysql_url(), &name).await),
-            Backend::Sqlite => Database::Sqlite(SqliteFile(logs.join("shop.db"))),
+            Backend::Sqlite => Database::Sqlite(TestSqliteFile::at(logs.join("shop.db"))),
         };
         let database_url = match &database {
             Database::Postgres(db) => db.url().to_owned(),
             Database::Mysql(db) => db.url().to_owned(),
-            Database::Sqlite(file) => format!("sqlite://{}", file.0.display()),
+            Database::Sqlite(file) => file.url(),
         };
         let broker = TestBroker::new(&name).await;
         let exchange = broker.named("events");
