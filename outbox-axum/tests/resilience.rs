@@ -82,7 +82,9 @@ async fn a_timeout_layer_outside_rolls_back() {
         .layer(layer(&db))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
-            Duration::from_millis(300),
+            // Long enough for the quick request below on a loaded machine
+            // (300 ms was not, with compilers on both cores).
+            Duration::from_secs(1),
         ));
     let slow = Cmd {
         sleep_ms: 3_000,
