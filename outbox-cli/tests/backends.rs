@@ -210,3 +210,22 @@ fn an_unknown_scheme_is_refused_without_the_password() {
                 .and(predicate::str::contains("s3cret").not()),
         );
 }
+
+#[test]
+fn a_mistyped_sqlite_path_is_refused_and_no_file_is_created() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let missing = dir.join(format!("t_cli_missing_{}.db", Uuid::now_v7().simple()));
+    outbox(&format!("sqlite://{}", missing.display()))
+        .arg("status")
+        .assert()
+        .code(4)
+        .stderr(
+            predicate::str::contains("no SQLite database at")
+                .and(predicate::str::contains(missing.display().to_string())),
+        );
+    assert!(
+        !missing.exists(),
+        "a read-only verb created {}",
+        missing.display()
+    );
+}

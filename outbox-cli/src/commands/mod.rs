@@ -91,6 +91,17 @@ impl Context {
                 (AnyStore::Mysql(store), AnyDeadLetters::Mysql(dead_letters))
             }
             Backend::Sqlite => {
+                // Opening a mistyped path would create an empty database
+                // (and report "no outbox table"): only `migrate` creates one.
+                if let Some(file) = outbox_diesel::sqlite::database_file(url)
+                    && !file.exists()
+                {
+                    return Err(Error::Invalid(format!(
+                        "no SQLite database at {}: check DATABASE_URL (`outbox migrate` creates \
+                         the database and its tables)",
+                        file.display()
+                    )));
+                }
                 drop(
                     outbox_diesel::sqlite::connect(url)
                         .await

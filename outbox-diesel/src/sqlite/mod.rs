@@ -249,6 +249,17 @@ fn target_of(url: &str) -> String {
     }
 }
 
+/// The database file `url` names (`sqlite://path`, `sqlite:path`, a `file:`
+/// URI or a plain path), or `None` for a database in memory and for a path
+/// with `%` escapes (SQLite decodes those itself). For tools that must not
+/// create a database by opening a mistyped path, as [`connect`] and
+/// [`pool`] do.
+pub fn database_file(url: &str) -> Option<std::path::PathBuf> {
+    let target = target_of(url);
+    let (path, _) = split_uri(&target);
+    (!in_memory(&target) && !path.contains('%')).then(|| path.into())
+}
+
 /// Whether `target` is a database in memory rather than a file.
 fn in_memory(target: &str) -> bool {
     let (path, query) = split_uri(target);
@@ -308,7 +319,7 @@ async fn open(url: &str) -> ConnectionResult<AsyncSqliteConnection> {
 
 #[cfg(test)]
 mod tests {
-    use super::{in_memory, split_uri, target_of};
+    use super::{database_file, in_memory, split_uri, target_of};
 
     #[test]
     fn urls_name_files_as_sqlite_uris() {
@@ -338,5 +349,18 @@ mod tests {
         assert!(in_memory(&target_of("sqlite::memory:")));
         assert!(in_memory("file:shared?mode=memory&cache=shared"));
         assert!(!in_memory(&target_of("sqlite://app.db")));
+    }
+
+    #[test]
+    fn the_database_file_of_a_url() {
+        assert_eq!(
+            database_file("sqlite:///var/lib/shop.db?mode=rwc"),
+            Some("/var/lib/shop.db".into())
+        );
+        assert_eq!(database_file("sqlite://shop.db"), Some("shop.db".into()));
+        assert_eq!(database_file("shop.db"), Some("shop.db".into()));
+        assert_eq!(database_file("sqlite://:memory:"), None);
+        assert_eq!(database_file("file:x?mode=memory&cache=shared"), None);
+        assert_eq!(database_file("sqlite://a%20b.db"), None);
     }
 }
