@@ -118,7 +118,7 @@ async fn a_pooled_connection_that_answers_read_only_is_closed_not_reused() {
         .schema(&db.schema)
         .build()
         .unwrap();
-    let error = store.claim(10).await.err().expect("no claim on a standby");
+    let error = store.claim(10).await.expect_err("no claim on a standby");
     assert!(error.is_read_only(), "{error:?}");
     assert_eq!(db.count("outbox_events", "WHERE attempts > 0"), 0);
 }
