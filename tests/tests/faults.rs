@@ -9,7 +9,12 @@
 //! Scenarios that stop or restart a server get a private instance of it
 //! ([`PrivateRabbit`], [`PrivatePostgres`]); the others use the shared
 //! servers with their own schema, exchange and queues, so the suite runs in
-//! parallel with every other test.
+//! parallel with every other test. The `pg_failover` scenarios run on a
+//! private primary and streaming standby ([`ReplicatedPostgres`]), fail
+//! over from one to the other and print a `FAULT LOSS` line after the
+//! summary: with a synchronous standby nothing committed may be lost, with
+//! an asynchronous one the commits it had not received are gone and
+//! counted (docs/clusters.md, "PostgreSQL failover").
 //!
 //! The relay-crash scenarios (failpoints, random kills, several relays with
 //! random kills) run on each back end: on PostgreSQL, and as `…_on_mariadb`
