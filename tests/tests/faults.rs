@@ -498,6 +498,17 @@ async fn pg_failover(replication: Replication, name: &str) {
         "the producers felt the failover (else it missed them): {summary}"
     );
     assert!(loss.acknowledged > 0, "{loss}");
+    let attempts = scenario
+        .count(format!(
+            "SELECT count(*) AS n FROM {} WHERE attempts > 0",
+            scenario.table("outbox_events")
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        attempts, 0,
+        "the failover spent no event's attempts (the broker never failed): {summary}"
+    );
     if !synchronous {
         // What the primary committed alone in the second before it died is
         // gone (verify_failover checked that nothing else is).
