@@ -13,8 +13,10 @@ pub enum Error {
     /// The event is invalid or its payload failed to serialize.
     #[error(transparent)]
     Event(#[from] outbox_core::Error),
-    /// A query failed.
-    #[error("outbox query failed: {0}")]
+    /// A query failed. When the server answered that it is read-only
+    /// (SQLSTATE 25006, e.g. a standby, or a primary demoted in a
+    /// failover), the message says so (see [`Error::is_read_only`]).
+    #[error("outbox query failed: {0}{hint}", hint = read_only_hint(.0))]
     Database(#[from] diesel::result::Error),
     /// No connection could be taken from the pool (the driver's error is
     /// the source).
@@ -144,6 +146,40 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+}
+
+impl Error {
+    /// Whether the database answered that it is read-only (SQLSTATE 25006,
+    /// `read_only_sql_transaction`): a standby, a primary being demoted, or
+    /// `default_transaction_read_only` set. The connection that got it
+    /// should not be used again: the next one (with
+    /// `target_session_attrs=read-write`, this crate's default) goes to a
+    /// server that takes writes.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, Error::Database(e) if is_read_only(e))
+    }
+}
+
+/// Whether `error` is PostgreSQL's (or MySQL's) "read-only transaction".
+pub(crate) fn is_read_only(error: &diesel::result::Error) -> bool {
+    matches!(
+        error,
+        diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::ReadOnlyTransaction,
+            _
+        )
+    )
+}
+
+fn read_only_hint(error: &diesel::result::Error) -> &'static str {
+    if is_read_only(error) {
+        "; the database is read-only (a standby?): do not reuse this connection (the outbox's \
+         stores and transactions drop it); new connections go to a server that takes writes \
+         (target_session_attrs=read-write), so list the hosts of the primary and its standbys \
+         in the URL to follow a failover"
+    } else {
+        ""
+    }
 }
 
 /// `Result` with this crate's [`Error`].

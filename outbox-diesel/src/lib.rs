@@ -217,6 +217,25 @@
 //! never offers TLS; libpq ignores `sslmode` there, this crate does not:
 //! use `disable` or `prefer` with a socket `host`.
 //!
+//! # Failover
+//! Every connection this crate opens asks for a server that takes writes
+//! (`target_session_attrs=read-write`, unless the URL sets it): name the
+//! primary and its standbys in the URL
+//! (`postgres://app@pg1:5432,pg2:5432/shop`, or `host=pg1,pg2` in a
+//! `key=value` string) and connections skip a standby and, after a
+//! failover, go to the promoted one. Until one is promoted, connecting
+//! fails with "the database is read-only (a standby?)"; the relay and the
+//! inbox consumer retry. A query that a server answers with "read-only"
+//! (SQLSTATE 25006, [`Error::is_read_only`]) says so too, and the relay
+//! store closes that connection rather than pooling it; a claim that fails
+//! so spends no attempt. The relay's `LISTEN` connection is checked after
+//! 15 s of silence ([`PgOutboxStoreBuilder::listen_check`]), so a half-open
+//! socket to a vanished primary is replaced (with a warning that the relay
+//! polls until then) and the backlog rescanned. What a failover can lose
+//! (with asynchronous replication, the last committed transactions, events
+//! with their business rows) and how synchronous replication closes it:
+//! `docs/clusters.md`, "PostgreSQL failover".
+//!
 //! # Schema
 //! See [`schema`] for the tables, the indexes and why each
 //! exists; [`ddl`] returns the DDL for teams that run their own migrations.

@@ -75,9 +75,11 @@ pub mod servers {
 pub use example::example_binary;
 pub use outbox_testkit::pki::TestPki;
 pub use outbox_testkit::servers::{Frozen, PrivatePostgres, PrivateRabbit};
+pub use outbox_testkit::servers::{ReplicatedPostgres, Replication};
 pub use pipeline::Pipeline;
 pub use proxy::KillingProxy;
 pub use relay_process::RelayProcess;
+pub use scenario::FailoverLoss;
 pub use scenario::{Backend, Committed, Scenario, Servers, Summary, connect_amqp, connect_db};
 /// Logs of the library parts running in the test process (inbox consumer,
 /// producers, relays) go to the test's captured output, shown when it

@@ -35,11 +35,13 @@ use uuid::Uuid;
 use crate::relay_process::RelayProcess;
 
 mod backend;
+mod failover;
 mod verify;
 
 pub use backend::Backend;
 use backend::DatabaseGuard;
 pub(crate) use backend::Db;
+pub use failover::FailoverLoss;
 pub use verify::Summary;
 
 /// Where a scenario's servers are.

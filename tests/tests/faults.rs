@@ -9,7 +9,12 @@
 //! Scenarios that stop or restart a server get a private instance of it
 //! ([`PrivateRabbit`], [`PrivatePostgres`]); the others use the shared
 //! servers with their own schema, exchange and queues, so the suite runs in
-//! parallel with every other test.
+//! parallel with every other test. The `pg_failover` scenarios run on a
+//! private primary and streaming standby ([`ReplicatedPostgres`]), fail
+//! over from one to the other and print a `FAULT LOSS` line after the
+//! summary: with a synchronous standby nothing committed may be lost, with
+//! an asynchronous one the commits it had not received are gone and
+//! counted (docs/clusters.md, "PostgreSQL failover").
 //!
 //! The relay-crash scenarios (failpoints, random kills, several relays with
 //! random kills) run on each back end: on PostgreSQL, and as `…_on_mariadb`
@@ -37,6 +42,7 @@ use outbox_tests::{
     Backend, HandlerFaults, Inbox, PrivatePostgres, PrivateRabbit, ProducerConfig, Producers,
     RelayProcess, Scenario, Servers, Summary, Tap, commit_burst, connect_amqp, connect_db,
 };
+use outbox_tests::{ReplicatedPostgres, Replication};
 use uuid::Uuid;
 
 /// The relay binary of this package.
@@ -404,6 +410,114 @@ async fn database_sessions_killed_and_the_database_restarted_lose_nothing() {
         "producers felt the restart (else the fault missed them): {summary}"
     );
     finish(vec![relay], inbox, tap).await;
+    drop(scenario);
+    drop(pg);
+}
+
+/// PostgreSQL failover with a synchronous standby: producers and two
+/// relays on the multi-host URL, the primary killed and the standby
+/// promoted; everything the producers saw committed is on the new primary,
+/// and the usual verification holds there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pg_failover_with_synchronous_replication_loses_no_commit() {
+    pg_failover(Replication::Synchronous, "pg_failover").await;
+}
+
+/// [`pg_failover_with_synchronous_replication_loses_no_commit`] with an
+/// asynchronous standby: what the standby had not received is gone with
+/// the old primary (business rows with their events: atomic). The
+/// verification holds for everything the new primary has; what was lost is
+/// printed on a `FAULT LOSS` line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pg_failover_with_asynchronous_replication_reports_what_it_lost() {
+    pg_failover(Replication::Asynchronous, "pg_failover_async").await;
+}
+
+/// The `pg-failover` scenario: a primary and a streaming standby
+/// ([`ReplicatedPostgres`]), every client on the URL naming both.
+async fn pg_failover(replication: Replication, name: &str) {
+    logs();
+    let pg = tokio::task::spawn_blocking(move || ReplicatedPostgres::start(replication))
+        .await
+        .unwrap();
+    let servers = Servers {
+        database_url: pg.url(),
+        amqp_url: outbox_testkit::urls::amqp_url(),
+    };
+    let scenario = Scenario::new(name, servers).await;
+    let tap = Tap::start(&scenario);
+    let inbox = Inbox::start(&scenario, 50, HandlerFaults::default());
+    let producers = Producers::start(&scenario, ProducerConfig::default());
+    let relays = vec![
+        relay(&scenario, "relay-0").await,
+        relay(&scenario, "relay-1").await,
+    ];
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let orders = format!("SELECT count(*) AS n FROM {}", scenario.table("orders"));
+    let before = scenario.count(orders.clone()).await.unwrap();
+    let pg = std::sync::Arc::new(pg);
+    let on_pair = |f: fn(&ReplicatedPostgres)| {
+        let pg = std::sync::Arc::clone(&pg);
+        tokio::task::spawn_blocking(move || f(&pg))
+    };
+    // The standby falls behind for a second before the primary dies (as
+    // one that lags under load, or a primary cut off from it first):
+    // asynchronous commits of that second exist on the primary alone;
+    // synchronous ones wait.
+    on_pair(ReplicatedPostgres::cut_replication).await.unwrap();
+    scenario.fault("replication cut (the standby receives nothing more)");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    on_pair(ReplicatedPostgres::kill_primary).await.unwrap();
+    scenario.fault("primary killed (pg_ctl stop -m immediate)");
+    // Nothing takes writes until the promotion: the clients wait for it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    on_pair(ReplicatedPostgres::promote_standby).await.unwrap();
+    scenario.fault("standby promoted (pg_ctl promote)");
+    // The producers go on on the new primary for a while.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after_promotion = loop {
+        let now = scenario.count(orders.clone()).await.unwrap_or(0);
+        if now > before + 100 || Instant::now() > deadline {
+            break now;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let produced = producers.stop().await;
+    let synchronous = replication == Replication::Synchronous;
+    let (summary, loss) = scenario
+        .verify_failover(&tap, &produced, DRAIN, synchronous)
+        .await;
+    assert!(
+        after_promotion > before + 100,
+        "the producers moved to the new primary ({before} orders before the failover, \
+         {after_promotion} after): {summary}"
+    );
+    assert!(
+        produced.failed > 0,
+        "the producers felt the failover (else it missed them): {summary}"
+    );
+    assert!(loss.acknowledged > 0, "{loss}");
+    let attempts = scenario
+        .count(format!(
+            "SELECT count(*) AS n FROM {} WHERE attempts > 0",
+            scenario.table("outbox_events")
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        attempts, 0,
+        "the failover spent no event's attempts (the broker never failed): {summary}"
+    );
+    if !synchronous {
+        // What the primary committed alone in the second before it died is
+        // gone (verify_failover checked that nothing else is).
+        assert!(
+            loss.acknowledged_lost > 0,
+            "asynchronous replication lost the commits the standby never received: {loss}"
+        );
+    }
+    finish(relays, inbox, tap).await;
     drop(scenario);
     drop(pg);
 }

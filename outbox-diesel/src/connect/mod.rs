@@ -1,15 +1,16 @@
 //! Opening connections: every connection this crate opens (the pool, the
 //! `LISTEN` connection, migrations, [`connect`](crate::connect)) goes
 //! through [`Connector`], which honours `sslmode` and `sslrootcert` as libpq
-//! does (see the crate docs, "TLS").
+//! does (see the crate docs, "TLS"), and asks for a server that takes
+//! writes (`target_session_attrs=read-write`, unless the URL sets it): with
+//! the hosts of a primary and its standbys in the URL, connections follow a
+//! failover to the promoted standby (see the crate docs, "Failover").
 
 mod params;
 #[cfg(feature = "postgres-tls")]
 mod tls;
 
-#[cfg(feature = "postgres-tls")]
-use diesel::ConnectionError;
-use diesel::ConnectionResult;
+use diesel::{ConnectionError, ConnectionResult};
 use diesel_async::AsyncPgConnection;
 
 use crate::error::redact_url;
@@ -72,8 +73,14 @@ impl Connector {
     pub(crate) async fn connect(&self) -> ConnectionResult<AsyncPgConnection> {
         #[cfg(not(feature = "postgres-tls"))]
         {
-            use diesel_async::AsyncConnection as _;
-            AsyncPgConnection::establish(&self.target.rest).await
+            // Read here, not in `new`: a URL tokio-postgres cannot read is
+            // reported when connecting, as diesel-async reports it.
+            let Ok(mut config) = self.target.rest.parse::<tokio_postgres::Config>() else {
+                use diesel_async::AsyncConnection as _;
+                return AsyncPgConnection::establish(&self.target.rest).await;
+            };
+            config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            open(&config, tokio_postgres::NoTls).await
         }
         #[cfg(feature = "postgres-tls")]
         {
@@ -113,7 +120,6 @@ impl Connector {
     }
 }
 
-#[cfg(feature = "postgres-tls")]
 async fn open<T>(config: &tokio_postgres::Config, tls: T) -> ConnectionResult<AsyncPgConnection>
 where
     T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
@@ -129,9 +135,26 @@ where
             text.push_str(&cause.to_string());
             source = cause.source();
         }
-        ConnectionError::BadConnection(text)
+        ConnectionError::BadConnection(explain_read_only(text))
     })?;
     AsyncPgConnection::try_from_client_and_connection(client, connection).await
+}
+
+/// tokio-postgres's text when the last host it tried is a standby (or read
+/// only), `target_session_attrs=read-write` asked for writes.
+const NO_WRITES: &str = "database does not allow writes";
+
+/// A connection refused because no host takes writes, said so.
+fn explain_read_only(text: String) -> String {
+    if text.contains(NO_WRITES) {
+        format!(
+            "{text}: the database is read-only (a standby?): no host in the URL takes writes \
+             (target_session_attrs=read-write); during a failover this lasts until a standby \
+             is promoted, and connections then go to it"
+        )
+    } else {
+        text
+    }
 }
 
 /// Without the `postgres-tls` feature every connection is plaintext: refuse
@@ -166,7 +189,19 @@ fn plaintext_only(target: &ConnString) -> std::result::Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{params, plaintext_only};
+    use super::{NO_WRITES, explain_read_only, params, plaintext_only};
+
+    #[test]
+    fn a_refusal_for_want_of_a_primary_says_so() {
+        let text = explain_read_only(format!("error connecting to server: {NO_WRITES}"));
+        assert!(
+            text.contains("the database is read-only (a standby?)"),
+            "{text}"
+        );
+        assert!(text.contains("target_session_attrs=read-write"), "{text}");
+        let other = "error connecting to server: Connection refused (os error 111)";
+        assert_eq!(explain_read_only(other.to_owned()), other);
+    }
 
     fn check(url: &str) -> Result<(), String> {
         plaintext_only(&params::parse(url).unwrap())

@@ -1,6 +1,10 @@
 //! `sslmode` and `sslrootcert` taken out of a connection string before
 //! tokio-postgres reads it: it knows only `disable`, `prefer` and `require`,
-//! and no `sslrootcert` at all.
+//! and no `sslrootcert` at all. A string that does not set
+//! `target_session_attrs` gets `target_session_attrs=read-write`: the
+//! outbox only ever writes, so with several hosts
+//! (`postgres://u@h1:5432,h2:5432/db`) every connection goes to the one that
+//! takes writes, the primary, and a standby is skipped.
 
 use std::fmt;
 
@@ -56,12 +60,16 @@ impl fmt::Display for SslMode {
     }
 }
 
+/// The `target_session_attrs` a connection string gets when it sets none.
+pub(crate) const READ_WRITE: &str = "target_session_attrs=read-write";
+
 /// A connection string split into what tokio-postgres reads and the TLS
 /// settings this crate handles itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ConnString {
     /// The string without `sslmode` and `sslrootcert`, every other
-    /// parameter kept as written.
+    /// parameter kept as written, and [`READ_WRITE`] added when it sets no
+    /// `target_session_attrs`.
     pub(crate) rest: String,
     /// `sslmode` as written; `None` means libpq's default, `prefer`.
     pub(crate) ssl_mode: Option<SslMode>,
@@ -76,10 +84,11 @@ impl ConnString {
     }
 }
 
-/// Splits `url` (a `postgres://` URL or a libpq `key=value` string). The
-/// last `sslmode` or `sslrootcert` wins, as in libpq. A string this parser
-/// cannot read is passed through whole: tokio-postgres then reports what is
-/// wrong with it.
+/// Splits `url` (a `postgres://` URL, one host or several, or a libpq
+/// `key=value` string). The last `sslmode` or `sslrootcert` wins, as in
+/// libpq. Without a `target_session_attrs`, [`READ_WRITE`] is added. A
+/// string this parser cannot read is passed through whole: tokio-postgres
+/// then reports what is wrong with it.
 ///
 /// # Errors
 /// An `sslmode` value libpq does not know, as a sentence to show.
@@ -91,13 +100,23 @@ pub(crate) fn parse(url: &str) -> Result<ConnString, String> {
         Some((prefix, body)) => split_url(url, prefix, body),
         None => split_key_values(url),
     };
-    let Some((rest, ssl_mode, root_cert)) = split else {
+    let Some(Split {
+        mut rest,
+        ssl_mode,
+        root_cert,
+        session_attrs,
+        separator,
+    }) = split
+    else {
         return Ok(ConnString {
             rest: url.to_owned(),
             ssl_mode: None,
             root_cert: None,
         });
     };
+    if !session_attrs {
+        rest = format!("{rest}{separator}{READ_WRITE}");
+    }
     let ssl_mode = match ssl_mode {
         Some(value) => Some(SslMode::parse(&value).ok_or_else(|| {
             format!(
@@ -114,7 +133,16 @@ pub(crate) fn parse(url: &str) -> Result<ConnString, String> {
     })
 }
 
-type Split = (String, Option<String>, Option<String>);
+/// What [`split_url`] and [`split_key_values`] take out of a string.
+struct Split {
+    rest: String,
+    ssl_mode: Option<String>,
+    root_cert: Option<String>,
+    /// Whether the string sets `target_session_attrs` (kept in `rest`).
+    session_attrs: bool,
+    /// What goes between `rest` and a parameter appended to it.
+    separator: &'static str,
+}
 
 /// `postgres://user:pw@host:port/db?key=value&...`: the query parameters
 /// (after the first `?` that follows the credentials, as tokio-postgres
@@ -122,11 +150,17 @@ type Split = (String, Option<String>, Option<String>);
 fn split_url(url: &str, prefix: usize, body: &str) -> Option<Split> {
     let after_credentials = body.find('@').map_or(0, |at| at + 1);
     let Some(question) = body[after_credentials..].find('?') else {
-        return Some((url.to_owned(), None, None));
+        return Some(Split {
+            rest: url.to_owned(),
+            ssl_mode: None,
+            root_cert: None,
+            session_attrs: false,
+            separator: "?",
+        });
     };
     let head = &url[..prefix + after_credentials + question];
     let query = &body[after_credentials + question + 1..];
-    let (mut ssl_mode, mut root_cert) = (None, None);
+    let (mut ssl_mode, mut root_cert, mut session_attrs) = (None, None, false);
     let mut kept = Vec::new();
     for param in query.split('&') {
         let Some((key, value)) = param.split_once('=') else {
@@ -136,15 +170,24 @@ fn split_url(url: &str, prefix: usize, body: &str) -> Option<Split> {
         match percent_decode(key)?.as_str() {
             "sslmode" => ssl_mode = Some(percent_decode(value)?),
             "sslrootcert" => root_cert = Some(percent_decode(value)?),
-            _ => kept.push(param),
+            key => {
+                session_attrs |= key == "target_session_attrs";
+                kept.push(param);
+            }
         }
     }
-    let rest = if kept.is_empty() {
-        head.to_owned()
+    let (rest, separator) = if kept.is_empty() {
+        (head.to_owned(), "?")
     } else {
-        format!("{head}?{}", kept.join("&"))
+        (format!("{head}?{}", kept.join("&")), "&")
     };
-    Some((rest, ssl_mode, root_cert))
+    Some(Split {
+        rest,
+        ssl_mode,
+        root_cert,
+        session_attrs,
+        separator,
+    })
 }
 
 /// `%XX` decoded; `None` for a result that is not UTF-8.
@@ -177,7 +220,7 @@ fn percent_decode(text: &str) -> Option<String> {
 /// backslash escaping the next character. The kept parameters are copied as
 /// written, separated by one space.
 fn split_key_values(text: &str) -> Option<Split> {
-    let (mut ssl_mode, mut root_cert) = (None, None);
+    let (mut ssl_mode, mut root_cert, mut session_attrs) = (None, None, false);
     let mut kept = Vec::new();
     let mut chars = text.char_indices().peekable();
     let skip_spaces = |chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>| {
@@ -228,15 +271,24 @@ fn split_key_values(text: &str) -> Option<Split> {
         match key {
             "sslmode" => ssl_mode = Some(value),
             "sslrootcert" => root_cert = Some(value),
-            _ => kept.push(&text[start..end]),
+            key => {
+                session_attrs |= key == "target_session_attrs";
+                kept.push(&text[start..end]);
+            }
         }
     }
-    Some((kept.join(" "), ssl_mode, root_cert))
+    Some(Split {
+        separator: if kept.is_empty() { "" } else { " " },
+        rest: kept.join(" "),
+        ssl_mode,
+        root_cert,
+        session_attrs,
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{ConnString, SslMode, parse};
+    use super::{ConnString, READ_WRITE, SslMode, parse};
 
     fn split(url: &str) -> ConnString {
         parse(url).unwrap()
@@ -247,7 +299,7 @@ mod tests {
         assert_eq!(
             split("postgres://u:p@db:5432/shop?sslmode=verify-full&sslrootcert=/etc/ca.pem"),
             ConnString {
-                rest: "postgres://u:p@db:5432/shop".into(),
+                rest: format!("postgres://u:p@db:5432/shop?{READ_WRITE}"),
                 ssl_mode: Some(SslMode::VerifyFull),
                 root_cert: Some("/etc/ca.pem".into()),
             }
@@ -255,7 +307,9 @@ mod tests {
         assert_eq!(
             split("postgresql://db/shop?application_name=a&sslmode=verify-ca&connect_timeout=5"),
             ConnString {
-                rest: "postgresql://db/shop?application_name=a&connect_timeout=5".into(),
+                rest: format!(
+                    "postgresql://db/shop?application_name=a&connect_timeout=5&{READ_WRITE}"
+                ),
                 ssl_mode: Some(SslMode::VerifyCa),
                 root_cert: None,
             }
@@ -267,13 +321,16 @@ mod tests {
                 "postgres://u:p?w@db?sslmode=prefer&ssl%6dode=require&sslrootcert=%2Fca%20dir%2Fca.pem"
             ),
             ConnString {
-                rest: "postgres://u:p?w@db".into(),
+                rest: format!("postgres://u:p?w@db?{READ_WRITE}"),
                 ssl_mode: Some(SslMode::Require),
                 root_cert: Some("/ca dir/ca.pem".into()),
             }
         );
         let plain = split("postgres://postgres@127.0.0.1:5432/postgres");
-        assert_eq!(plain.rest, "postgres://postgres@127.0.0.1:5432/postgres");
+        assert_eq!(
+            plain.rest,
+            format!("postgres://postgres@127.0.0.1:5432/postgres?{READ_WRITE}")
+        );
         assert_eq!(plain.ssl_mode, None);
         assert_eq!(plain.mode(), SslMode::Prefer, "libpq's default");
     }
@@ -285,7 +342,7 @@ mod tests {
                 "host=db  sslmode = verify-full user=app sslrootcert='/c a/ca.pem' password='x\\'y'"
             ),
             ConnString {
-                rest: "host=db user=app password='x\\'y'".into(),
+                rest: format!("host=db user=app password='x\\'y' {READ_WRITE}"),
                 ssl_mode: Some(SslMode::VerifyFull),
                 root_cert: Some("/c a/ca.pem".into()),
             }
@@ -294,7 +351,7 @@ mod tests {
             split("host=db sslmode=allow").ssl_mode,
             Some(SslMode::Allow)
         );
-        assert_eq!(split("dbname=x").rest, "dbname=x");
+        assert_eq!(split("dbname=x").rest, format!("dbname=x {READ_WRITE}"));
         // Unreadable strings go through whole for tokio-postgres to judge.
         assert_eq!(split("host=db sslmode").rest, "host=db sslmode");
         assert_eq!(split("host='db").rest, "host='db");
@@ -315,7 +372,63 @@ mod tests {
         ] {
             let parsed = split(&format!("postgres://db?sslmode={mode}"));
             assert_eq!(parsed.mode().to_string(), mode);
-            assert_eq!(parsed.rest, "postgres://db");
+            assert_eq!(parsed.rest, format!("postgres://db?{READ_WRITE}"));
         }
+    }
+
+    #[test]
+    fn every_string_asks_for_a_read_write_server_unless_it_says_otherwise() {
+        // Several hosts: tokio-postgres tries them in order and keeps the
+        // first that takes writes (`SHOW transaction_read_only` = off).
+        assert_eq!(
+            split("postgres://app@pg1:5432,pg2:5433/shop?sslmode=require").rest,
+            format!("postgres://app@pg1:5432,pg2:5433/shop?{READ_WRITE}")
+        );
+        assert_eq!(
+            split("host=pg1,pg2 port=5432,5433 dbname=shop").rest,
+            format!("host=pg1,pg2 port=5432,5433 dbname=shop {READ_WRITE}")
+        );
+        assert_eq!(split("").rest, READ_WRITE);
+        // Set by the string, in either form (even percent-encoded): kept
+        // as written, nothing added.
+        for url in [
+            "postgres://app@pg1,pg2/shop?target_session_attrs=any",
+            "postgres://app@pg1,pg2/shop?connect_timeout=2&target%5Fsession%5Fattrs=read-write",
+            "host=pg1,pg2 target_session_attrs=any dbname=shop",
+            "host=pg1 target_session_attrs = 'read-write'",
+        ] {
+            assert_eq!(split(url).rest, url, "{url}");
+        }
+        // An unreadable string goes through untouched.
+        assert_eq!(split("host='pg1").rest, "host='pg1");
+    }
+
+    /// What the driver makes of the strings: the hosts and ports of a
+    /// multi-host URL and the session attributes this crate adds.
+    #[test]
+    fn tokio_postgres_reads_the_hosts_and_the_session_attrs() {
+        use tokio_postgres::config::{Host, TargetSessionAttrs};
+        for url in [
+            "postgres://app@127.0.0.1:5432,127.0.0.1:5433/shop?sslmode=disable",
+            "host=127.0.0.1,127.0.0.1 port=5432,5433 user=app dbname=shop",
+        ] {
+            let config: tokio_postgres::Config = split(url).rest.parse().unwrap();
+            assert_eq!(
+                config.get_hosts(),
+                [Host::Tcp("127.0.0.1".into()), Host::Tcp("127.0.0.1".into())],
+                "{url}"
+            );
+            assert_eq!(config.get_ports(), [5432, 5433], "{url}");
+            assert_eq!(
+                config.get_target_session_attrs(),
+                TargetSessionAttrs::ReadWrite,
+                "{url}"
+            );
+        }
+        let any: tokio_postgres::Config = split("postgres://a,b/x?target_session_attrs=any")
+            .rest
+            .parse()
+            .unwrap();
+        assert_eq!(any.get_target_session_attrs(), TargetSessionAttrs::Any);
     }
 }

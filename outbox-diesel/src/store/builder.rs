@@ -8,6 +8,7 @@ use diesel_async::AsyncPgConnection;
 use diesel_async::pooled_connection::deadpool::Pool;
 
 use super::PgOutboxStore;
+use super::listen::Liveness;
 use crate::schema::Schema;
 use crate::sql::{Sql, StoreSql};
 use crate::{Error, Result};
@@ -18,6 +19,7 @@ use crate::{Error, Result};
 /// |---|---|
 /// | [`schema`](Self::schema) | `public` |
 /// | [`listen`](Self::listen) | off (polling and in-process wakeups only) |
+/// | [`listen_check`](Self::listen_check) | after 15 s of silence, a `SELECT 1` answered within 5 s |
 /// | [`claim_timeout`](Self::claim_timeout) | 60 s |
 /// | [`claim_window`](Self::claim_window) | 4 (× batch size) |
 /// | [`keep_sent`](Self::keep_sent) | yes |
@@ -26,6 +28,7 @@ pub struct PgOutboxStoreBuilder {
     pool: Pool<AsyncPgConnection>,
     schema: String,
     listen_url: Option<String>,
+    liveness: Liveness,
     claim_timeout: Duration,
     claim_window: usize,
     keep_sent: bool,
@@ -72,6 +75,19 @@ impl PgOutboxStoreBuilder {
     /// when a relay starts and closed when it stops (drops the stream).
     pub fn listen(mut self, url: impl Into<String>) -> Self {
         self.listen_url = Some(url.into());
+        self
+    }
+
+    /// How the `LISTEN` connection of [`listen`](Self::listen) is checked:
+    /// after `every` without a notification, a `SELECT 1` that must answer
+    /// within `timeout`; if it fails or does not answer, the connection is
+    /// dropped with a warning (the relay runs on polling alone until it is
+    /// back) and opened again, after which the relay rescans the backlog.
+    /// This catches a half-open socket (the primary gone in a failover
+    /// without closing it, a network partition), on which no notification
+    /// and no error would ever come. Default: every 15 s, within 5 s.
+    pub fn listen_check(mut self, every: Duration, timeout: Duration) -> Self {
+        self.liveness = Liveness { every, timeout };
         self
     }
 
@@ -123,9 +139,15 @@ impl PgOutboxStoreBuilder {
     ///
     /// # Errors
     /// [`Error::Config`] for an invalid schema name, a claim timeout under
-    /// one second, or a claim window of 0.
+    /// one second, a claim window of 0, or a `LISTEN` check interval or
+    /// timeout of zero.
     pub fn build(self) -> Result<PgOutboxStore> {
         let schema = Schema::new(&self.schema)?;
+        if self.liveness.every.is_zero() || self.liveness.timeout.is_zero() {
+            return Err(Error::Config(
+                "listen_check needs an interval and a timeout above zero".into(),
+            ));
+        }
         if self.claim_timeout < Duration::from_secs(1) {
             return Err(Error::Config("claim_timeout must be at least 1 s".into()));
         }
@@ -143,6 +165,7 @@ impl PgOutboxStoreBuilder {
             prepare: self.prepare,
             schema,
             listen_url: self.listen_url,
+            liveness: self.liveness,
             claim_timeout: self.claim_timeout,
             claim_window: self.claim_window,
             order_cache: Arc::default(),
@@ -160,6 +183,7 @@ impl PgOutboxStore {
             pool,
             schema: "public".into(),
             listen_url: None,
+            liveness: Liveness::default(),
             claim_timeout: Duration::from_secs(60),
             claim_window: 4,
             keep_sent: true,

@@ -1,4 +1,5 @@
-//! `LISTEN` wakeups on a direct connection, with reconnects.
+//! `LISTEN` wakeups on a direct connection, with reconnects and a liveness
+//! check.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,14 +11,46 @@ use outbox_core::Backoff;
 use crate::sql::Sql;
 use crate::{Error, Result};
 
+/// How the `LISTEN` connection is checked: after `every` without a
+/// notification, a `SELECT 1` that must answer within `timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Liveness {
+    /// Silence after which the connection is checked.
+    pub(crate) every: Duration,
+    /// How long the check may take.
+    pub(crate) timeout: Duration,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness {
+            every: Duration::from_secs(15),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
 /// The store's wakeups: an item after every (re)connect, so the relay rescans
 /// the backlog for events whose notifications were sent while nobody
 /// listened, and one per notification. Reconnects with backoff, forever; the
 /// stream owns the connection, so dropping it closes the `LISTEN` session.
-pub(crate) fn wakeups(url: String, sql: Arc<Sql>) -> impl Stream<Item = ()> + Send + 'static {
+///
+/// A connection silent for `liveness.every` is checked with a `SELECT 1`:
+/// after a failover (the primary gone without closing its sockets, a
+/// network partition) the socket may be half-open, so no notification and
+/// no error would ever come, and the relay would run on polling alone
+/// without a word. A check that fails or does not answer within
+/// `liveness.timeout` drops the connection with a warning and reconnects
+/// (to the new primary, with `target_session_attrs=read-write`).
+pub(crate) fn wakeups(
+    url: String,
+    sql: Arc<Sql>,
+    liveness: Liveness,
+) -> impl Stream<Item = ()> + Send + 'static {
     let listener = Listener {
         url,
         sql,
+        liveness,
         // Jittered: after a database restart, relays reconnect spread out.
         backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
         conn: None,
@@ -34,6 +67,7 @@ struct Listener {
     url: String,
     /// The schema's SQL (its `LISTEN` statements, and its name for logs).
     sql: Arc<Sql>,
+    liveness: Liveness,
     backoff: Backoff,
     conn: Option<AsyncPgConnection>,
     /// When the current (or last) connection was made.
@@ -62,19 +96,50 @@ impl Listener {
                 continue;
             };
             // Each call takes the next notification from the connection's
-            // queue, so a fresh stream per item loses none.
-            let notification = std::pin::pin!(conn.notifications_stream()).next().await;
+            // queue (a channel: waiting is cancel-safe), so a fresh stream
+            // per item loses none.
+            let notification = {
+                let mut stream = std::pin::pin!(conn.notifications_stream());
+                tokio::time::timeout(self.liveness.every, stream.next()).await
+            };
             match notification {
-                Some(Ok(_)) => return,
-                Some(Err(err)) => {
+                Ok(Some(Ok(_))) => return,
+                Ok(Some(Err(err))) => {
                     self.conn = None;
                     self.retry(Err(Error::Database(err))).await;
                 }
-                None => {
+                Ok(None) => {
                     self.conn = None;
                     self.retry(Ok(())).await;
                 }
+                Err(_silent) => {
+                    let check = diesel::sql_query("SELECT 1").execute(conn);
+                    let failure = match tokio::time::timeout(self.liveness.timeout, check).await {
+                        Ok(Ok(_)) => continue,
+                        Ok(Err(err)) => Error::Database(err).to_string(),
+                        Err(_) => format!("no answer within {:?}", self.liveness.timeout),
+                    };
+                    self.conn = None;
+                    self.dead(&failure).await;
+                }
             }
+        }
+    }
+
+    /// The connection failed its liveness check (already dropped): says so
+    /// and reconnects without waiting, since a server that answers may be
+    /// there (the promoted standby after a failover).
+    async fn dead(&mut self, failure: &str) {
+        tracing::warn!(
+            schema = self.sql.schema.name(),
+            failure,
+            "outbox LISTEN connection failed its liveness check (SELECT 1); relying on polling \
+             only until it is reconnected"
+        );
+        // As after any loss: a connection that lasted starts the backoff
+        // afresh, so the first reconnect is at once only for those.
+        if lasted(self.connected_at.take()) {
+            self.backoff.reset();
         }
     }
 

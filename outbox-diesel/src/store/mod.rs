@@ -163,6 +163,8 @@ pub struct PgOutboxStore {
     /// Keep the statements prepared on each connection.
     prepare: bool,
     listen_url: Option<String>,
+    /// How the `LISTEN` connection is checked.
+    liveness: listen::Liveness,
     claim_timeout: Duration,
     claim_window: usize,
     /// The table's delivery order, re-read at most once a second.
@@ -214,6 +216,29 @@ impl PgOutboxStore {
     async fn conn(&self) -> Result<Object<AsyncPgConnection>> {
         self.pool.get().await.map_err(Error::Pool)
     }
+
+    /// `result`, of a query run on `conn` outside a transaction. A
+    /// read-only answer (a standby, a demoted primary) closes `conn` rather
+    /// than returning it to the pool, so the pool's next connection goes to
+    /// a server that takes writes. (A claim's connection is closed on any
+    /// error: its transaction is dropped.)
+    fn checked<T>(
+        &self,
+        conn: Object<AsyncPgConnection>,
+        result: diesel::QueryResult<T>,
+    ) -> Result<T> {
+        if let Err(err) = &result
+            && crate::error::is_read_only(err)
+        {
+            tracing::error!(
+                schema = self.schema.name(),
+                "the database is read-only (a standby?): closing the connection; new ones go \
+                 to a server that takes writes (target_session_attrs=read-write)"
+            );
+            drop(Object::take(conn));
+        }
+        Ok(result?)
+    }
 }
 
 impl OutboxStore for PgOutboxStore {
@@ -247,10 +272,11 @@ impl OutboxStore for PgOutboxStore {
 
     async fn stats(&self) -> Result<OutboxStats> {
         let mut conn = self.conn().await?;
-        let row: StatsRow = diesel::sql_query(&self.sql.stats)
+        let result = diesel::sql_query(&self.sql.stats)
             .prepared(self.prepare)
             .get_result(&mut *conn)
-            .await?;
+            .await;
+        let row: StatsRow = self.checked(conn, result)?;
         let ordered =
             order_from_db(&self.schema, &row.delivery_order)? == DeliveryOrder::PerAggregate;
         Ok(OutboxStats {
@@ -271,11 +297,12 @@ impl OutboxStore for PgOutboxStore {
 
     async fn purge_sent(&self, before: DateTime<Utc>, limit: usize) -> Result<u64> {
         let mut conn = self.conn().await?;
-        let deleted = diesel::sql_query(&self.sql.purge)
+        let result = diesel::sql_query(&self.sql.purge)
             .bind::<Timestamptz, _>(before)
             .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
             .execute(&mut *conn)
-            .await?;
+            .await;
+        let deleted = self.checked(conn, result)?;
         Ok(deleted as u64)
     }
 
@@ -283,12 +310,12 @@ impl OutboxStore for PgOutboxStore {
         // The table's trigger releases, in the same statement, the events
         // the replayed ones held back.
         let mut conn = self.conn().await?;
-        let replayed = match selector {
+        let result = match selector {
             DeadSelector::Id(id) => {
                 diesel::sql_query(&self.sql.replay_id)
                     .bind::<diesel::sql_types::Uuid, _>(id)
                     .execute(&mut *conn)
-                    .await?
+                    .await
             }
             DeadSelector::Aggregate {
                 aggregate_type,
@@ -298,23 +325,25 @@ impl OutboxStore for PgOutboxStore {
                     .bind::<Text, _>(aggregate_type)
                     .bind::<Text, _>(aggregate_id)
                     .execute(&mut *conn)
-                    .await?
+                    .await
             }
             _ => {
                 diesel::sql_query(&self.sql.replay_all)
                     .execute(&mut *conn)
-                    .await?
+                    .await
             }
         };
+        let replayed = self.checked(conn, result)?;
         Ok(replayed as u64)
     }
 
     async fn skip_dead(&self, id: Uuid) -> Result<bool> {
         let mut conn = self.conn().await?;
-        let skipped = diesel::sql_query(&self.sql.skip)
+        let result = diesel::sql_query(&self.sql.skip)
             .bind::<diesel::sql_types::Uuid, _>(id)
             .execute(&mut *conn)
-            .await?;
+            .await;
+        let skipped = self.checked(conn, result)?;
         Ok(skipped == 1)
     }
 
@@ -331,7 +360,8 @@ impl OutboxStore for PgOutboxStore {
         } else {
             &self.sql.release_orphans
         };
-        let released = diesel::sql_query(sql).execute(&mut *conn).await?;
+        let result = diesel::sql_query(sql).execute(&mut *conn).await;
+        let released = self.checked(conn, result)?;
         if released > 0 {
             tracing::warn!(
                 released,
@@ -344,7 +374,8 @@ impl OutboxStore for PgOutboxStore {
 
     async fn register_relay(&self, relay: &RelayRegistration) -> Result<()> {
         // A relay that registers again under its name keeps its pause.
-        diesel::sql_query(&self.shared.relays.register)
+        let mut conn = self.conn().await?;
+        let result = diesel::sql_query(&self.shared.relays.register)
             .bind::<Text, _>(&relay.name)
             .bind::<Text, _>(&relay.host)
             .bind::<Integer, _>(i32::try_from(relay.pid).unwrap_or(i32::MAX))
@@ -353,18 +384,21 @@ impl OutboxStore for PgOutboxStore {
             .bind::<BigInt, _>(
                 i64::try_from(relay.heartbeat_interval.as_millis()).unwrap_or(i64::MAX),
             )
-            .execute(&mut *self.conn().await?)
-            .await?;
+            .execute(&mut *conn)
+            .await;
+        self.checked(conn, result)?;
         *self.relay.lock().unwrap_or_else(|p| p.into_inner()) = Some(relay.clone());
         Ok(())
     }
 
     async fn heartbeat(&self, name: &str, in_flight: u32) -> Result<RelayControl> {
-        let paused: Vec<row::PausedRow> = diesel::sql_query(&self.shared.relays.heartbeat)
+        let mut conn = self.conn().await?;
+        let result = diesel::sql_query(&self.shared.relays.heartbeat)
             .bind::<Text, _>(name)
             .bind::<Integer, _>(i32::try_from(in_flight).unwrap_or(i32::MAX))
-            .load(&mut *self.conn().await?)
-            .await?;
+            .load(&mut *conn)
+            .await;
+        let paused: Vec<row::PausedRow> = self.checked(conn, result)?;
         match <[row::PausedRow]>::first(&paused) {
             Some(row) => Ok(RelayControl::new(row.paused)),
             // Removed meanwhile (by the janitor as stale, or by hand):
@@ -380,16 +414,20 @@ impl OutboxStore for PgOutboxStore {
     }
 
     async fn deregister_relay(&self, name: &str) -> Result<()> {
-        diesel::sql_query(&self.shared.relays.deregister)
+        let mut conn = self.conn().await?;
+        let result = diesel::sql_query(&self.shared.relays.deregister)
             .bind::<Text, _>(name)
-            .execute(&mut *self.conn().await?)
-            .await?;
+            .execute(&mut *conn)
+            .await;
+        self.checked(conn, result)?;
         Ok(())
     }
 
     fn wakeups(&self) -> impl Stream<Item = ()> + Send + 'static {
         match &self.listen_url {
-            Some(url) => listen::wakeups(url.clone(), Arc::clone(&self.shared)).left_stream(),
+            Some(url) => {
+                listen::wakeups(url.clone(), Arc::clone(&self.shared), self.liveness).left_stream()
+            }
             None => futures_util::stream::pending().right_stream(),
         }
     }

@@ -10,17 +10,20 @@
 //! `mysql` and `rabbitmq` users (`runuser`), as those servers refuse to run
 //! as root or keep their cookie there.
 //!
-//! [`PrivatePostgres`] lives in `postgres`, [`PrivateMariadb`] in
-//! `mariadb`, [`PrivateRabbit`] in `rabbit`; what they need to run a server
-//! program here.
+//! [`PrivatePostgres`] lives in `postgres`, [`ReplicatedPostgres`] (a
+//! primary and a streaming standby, for failovers) in `replicated`,
+//! [`PrivateMariadb`] in `mariadb`, [`PrivateRabbit`] in `rabbit`; what
+//! they need to run a server program here.
 
 mod mariadb;
 mod postgres;
 mod rabbit;
+mod replicated;
 
 pub use mariadb::PrivateMariadb;
 pub use postgres::PrivatePostgres;
 pub use rabbit::{Frozen, PrivateRabbit};
+pub use replicated::{ReplicatedPostgres, Replication};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -10,7 +10,7 @@ use crate::net::free_port;
 /// The directory of PostgreSQL's server programs (`initdb`, `pg_ctl`):
 /// `PG_BIN`, else `pg_config --bindir`, else the newest
 /// `/usr/lib/postgresql/*/bin` holding `initdb`.
-fn postgres_bin() -> PathBuf {
+pub(super) fn postgres_bin() -> PathBuf {
     if let Ok(dir) = std::env::var("PG_BIN") {
         return PathBuf::from(dir);
     }

@@ -27,7 +27,28 @@ impl Scenario {
         produced: &crate::Produced,
         limit: Duration,
     ) -> Summary {
+        self.verify_with(tap, produced, limit, None).await.0
+    }
+
+    /// [`verify`](Self::verify); with `lost` (the ids of events whose
+    /// commit may have vanished with a failed primary: acknowledged or of
+    /// unknown outcome, see [`Scenario::verify_failover`]), deliveries of
+    /// those events are counted rather than failing the check, and events
+    /// the inbox consumer's handler applied on the old primary (the
+    /// effect gone with it, the message acknowledged) are counted once the
+    /// rest has drained, and effects of lost events counted. Returns the
+    /// summary and what was lost.
+    pub(super) async fn verify_with(
+        &self,
+        tap: &crate::Tap,
+        produced: &crate::Produced,
+        limit: Duration,
+        lost: Option<&HashSet<Uuid>>,
+    ) -> (Summary, Lost) {
         let deadline = Instant::now() + limit;
+        // With `lost`: how long to wait for the last effects once nothing
+        // else is missing (an effect applied on the old primary is gone).
+        let mut effects_since: Option<Instant> = None;
         let mut last_report = Instant::now();
         let committed = loop {
             let state = async {
@@ -50,6 +71,12 @@ impl Scenario {
                         .count();
                     if *unsent == 0 && missing == 0 && unapplied == 0 {
                         break state.map(|(c, _, _)| c).unwrap_or_default();
+                    }
+                    if lost.is_some() && *unsent == 0 && missing == 0 {
+                        let since = *effects_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= Duration::from_secs(10) {
+                            break state.map(|(c, _, _)| c).unwrap_or_default();
+                        }
                     }
                     format!(
                         "{} committed, {unsent} unsent in the outbox, {missing} not received, \
@@ -96,6 +123,12 @@ impl Scenario {
         let phantom: Vec<&crate::Delivery> = deliveries
             .iter()
             .filter(|d| !committed_ids.contains(&d.id))
+            .filter(|d| !lost.is_some_and(|lost| lost.contains(&d.id)))
+            .collect();
+        let lost_delivered: HashSet<Uuid> = deliveries
+            .iter()
+            .filter(|d| !committed_ids.contains(&d.id))
+            .map(|d| d.id)
             .collect();
         assert!(
             phantom.is_empty(),
@@ -150,12 +183,31 @@ impl Scenario {
             twice.len(),
             <[_]>::first(&twice)
         );
+        // With `lost`: an event published from the old primary and gone
+        // from the new one may have been applied on the new one (its
+        // message handled after the failover): counted, not refused.
+        let applied_then_lost = effects
+            .keys()
+            .filter(|id| !committed_ids.contains(id))
+            .filter(|id| lost.is_some_and(|lost| lost.contains(id)))
+            .count();
         assert!(
-            effects.keys().all(|id| committed_ids.contains(id)),
+            effects
+                .keys()
+                .all(|id| committed_ids.contains(id) || lost.is_some_and(|l| l.contains(id))),
             "{}: the inbox consumer applied an event never committed",
             self.name
         );
 
+        let unapplied = committed
+            .iter()
+            .filter(|c| !effects.contains_key(&c.event_id))
+            .count();
+        assert!(
+            lost.is_some() || unapplied == 0,
+            "{}: {unapplied} committed events not applied",
+            self.name
+        );
         let summary = Summary {
             scenario: self.name.clone(),
             backend: self.backend.name(),
@@ -176,8 +228,24 @@ impl Scenario {
         {
             println!("{line}");
         }
-        summary
+        let lost = Lost {
+            delivered: lost_delivered.len(),
+            unapplied,
+            applied: applied_then_lost,
+        };
+        (summary, lost)
     }
+}
+
+/// What [`Scenario::verify_with`] counted of what a failover lost.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Lost {
+    /// Events delivered that the database does not hold.
+    pub(super) delivered: usize,
+    /// Events the database holds whose effect is missing.
+    pub(super) unapplied: usize,
+    /// Effects of events the database does not hold.
+    pub(super) applied: usize,
 }
 
 /// What a scenario measured; printed as one line.

@@ -56,6 +56,12 @@ pub struct Produced {
     /// outcome of a failed COMMIT is unknown to the producer, the `orders`
     /// table tells.
     pub failed: usize,
+    /// Event ids of transactions whose `COMMIT` succeeded (PostgreSQL
+    /// producers only): what a failover must not lose.
+    pub acknowledged: Vec<Uuid>,
+    /// Event ids recorded in transactions that then failed (PostgreSQL
+    /// producers only): committed or not, the `orders` table tells.
+    pub unknown: Vec<Uuid>,
 }
 
 /// Running producers; [`stop`](Self::stop) ends them and returns what they
@@ -137,6 +143,8 @@ impl Producers {
             total.committed_transactions += produced.committed_transactions;
             total.rolled_back.extend(produced.rolled_back);
             total.failed += produced.failed;
+            total.acknowledged.extend(produced.acknowledged);
+            total.unknown.extend(produced.unknown);
         }
         total
     }
@@ -158,7 +166,10 @@ async fn produce(
     let mut round = 0usize;
     while !AtomicBool::load(&stop, Ordering::Relaxed) {
         let Some(c) = conn.as_mut() else {
-            match AsyncPgConnection::establish(&url).await {
+            // As an application: through the library, which asks for a
+            // server that takes writes (with several hosts in the URL, the
+            // primary; after a failover, the promoted standby).
+            match outbox::postgres::connect(&url).await {
                 Ok(c) => conn = Some(c),
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
@@ -177,6 +188,9 @@ async fn produce(
         seqs[a] += events.len() as i32;
         let roll_back = config.rollback_every > 0 && round.is_multiple_of(config.rollback_every);
         let late = producer < config.late_producers && a < 2 && round.is_multiple_of(3);
+        // The ids recorded, for the outcome below (a failed COMMIT's
+        // events may or may not be committed).
+        let recorded = std::sync::Mutex::new(Vec::new());
         let result = c
             .transaction::<_, TxError, _>(async |tx| {
                 let ids = if late {
@@ -185,6 +199,9 @@ async fn produce(
                 } else {
                     outbox.record_all(tx, &events).await?
                 };
+                if let Ok(mut recorded) = recorded.lock() {
+                    recorded.extend(ids.iter().copied());
+                }
                 for (id, event) in ids.iter().zip(&events) {
                     diesel::sql_query(&insert)
                         .bind::<diesel::sql_types::Uuid, _>(id)
@@ -199,12 +216,17 @@ async fn produce(
                 Ok(())
             })
             .await;
+        let recorded = recorded.into_inner().unwrap_or_default();
         match result {
-            Ok(()) => produced.committed_transactions += 1,
+            Ok(()) => {
+                produced.committed_transactions += 1;
+                produced.acknowledged.extend(recorded);
+            }
             Err(TxError::RollBack(ids)) => produced.rolled_back.extend(ids),
             Err(TxError::Failed(error)) => {
                 tracing::debug!(producer, %error, "transaction failed; reconnecting");
                 produced.failed += 1;
+                produced.unknown.extend(recorded);
                 conn = None;
             }
         }
