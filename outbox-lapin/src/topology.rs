@@ -9,15 +9,13 @@
 //! the old one first or keep the settings.
 //!
 //! ```no_run
-//! use outbox_lapin::QueueTopology;
+//! use outbox_lapin::{AmqpUrls, QueueTopology, QueueType};
 //!
 //! # async fn run() -> outbox_lapin::Result<()> {
-//! let connection = lapin::Connection::connect(
-//!     "amqp://guest:guest@127.0.0.1:5672/%2f",
-//!     lapin::ConnectionProperties::default(),
-//! )
-//! .await
-//! .map_err(|source| outbox_lapin::Error::Amqp { operation: "connect".into(), source })?;
+//! // One URL, or every node of a cluster, comma-separated.
+//! let connection = AmqpUrls::from("amqp://guest:guest@127.0.0.1:5672/%2f")
+//!     .connect("billing-setup")
+//!     .await?;
 //! let channel = connection
 //!     .create_channel()
 //!     .await
@@ -26,7 +24,9 @@
 //! // Queue `billing.orders` gets `order.placed` and every `inventory.*` event
 //! // from the topic exchange `shop`; messages the consumer gives up on go to
 //! // `billing.orders.dlx` and from there to the queue `billing.orders.dead`.
+//! // A quorum queue (replicated: the recommended type, see `QueueType`).
 //! let topology = QueueTopology::new("billing.orders")
+//!     .queue_type(QueueType::Quorum)
 //!     .exchange("shop")
 //!     .bind("order.placed")
 //!     .bind("inventory.*");

@@ -107,6 +107,19 @@ impl AmqpUrls {
         Ok(())
     }
 
+    /// Opens a connection named `name` (the client-provided name the
+    /// management UI and `rabbitmqctl list_connections` show) to the first
+    /// node that answers, tried as the type's docs say: for declaring a
+    /// topology or a health check with the same URLs as the publisher and
+    /// the consumer.
+    ///
+    /// # Errors
+    /// [`Error::NoUrls`]; [`Error::Connect`] or [`Error::ConnectTimeout`]
+    /// with a single URL, [`Error::Unreachable`] naming each with several.
+    pub async fn connect(&self, name: &str) -> Result<lapin::Connection> {
+        crate::connection::connect(self, name).await
+    }
+
     /// The URLs in the order to try them now: from the last that worked,
     /// round the list once.
     pub(crate) fn in_turn(&self) -> impl Iterator<Item = (usize, &str)> {

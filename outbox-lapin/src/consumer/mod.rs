@@ -142,11 +142,13 @@ use crate::QueueTopology;
 ///
 /// Why a header: classic queues do not count redeliveries (`redelivered` is
 /// only a flag), so the attempt travels with the message. Quorum queues
-/// count them and dead-letter past `x-delivery-limit` by themselves
-/// (declare the queue with `x-queue-type = quorum` through
-/// [`QueueTopology::argument`]); the consumer's own limit still applies
-/// first, as it never rejects.
-///
+/// count deliveries (`x-delivery-count`), but a retry here is a new message
+/// (acked, republished), so the broker's count measures something else:
+/// deliveries that came back unacked (lost connections, a killed consumer).
+/// A quorum queue's [`QueueTopology::delivery_limit`] is a backstop against
+/// a message that crashes the consumer, not the retry accounting; see its
+/// docs.
+
 /// When the database is unavailable before the handler runs (the
 /// transaction cannot begin, or the inbox entry cannot be written), nothing
 /// of the message was tried: the worker waits the retry delay and tries the

@@ -11,16 +11,19 @@
 //! as root or keep their cookie there.
 //!
 //! [`PrivatePostgres`] lives in `postgres`, [`PrivateMariadb`] in
-//! `mariadb`, [`PrivateRabbit`] in `rabbit`; what they need to run a server
+//! `mariadb`, [`PrivateRabbit`] in `rabbit`, [`PrivateRabbitCluster`] (three
+//! of them joined) in `rabbit_cluster`; what they need to run a server
 //! program here.
 
 mod mariadb;
 mod postgres;
 mod rabbit;
+mod rabbit_cluster;
 
 pub use mariadb::PrivateMariadb;
 pub use postgres::PrivatePostgres;
 pub use rabbit::{Frozen, PrivateRabbit};
+pub use rabbit_cluster::PrivateRabbitCluster;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
