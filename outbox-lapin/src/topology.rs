@@ -294,10 +294,11 @@ impl QueueTopology {
         self
     }
 
-    /// How many times the broker delivers a message of the (quorum) queue
-    /// before it dead-letters it itself (`x-delivery-limit`), to the
-    /// topology's dead-letter exchange, with an `x-death` header of reason
-    /// `delivery_limit`. Quorum queues only: on a classic queue
+    /// How many times a message of the (quorum) queue may come back
+    /// unacked before the broker dead-letters it itself (`x-delivery-limit`):
+    /// with a limit of `n` it is delivered at most `1 + n` times, then goes
+    /// to the topology's dead-letter exchange with an `x-death` header
+    /// (`x-first-death-reason` = `delivery_limit`). Quorum queues only: on a classic queue
     /// [`validate`](Self::validate) refuses it. Default none.
     ///
     /// **It does not replace the consumer's

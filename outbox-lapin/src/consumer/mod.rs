@@ -148,7 +148,7 @@ use crate::QueueTopology;
 /// A quorum queue's [`QueueTopology::delivery_limit`] is a backstop against
 /// a message that crashes the consumer, not the retry accounting; see its
 /// docs.
-
+///
 /// When the database is unavailable before the handler runs (the
 /// transaction cannot begin, or the inbox entry cannot be written), nothing
 /// of the message was tried: the worker waits the retry delay and tries the
