@@ -851,6 +851,20 @@ async fn rabbit_cluster_nodes_stopped_one_at_a_time_lose_nothing_and_spend_no_at
         "losing a node spent no attempt"
     );
     assert!(summary.events > 0, "{summary}");
+    // The relays' side of the failovers: the longest time no event was
+    // marked sent (producers commit every 10 ms throughout).
+    let longest_unpublished = scenario
+        .count(format!(
+            "SELECT coalesce(max(gap), 0) AS n FROM (SELECT (extract(epoch FROM published_at - \
+             lag(published_at) OVER (ORDER BY published_at)) * 1000)::bigint AS gap \
+             FROM {table} WHERE published_at IS NOT NULL) gaps"
+        ))
+        .await
+        .unwrap();
+    println!(
+        "rabbit_cluster: the longest time without an event marked sent: {:.2} s",
+        longest_unpublished as f64 / 1000.0
+    );
     finish(relays, inbox, tap).await;
     drop(scenario);
     drop(cluster);
