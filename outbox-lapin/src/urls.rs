@@ -30,8 +30,9 @@ use crate::{Error, Result};
 /// the TCP connection at once and the next URL is tried in the same
 /// round. Clients therefore stay on one node until it fails rather than
 /// hopping between nodes at every reconnect. (A node that accepts TCP but
-/// never answers, frozen or overloaded, costs one `CONNECT_TIMEOUT` per
-/// round before the next URL.) The clones of one `AmqpUrls` share this
+/// never answers, frozen or overloaded, costs one `CONNECT_TIMEOUT` before
+/// the next URL is tried; the one that then works is tried first from then
+/// on.) The clones of one `AmqpUrls` share this
 /// memory. When every URL fails, the error is
 /// [`Error::Unreachable`] naming each URL (password redacted) with its
 /// error, and the caller's usual reconnect backoff applies before the next
