@@ -330,11 +330,6 @@ impl QueueTopology {
         self
     }
 
-    /// The queue type (see [`queue_type`](Self::queue_type)).
-    pub fn queue_type_of(&self) -> QueueType {
-        self.queue_type
-    }
-
     /// Adds a queue argument (e.g. `x-max-length`). Applies to the queue
     /// only, not the dead-letter queue. Prefer
     /// [`queue_type`](Self::queue_type) and
