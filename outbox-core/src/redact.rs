@@ -30,10 +30,56 @@ const SECRET_KEYS: &[&str] = &["password", "sslpassword"];
 /// assert_eq!(redact_url("amqp://127.0.0.1:5672/%2f"), "amqp://127.0.0.1:5672/%2f");
 /// ```
 pub fn redact_url(url: &str) -> String {
+    if let Some(list) = redact_url_list(url) {
+        return list;
+    }
     match url.split_once("://") {
         Some((scheme, rest)) => format!("{scheme}://{}", redact_query(&redact_userinfo(rest))),
         None => redact_key_values(url),
     }
+}
+
+/// A comma-separated list of URLs (`amqp://a:s1@n1/%2f,amqp://a:s2@n2/%2f`,
+/// one per cluster node) with each redacted, or `None` when `text` is not
+/// such a list. An item is a URL when it starts with a scheme and `://`, so
+/// the commas of a libpq multi-host URL (`postgres://u:p@h1,h2/db`) do not
+/// split it.
+fn redact_url_list(text: &str) -> Option<String> {
+    let is_url = |item: &str| {
+        item.trim_start()
+            .split_once("://")
+            .is_some_and(|(scheme, _)| {
+                !scheme.is_empty()
+                    && scheme
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+            })
+    };
+    let items: Vec<&str> = text.split(',').collect();
+    if items.len() < 2 || !items[1..].iter().any(|item| is_url(item)) {
+        return None;
+    }
+    // Items that do not start a URL (a multi-host URL's further hosts)
+    // belong to the URL before them.
+    let mut urls: Vec<String> = Vec::new();
+    for item in items {
+        match urls.last_mut() {
+            Some(last) if !is_url(item) => {
+                last.push(',');
+                last.push_str(item);
+            }
+            _ => urls.push(item.to_owned()),
+        }
+    }
+    Some(
+        urls.iter()
+            .map(|url| {
+                let lead = url.len() - url.trim_start().len();
+                format!("{}{}", &url[..lead], redact_url(&url[lead..]))
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+    )
 }
 
 /// `user:password@host/...` → `user:***@host/...` (the part after `://`).
@@ -167,6 +213,22 @@ fn value_len(rest: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::redact_url;
+
+    #[test]
+    fn each_url_of_a_comma_separated_list_is_redacted() {
+        assert_eq!(
+            redact_url("amqp://a:s1@n1:5672/%2f, amqp://a:s2@n2:5672/%2f,amqps://b:s3@n3/v"),
+            "amqp://a:***@n1:5672/%2f, amqp://a:***@n2:5672/%2f,amqps://b:***@n3/v"
+        );
+        assert_eq!(
+            redact_url("postgres://app:s3cret@h1:5432,h2:5432/shop"),
+            "postgres://app:***@h1:5432,h2:5432/shop"
+        );
+        assert_eq!(
+            redact_url("postgres://u:p@h1,h2/db,postgres://u:q@h3/db"),
+            "postgres://u:***@h1,h2/db,postgres://u:***@h3/db"
+        );
+    }
 
     #[test]
     fn passwords_are_redacted_and_nothing_else_changes() {

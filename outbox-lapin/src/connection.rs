@@ -2,7 +2,7 @@
 //! broker has a time limit.
 
 use crate::error::redact_url;
-use crate::{Error, Result};
+use crate::{AmqpUrls, Error, Result};
 
 /// Runs one broker operation (`operation` names it in the error), bounded by
 /// `limit`: every await on the broker goes through here or an equivalent
@@ -23,8 +23,44 @@ pub(crate) async fn bounded<T>(
 }
 
 /// Opens a connection named `name` (shown in the management UI and
-/// `rabbitmqctl list_connections client_properties`).
-pub(crate) async fn connect(url: &str, name: &str) -> Result<lapin::Connection> {
+/// `rabbitmqctl list_connections client_properties`) to one of `urls`,
+/// tried in turn from the last that worked (see [`AmqpUrls`]), each try
+/// bounded by [`CONNECT_TIMEOUT`].
+pub(crate) async fn connect(urls: &AmqpUrls, name: &str) -> Result<lapin::Connection> {
+    urls.check()?;
+    let mut failures = Vec::new();
+    for (index, url) in urls.in_turn() {
+        match connect_one(url, name).await {
+            Ok(connection) => {
+                urls.worked(index);
+                tracing::info!(
+                    connection = name,
+                    node = %redact_url(url),
+                    "connected to RabbitMQ"
+                );
+                return Ok(connection);
+            }
+            Err(error) => {
+                if urls.len() > 1 {
+                    tracing::warn!(
+                        connection = name,
+                        node = %redact_url(url),
+                        %error,
+                        "RabbitMQ node not reachable; trying the next"
+                    );
+                }
+                failures.push(error);
+            }
+        }
+    }
+    match failures.len() {
+        1 => Err(failures.remove(0)),
+        _ => Err(Error::Unreachable { failures }),
+    }
+}
+
+/// One try at one URL, bounded by [`CONNECT_TIMEOUT`].
+async fn connect_one(url: &str, name: &str) -> Result<lapin::Connection> {
     let properties = lapin::ConnectionProperties::default().with_connection_name(name.into());
     match tokio::time::timeout(CONNECT_TIMEOUT, lapin::Connection::connect(url, properties)).await {
         Ok(connected) => connected.map_err(|source| Error::Connect {

@@ -29,6 +29,25 @@ pub enum Error {
         /// How long it waited.
         after: std::time::Duration,
     },
+    /// No node of the broker could be reached: every URL of an
+    /// [`AmqpUrls`](crate::AmqpUrls) list of several failed, in the order
+    /// tried (with a single URL, the error is that URL's [`Error::Connect`]
+    /// or [`Error::ConnectTimeout`]).
+    #[error(
+        "no RabbitMQ node reachable ({} tried): {}; start them, or check AMQP_URL",
+        .failures.len(),
+        .failures.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    Unreachable {
+        /// Each URL's error ([`Error::Connect`] or [`Error::ConnectTimeout`],
+        /// naming the URL, password redacted), in the order tried.
+        failures: Vec<Error>,
+    },
+    /// No broker URL was given (an empty string or list).
+    #[error(
+        "no RabbitMQ URL given: pass one URL, or several separated by commas (one per cluster node)"
+    )]
+    NoUrls,
     /// An AMQP operation failed.
     #[error("RabbitMQ operation `{operation}` failed: {source}")]
     Amqp {

@@ -33,6 +33,18 @@
 //! new outbox events: those inherit `causation_id` = the incoming event id,
 //! and its correlation id and trace context.
 //!
+//! # RabbitMQ cluster
+//! Give the publisher and the consumer every node's URL: a comma-separated
+//! string (`AMQP_URL=amqp://…@rabbit-1/%2f,amqp://…@rabbit-2/%2f`), a
+//! `Vec` or an array; see [`AmqpUrls`] for the order they are tried in.
+//! Declare the queues as quorum queues
+//! ([`QueueTopology::queue_type`]`(`[`QueueType::Quorum`]`)`), the
+//! recommended type: replicated, they survive the loss of a minority of
+//! nodes. Publisher confirms stay the only proof of delivery: with a quorum
+//! queue the broker confirms once a majority of its members has the
+//! message. The repository's `docs/clusters.md` ("RabbitMQ cluster") says
+//! what a node loss costs, as measured by the fault suite.
+//!
 //! # Dead letters
 //! What the consumer gives up on (an undecodable message, a permanent
 //! error, `max_attempts` spent) goes to its dead-letter exchange with
@@ -90,6 +102,7 @@ mod error;
 mod headers;
 mod publisher;
 mod topology;
+mod urls;
 pub mod wire;
 
 pub use connection::CONNECT_TIMEOUT;
@@ -109,5 +122,6 @@ pub use outbox_core::admin::{
 pub use publisher::{
     BLOCKED_GAUGE, ExchangeFn, LapinPublisher, LapinPublisherBuilder, RoutingKeyFn,
 };
-pub use topology::{QueueTopology, declare_exchange};
+pub use topology::{QueueTopology, QueueType, declare_exchange};
+pub use urls::AmqpUrls;
 pub use wire::{DecodeError, IncomingEvent};

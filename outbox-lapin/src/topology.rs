@@ -9,15 +9,13 @@
 //! the old one first or keep the settings.
 //!
 //! ```no_run
-//! use outbox_lapin::QueueTopology;
+//! use outbox_lapin::{AmqpUrls, QueueTopology, QueueType};
 //!
 //! # async fn run() -> outbox_lapin::Result<()> {
-//! let connection = lapin::Connection::connect(
-//!     "amqp://guest:guest@127.0.0.1:5672/%2f",
-//!     lapin::ConnectionProperties::default(),
-//! )
-//! .await
-//! .map_err(|source| outbox_lapin::Error::Amqp { operation: "connect".into(), source })?;
+//! // One URL, or every node of a cluster, comma-separated.
+//! let connection = AmqpUrls::from("amqp://guest:guest@127.0.0.1:5672/%2f")
+//!     .connect("billing-setup")
+//!     .await?;
 //! let channel = connection
 //!     .create_channel()
 //!     .await
@@ -26,7 +24,9 @@
 //! // Queue `billing.orders` gets `order.placed` and every `inventory.*` event
 //! // from the topic exchange `shop`; messages the consumer gives up on go to
 //! // `billing.orders.dlx` and from there to the queue `billing.orders.dead`.
+//! // A quorum queue (replicated: the recommended type, see `QueueType`).
 //! let topology = QueueTopology::new("billing.orders")
+//!     .queue_type(QueueType::Quorum)
 //!     .exchange("shop")
 //!     .bind("order.placed")
 //!     .bind("inventory.*");
@@ -47,6 +47,48 @@ use crate::{Error, Result};
 
 /// Queue argument naming the queue's dead-letter exchange.
 const X_DEAD_LETTER_EXCHANGE: &str = "x-dead-letter-exchange";
+/// Queue argument choosing the queue type.
+const X_QUEUE_TYPE: &str = "x-queue-type";
+/// Queue argument of quorum queues: deliveries before the broker
+/// dead-letters a message.
+const X_DELIVERY_LIMIT: &str = "x-delivery-limit";
+
+/// The type of a [`QueueTopology`]'s queues (the `x-queue-type` argument).
+///
+/// **Quorum queues are the recommended type**, on a single node as on a
+/// cluster: they are replicated (Raft) over the cluster's nodes, so a queue
+/// stays available and keeps its messages while a minority of nodes is down
+/// (one of three), and their publisher confirms are sent only once a
+/// majority has the message on disk. A classic queue lives on one node:
+/// while that node is down the queue is unavailable (publishes to it are
+/// unroutable or refused, its consumer cannot subscribe). Quorum queues
+/// must be durable, and cannot be exclusive or auto-deleted.
+///
+/// Classic stays the default because an existing queue cannot change type:
+/// re-declaring a classic queue as quorum is refused by the broker with
+/// `406 PRECONDITION_FAILED` (`inequivalent arg 'x-queue-type'`). Migrate
+/// by declaring a new quorum queue, binding it, draining the old one and
+/// deleting it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum QueueType {
+    /// A classic queue (`x-queue-type` = `classic`), on one node.
+    #[default]
+    Classic,
+    /// A quorum queue (`x-queue-type` = `quorum`), replicated over a
+    /// majority of the cluster's nodes.
+    Quorum,
+}
+
+impl QueueType {
+    /// The `x-queue-type` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+        }
+    }
+}
 
 /// `name` as an AMQP short string, or [`Error::Config`] when it is longer
 /// than the protocol's 255 bytes.
@@ -104,6 +146,8 @@ pub async fn declare_exchange(channel: &Channel, name: &str, kind: ExchangeKind)
 /// | [`exchange`](Self::exchange) (where [`bind`](Self::bind) patterns apply) | none: set it before `bind` |
 /// | [`exchange_kind`](Self::exchange_kind) of declared exchanges | [`ExchangeKind::Topic`] |
 /// | [`durable`](Self::durable) queue(s) | `true` |
+/// | [`queue_type`](Self::queue_type) of the queue and dead-letter queue | [`QueueType::Classic`]; [`QueueType::Quorum`] recommended |
+/// | [`delivery_limit`](Self::delivery_limit) (quorum only) | none |
 /// | [`dead_letter_exchange`](Self::dead_letter_exchange) | `<queue>.dlx`, a durable topic exchange |
 /// | [`dead_letter_queue`](Self::dead_letter_queue) | `<queue>.dead`, bound to the dead-letter exchange with `#` |
 ///
@@ -128,6 +172,8 @@ pub struct QueueTopology {
     deferred_errors: Vec<String>,
     dead_letter: Option<(String, String)>,
     durable: bool,
+    queue_type: QueueType,
+    delivery_limit: Option<u32>,
     arguments: FieldTable,
 }
 
@@ -144,6 +190,8 @@ impl QueueTopology {
             deferred_errors: Vec::new(),
             dead_letter,
             durable: true,
+            queue_type: QueueType::Classic,
+            delivery_limit: None,
             arguments: FieldTable::default(),
         }
     }
@@ -235,9 +283,58 @@ impl QueueTopology {
         self
     }
 
-    /// Adds a queue argument, e.g. `x-queue-type` = `quorum` (then also
-    /// `x-delivery-limit`, the broker-side alternative to the consumer's
-    /// attempt header). Applies to the queue only, not the dead-letter queue.
+    /// The type of the queue and of the dead-letter queue (`x-queue-type`).
+    /// Default [`QueueType::Classic`]; [`QueueType::Quorum`] is recommended
+    /// (see [`QueueType`]), and needed for the queue to survive the loss of
+    /// a node of a cluster. A quorum topology must stay
+    /// [`durable`](Self::durable).
+    #[must_use]
+    pub fn queue_type(mut self, queue_type: QueueType) -> Self {
+        self.queue_type = queue_type;
+        self
+    }
+
+    /// How many times a message of the (quorum) queue may come back
+    /// unacked before the broker dead-letters it itself (`x-delivery-limit`):
+    /// with a limit of `n` it is delivered at most `1 + n` times, then goes
+    /// to the topology's dead-letter exchange with an `x-death` header
+    /// (`x-first-death-reason` = `delivery_limit`). Quorum queues only: on a classic queue
+    /// [`validate`](Self::validate) refuses it. Default none.
+    ///
+    /// **It does not replace the consumer's
+    /// [`max_attempts`](crate::InboxConsumerBuilder::max_attempts)**, which
+    /// counts handler failures: the [`InboxConsumer`](crate::InboxConsumer)
+    /// never rejects a message to retry it, it acks it and republishes a
+    /// copy with `x-outbox-attempt` + 1 (a new message, whose delivery count
+    /// starts again at 0). What the broker counts (its `x-delivery-count`
+    /// header on redeliveries) are deliveries that came back unacked: the
+    /// consumer's connection lost or its process killed while handling
+    /// them, a shutdown returning prefetched deliveries, a retry whose
+    /// republish was not confirmed. That is what the limit is good for: a
+    /// message that **crashes or hangs the consumer process** (an abort, an
+    /// out-of-memory kill) is redelivered forever and never reaches its
+    /// attempt limit, since the attempt is never counted; the delivery limit
+    /// stops that loop. Set it well above the number of connection losses a
+    /// healthy message may live through (every unacked delivery of a lost
+    /// connection counts one, e.g. at each node loss of a cluster): 20 or
+    /// more, as a backstop. The consumer does not read `x-delivery-count`.
+    ///
+    /// Messages the broker dead-letters this way skip the consumer: they
+    /// are not recorded in the inbox's dead letters, and they carry the
+    /// broker's `x-death` header instead of `x-outbox-dead-reason`
+    /// ([`DeadLetterQueue::replay`](crate::DeadLetterQueue::replay) reads
+    /// their origin queue from it).
+    #[must_use]
+    pub fn delivery_limit(mut self, limit: u32) -> Self {
+        self.delivery_limit = Some(limit);
+        self
+    }
+
+    /// Adds a queue argument (e.g. `x-max-length`). Applies to the queue
+    /// only, not the dead-letter queue. Prefer
+    /// [`queue_type`](Self::queue_type) and
+    /// [`delivery_limit`](Self::delivery_limit) over setting `x-queue-type`
+    /// and `x-delivery-limit` here: those are checked.
     #[must_use]
     pub fn argument(mut self, key: &str, value: AMQPValue) -> Self {
         match ShortString::try_new(key) {
@@ -299,6 +396,20 @@ impl QueueTopology {
                 ));
             }
         }
+        if self.queue_type == QueueType::Quorum && !self.durable {
+            return Err(Error::Config(format!(
+                "queue `{}`: a quorum queue must be durable; remove `.durable(false)` or use \
+                 QueueType::Classic",
+                self.queue
+            )));
+        }
+        if self.delivery_limit.is_some() && self.queue_type != QueueType::Quorum {
+            return Err(Error::Config(format!(
+                "queue `{}`: a delivery limit (`x-delivery-limit`) needs a quorum queue; add \
+                 `.queue_type(QueueType::Quorum)` (classic queues do not count deliveries)",
+                self.queue
+            )));
+        }
         if let Some((exchange, queue)) = &self.dead_letter {
             short_string("dead-letter exchange name", exchange)?;
             short_string("dead-letter queue name", queue)?;
@@ -332,13 +443,28 @@ impl QueueTopology {
             ..QueueDeclareOptions::default()
         };
         let mut arguments = self.arguments.clone();
+        let mut type_only = FieldTable::default();
+        if self.queue_type != QueueType::Classic {
+            for table in [&mut arguments, &mut type_only] {
+                table.insert(
+                    X_QUEUE_TYPE.into(),
+                    AMQPValue::LongString(LongString::from(self.queue_type.as_str())),
+                );
+            }
+        }
+        if let Some(limit) = self.delivery_limit {
+            arguments.insert(
+                X_DELIVERY_LIMIT.into(),
+                AMQPValue::LongLongInt(limit.into()),
+            );
+        }
         if let Some((dlx, dlq)) = &self.dead_letter {
             declare_exchange(channel, dlx, ExchangeKind::Topic).await?;
             channel
                 .queue_declare(
                     short_string("dead-letter queue name", dlq)?,
                     queue_options,
-                    FieldTable::default(),
+                    type_only,
                 )
                 .await
                 .map_err(Error::amqp(format!("declare dead-letter queue `{dlq}`")))?;
@@ -450,6 +576,16 @@ mod tests {
         assert!(QueueTopology::new("").validate().is_err());
         assert!(QueueTopology::new("x".repeat(300)).validate().is_err());
         assert!(QueueTopology::new("q").bind_to("", "k").validate().is_err());
+        let quorum = QueueTopology::new("q").queue_type(QueueType::Quorum);
+        assert!(quorum.clone().delivery_limit(20).validate().is_ok());
+        let err = quorum.durable(false).validate().unwrap_err().to_string();
+        assert!(err.contains("must be durable"), "{err}");
+        let err = QueueTopology::new("q")
+            .delivery_limit(20)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs a quorum queue"), "{err}");
         assert!(
             QueueTopology::new("q")
                 .argument(&"k".repeat(300), AMQPValue::Boolean(true))

@@ -74,8 +74,9 @@ pub mod servers {
 
 pub use example::example_binary;
 pub use outbox_testkit::pki::TestPki;
-pub use outbox_testkit::servers::{Frozen, PrivatePostgres, PrivateRabbit};
-pub use outbox_testkit::servers::{ReplicatedPostgres, Replication};
+pub use outbox_testkit::servers::{
+    Frozen, PrivatePostgres, PrivateRabbit, PrivateRabbitCluster, ReplicatedPostgres, Replication,
+};
 pub use pipeline::Pipeline;
 pub use proxy::KillingProxy;
 pub use relay_process::RelayProcess;

@@ -24,7 +24,7 @@ use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ExchangeKind};
-use outbox::rabbitmq::QueueTopology;
+use outbox::rabbitmq::{QueueTopology, QueueType};
 use outbox_testkit::amqp::{self, BrokerCleanup};
 use outbox_testkit::mysql::TestMysqlDatabase;
 use outbox_testkit::names;
@@ -87,6 +87,9 @@ pub struct Scenario {
     pub inbox_queue: String,
     /// Routing keys both queues are bound with at the start.
     bindings: Vec<String>,
+    /// The type of the tap's and the inbox consumer's queues (classic
+    /// unless made with [`Scenario::quorum`]).
+    queue_type: QueueType,
     /// Hand-written rows that must end `dead` (not counted as unsent).
     expected_dead: Mutex<HashSet<Uuid>>,
     db: Db,
@@ -174,11 +177,24 @@ impl Scenario {
         Scenario::build(backend, test, Servers::shared(), &["#"]).await
     }
 
-    async fn build(
+    /// [`Scenario::new`] with the tap's and the inbox consumer's queues (and
+    /// its dead-letter queue) declared as quorum queues: for a cluster
+    /// (`servers.amqp_url` a comma-separated list of its nodes), where they
+    /// survive the loss of a node.
+    pub async fn quorum(test: &str, servers: Servers) -> Scenario {
+        Scenario::build_with(Backend::Postgres, test, servers, &["#"], QueueType::Quorum).await
+    }
+
+    async fn build(backend: Backend, test: &str, servers: Servers, bindings: &[&str]) -> Scenario {
+        Scenario::build_with(backend, test, servers, bindings, QueueType::Classic).await
+    }
+
+    async fn build_with(
         backend: Backend,
         test: &str,
         mut servers: Servers,
         bindings: &[&str],
+        queue_type: QueueType,
     ) -> Scenario {
         let name = names::unique("fault", test);
         let schema = name.clone();
@@ -263,6 +279,7 @@ impl Scenario {
             tap_queue,
             inbox_queue,
             bindings: bindings.iter().map(|b| (*b).to_owned()).collect(),
+            queue_type,
             expected_dead: Mutex::default(),
             db,
             name,
@@ -301,7 +318,7 @@ impl Scenario {
                 durable: true,
                 ..Default::default()
             },
-            FieldTable::default(),
+            self.tap_queue_arguments(),
         )
         .await;
         for binding in &self.bindings {
@@ -333,9 +350,23 @@ impl Scenario {
     /// (`<queue>.dlx`, `<queue>.dead`).
     pub fn inbox_topology(&self) -> QueueTopology {
         self.bindings.iter().fold(
-            QueueTopology::new(&self.inbox_queue).exchange(&self.exchange),
+            QueueTopology::new(&self.inbox_queue)
+                .exchange(&self.exchange)
+                .queue_type(self.queue_type),
             |topology, binding| topology.bind(binding),
         )
+    }
+
+    /// The tap queue's arguments: its `x-queue-type` when not classic.
+    fn tap_queue_arguments(&self) -> FieldTable {
+        let mut arguments = FieldTable::default();
+        if self.queue_type != QueueType::Classic {
+            arguments.insert(
+                "x-queue-type".into(),
+                lapin::types::AMQPValue::LongString(self.queue_type.as_str().into()),
+            );
+        }
+        arguments
     }
 
     /// Notes a row written by hand that must end `dead`: [`verify`](Self::verify)

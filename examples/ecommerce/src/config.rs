@@ -4,7 +4,7 @@
 //! | variable | default | used by |
 //! |---|---|---|
 //! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/ecommerce` (created if missing); TLS (`sslmode`, `sslrootcert`) with the `postgres-tls` feature. Or MariaDB, `mysql://user:password@host:3306/ecommerce` (created if missing), or SQLite, `sqlite://shop.db` (a file, created if missing: no database server) | every role |
-//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | every role |
+//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f`; for a RabbitMQ cluster, every node's URL separated by commas (tried in turn) | every role |
 //! | `BIND` | `127.0.0.1:3000` | `api`, `all` |
 //! | `EXCHANGE` | `ecommerce.events` | every role |
 //! | `QUEUE_PREFIX` | `ecommerce` (queues are `<prefix>.inventory`, `<prefix>.loyalty`, `<prefix>.orders`) | every role |

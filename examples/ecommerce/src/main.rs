@@ -27,6 +27,7 @@ const USAGE: &str = "usage: ecommerce [all|api|relay|inventory|loyalty]  (defaul
 Environment:
   DATABASE_URL  default postgres://postgres@127.0.0.1:5432/ecommerce (created if missing)
   AMQP_URL      default amqp://guest:guest@127.0.0.1:5672/%2f
+                (a cluster: every node's URL, comma-separated)
   BIND          default 127.0.0.1:3000 (roles api and all)
   EXCHANGE      default ecommerce.events
   QUEUE_PREFIX  default ecommerce

@@ -12,10 +12,10 @@
 //! unroutable because the role that consumes it started late: the queue
 //! exists, and keeps the event, from the first start of any role.
 
-use lapin::{ConnectionProperties, ExchangeKind};
-use outbox::rabbitmq::{Error, QueueTopology, declare_exchange};
+use lapin::ExchangeKind;
+use outbox::rabbitmq::{AmqpUrls, Error, QueueTopology, declare_exchange};
 
-use crate::config::{Config, redact_url};
+use crate::config::Config;
 use crate::domain::{OrderCancelled, OrderPaid, OrderPlaced};
 
 /// The `cloudEvents:source` of every message this service publishes.
@@ -56,18 +56,14 @@ pub fn queues(config: &Config) -> [QueueTopology; 3] {
 /// Declares the exchange and every queue, binding and dead-letter queue.
 ///
 /// # Errors
-/// [`Error::Connect`] when RabbitMQ is unreachable (naming the URL and
-/// `scripts/dev-services`), [`Error::Amqp`] when a declaration is refused.
+/// [`Error::Connect`] (or [`Error::Unreachable`] for a list of nodes) when
+/// RabbitMQ is unreachable (naming the URL and `scripts/dev-services`),
+/// [`Error::Amqp`] when a declaration is refused.
 pub async fn declare(config: &Config) -> Result<(), Error> {
-    let connection = lapin::Connection::connect(
-        &config.amqp_url,
-        ConnectionProperties::default().with_connection_name("ecommerce-topology".into()),
-    )
-    .await
-    .map_err(|source| Error::Connect {
-        url: redact_url(&config.amqp_url),
-        source,
-    })?;
+    // `AMQP_URL` may list every node of a cluster, comma-separated.
+    let connection = AmqpUrls::from(&config.amqp_url)
+        .connect("ecommerce-topology")
+        .await?;
     let channel = connection
         .create_channel()
         .await

@@ -67,7 +67,8 @@ pub(crate) struct Global {
     /// (its password is never printed).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub(crate) database_url: Option<String>,
-    /// RabbitMQ URL, used by `dlq replay` and `dlq purge` (its password is never printed).
+    /// RabbitMQ URL, used by `dlq replay` and `dlq purge` (its password is never printed);
+    /// for a cluster, every node's URL separated by commas.
     #[arg(long, env = "AMQP_URL", global = true, hide_env_values = true)]
     pub(crate) amqp_url: Option<String>,
     /// The outbox's schema (PostgreSQL; on MariaDB and SQLite leave it unset).

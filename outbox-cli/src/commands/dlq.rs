@@ -187,7 +187,8 @@ fn classify(error: AdminError) -> Error {
         AdminError::Broker(e) => match e.downcast::<outbox_lapin::Error>() {
             Ok(e) => match *e {
                 e @ (outbox_lapin::Error::Connect { .. }
-                | outbox_lapin::Error::ConnectTimeout { .. }) => Error::AmqpConnect(e),
+                | outbox_lapin::Error::ConnectTimeout { .. }
+                | outbox_lapin::Error::Unreachable { .. }) => Error::AmqpConnect(e),
                 e => Error::Broker(e),
             },
             Err(e) => Error::Admin(AdminError::Broker(e)),

@@ -7,9 +7,8 @@ use std::time::Duration;
 use outbox_core::InboxDatabase;
 
 use super::{EventHandler, InboxConsumer, Settings};
-use crate::error::redact_url;
 use crate::topology::short_string;
-use crate::{Error, QueueTopology, Result};
+use crate::{AmqpUrls, Error, QueueTopology, Result};
 
 /// Settings of an [`InboxConsumer`]; made by [`InboxConsumer::builder`].
 ///
@@ -25,7 +24,7 @@ use crate::{Error, QueueTopology, Result};
 /// | [`declare`](Self::declare) | nothing: the queue and dead-letter exchange must exist |
 #[must_use]
 pub struct InboxConsumerBuilder<D, H> {
-    url: String,
+    urls: AmqpUrls,
     queue: String,
     name: String,
     db: D,
@@ -44,7 +43,7 @@ pub struct InboxConsumerBuilder<D, H> {
 impl<D, H> fmt::Debug for InboxConsumerBuilder<D, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InboxConsumerBuilder")
-            .field("url", &redact_url(&self.url))
+            .field("urls", &self.urls)
             .field("queue", &self.queue)
             .field("name", &self.name)
             .field("prefetch", &self.prefetch)
@@ -63,9 +62,9 @@ where
     D: InboxDatabase,
     H: EventHandler<D::Tx>,
 {
-    pub(super) fn new(url: String, queue: String, name: String, db: D, handler: H) -> Self {
+    pub(super) fn new(urls: AmqpUrls, queue: String, name: String, db: D, handler: H) -> Self {
         InboxConsumerBuilder {
-            url,
+            urls,
             queue,
             name,
             db,
@@ -151,8 +150,10 @@ where
     /// Checks the settings and builds the consumer. Nothing connects yet.
     ///
     /// # Errors
-    /// [`Error::Config`] saying which setting is invalid.
+    /// [`Error::NoUrls`] for an empty URL list; [`Error::Config`] saying
+    /// which setting is invalid.
     pub fn build(self) -> Result<InboxConsumer<D, H>> {
+        self.urls.check()?;
         let config = |message: String| Err(Error::Config(message));
         if self.queue.is_empty() {
             return config("the queue name is empty".into());
@@ -230,7 +231,7 @@ where
         });
         Ok(InboxConsumer {
             settings: Settings {
-                url: self.url,
+                urls: self.urls,
                 queue: self.queue,
                 name: self.name,
                 prefetch: self.prefetch,

@@ -37,8 +37,8 @@ use outbox_core::InboxDatabase;
 pub use builder::InboxConsumerBuilder;
 pub use handler::{EventHandler, HandlerError, HandlerFn, HandlerFuture, handler_fn};
 
+use crate::AmqpUrls;
 use crate::QueueTopology;
-use crate::error::redact_url;
 
 /// Consumes a RabbitMQ queue and applies each event once, in a database
 /// transaction with an inbox entry.
@@ -142,10 +142,12 @@ use crate::error::redact_url;
 ///
 /// Why a header: classic queues do not count redeliveries (`redelivered` is
 /// only a flag), so the attempt travels with the message. Quorum queues
-/// count them and dead-letter past `x-delivery-limit` by themselves
-/// (declare the queue with `x-queue-type = quorum` through
-/// [`QueueTopology::argument`]); the consumer's own limit still applies
-/// first, as it never rejects.
+/// count deliveries (`x-delivery-count`), but a retry here is a new message
+/// (acked, republished), so the broker's count measures something else:
+/// deliveries that came back unacked (lost connections, a killed consumer).
+/// A quorum queue's [`QueueTopology::delivery_limit`] is a backstop against
+/// a message that crashes the consumer, not the retry accounting; see its
+/// docs.
 ///
 /// When the database is unavailable before the handler runs (the
 /// transaction cannot begin, or the inbox entry cannot be written), nothing
@@ -220,7 +222,7 @@ pub struct InboxConsumer<D, H> {
 /// Validated settings, shared by the run loop and the workers.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    pub(crate) url: String,
+    pub(crate) urls: AmqpUrls,
     pub(crate) queue: String,
     pub(crate) name: String,
     pub(crate) prefetch: u16,
@@ -241,7 +243,7 @@ impl<D, H> fmt::Debug for InboxConsumer<D, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.settings;
         f.debug_struct("InboxConsumer")
-            .field("url", &redact_url(&s.url))
+            .field("urls", &s.urls)
             .field("queue", &s.queue)
             .field("name", &s.name)
             .field("prefetch", &s.prefetch)
@@ -259,18 +261,20 @@ where
     D: InboxDatabase,
     H: EventHandler<D::Tx>,
 {
-    /// A builder for a consumer of `queue` on the broker at `url`.
+    /// A builder for a consumer of `queue` on the broker at `urls`: one
+    /// URL, or one per node of a cluster (a comma-separated string, a `Vec`
+    /// or an array; see [`AmqpUrls`] for the order they are tried in).
     /// `consumer_name` keys the inbox (keep it stable across deployments;
     /// two services reading the same events need different names) and names
     /// the AMQP connection.
     pub fn builder(
-        url: impl Into<String>,
+        urls: impl Into<AmqpUrls>,
         queue: impl Into<String>,
         consumer_name: impl Into<String>,
         db: D,
         handler: H,
     ) -> InboxConsumerBuilder<D, H> {
-        InboxConsumerBuilder::new(url.into(), queue.into(), consumer_name.into(), db, handler)
+        InboxConsumerBuilder::new(urls.into(), queue.into(), consumer_name.into(), db, handler)
     }
 
     /// The consumer name (inbox key and connection name).

@@ -16,7 +16,6 @@ use super::dispatch::consume;
 use super::session::{Ended, SESSION_TIMEOUT, open_session};
 use super::worker::{self, Shared};
 use super::{EventHandler, InboxConsumer, metric_names};
-use crate::error::redact_url;
 use crate::{Error, Result};
 
 impl<D, H> InboxConsumer<D, H>
@@ -77,7 +76,7 @@ where
                 // the connection and leave a declaration unanswered.
                 opened = tokio::time::timeout(SESSION_TIMEOUT, open_session(&settings)) => {
                     opened.unwrap_or_else(|_| Err(Error::ConnectTimeout {
-                        url: redact_url(&settings.url),
+                        url: settings.urls.to_string(),
                         after: SESSION_TIMEOUT,
                     }))
                 }

@@ -42,7 +42,7 @@ pub(super) const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Connects, declares, checks the dead-letter exchange and subscribes.
 pub(super) async fn open_session(settings: &Settings) -> Result<Session> {
-    let connection = Arc::new(connect(&settings.url, &settings.name).await?);
+    let connection = Arc::new(connect(&settings.urls, &settings.name).await?);
     if let Some(topology) = &settings.topology {
         let channel = connection
             .create_channel()

@@ -10,8 +10,8 @@ use outbox_core::admin::{
 };
 
 use super::DeadLetterQueue;
+use crate::AmqpUrls;
 use crate::Result;
-use crate::error::redact_url;
 
 /// The dead-letter queues of one broker, for
 /// [`DeadLetters`](outbox_core::admin::DeadLetters): each inspection and
@@ -20,25 +20,26 @@ use crate::error::redact_url;
 /// router holds no connection between calls and survives broker restarts.
 #[derive(Clone)]
 pub struct DeadLetterQueues {
-    url: String,
+    urls: AmqpUrls,
 }
 
 impl fmt::Debug for DeadLetterQueues {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadLetterQueues")
-            .field("url", &redact_url(&self.url))
+            .field("urls", &self.urls)
             .finish()
     }
 }
 
 impl DeadLetterQueues {
-    /// The dead-letter queues of the broker at `url` (not connected yet).
-    pub fn new(url: impl Into<String>) -> Self {
-        DeadLetterQueues { url: url.into() }
+    /// The dead-letter queues of the broker at `urls` (one URL, or one per
+    /// cluster node: see [`AmqpUrls`]; not connected yet).
+    pub fn new(urls: impl Into<AmqpUrls>) -> Self {
+        DeadLetterQueues { urls: urls.into() }
     }
 
     async fn connect(&self, queue: &str) -> Result<DeadLetterQueue> {
-        DeadLetterQueue::connect(&self.url, queue).await
+        DeadLetterQueue::connect(&self.urls, queue).await
     }
 }
 

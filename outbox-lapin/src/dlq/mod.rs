@@ -32,10 +32,10 @@ use outbox_core::admin::QueueDepth;
 
 pub use broker::DeadLetterQueues;
 
+use crate::AmqpUrls;
 use crate::Result;
 use crate::connection::{bounded, connect};
 use crate::consumer::republish::Republisher;
-use crate::error::redact_url;
 use crate::topology::short_string;
 use broker::in_use;
 
@@ -115,7 +115,7 @@ pub struct DeadLetterQueue {
     connection: Arc<Connection>,
     republisher: Republisher,
     queue: String,
-    url: String,
+    urls: AmqpUrls,
     timeout: Duration,
     skip_unreplayable: bool,
     /// The exclusive consumer, once the queue is claimed.
@@ -131,7 +131,7 @@ struct Reader {
 impl fmt::Debug for DeadLetterQueue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadLetterQueue")
-            .field("url", &redact_url(&self.url))
+            .field("urls", &self.urls)
             .field("queue", &self.queue)
             .field("timeout", &self.timeout)
             .field("skip_unreplayable", &self.skip_unreplayable)
@@ -141,26 +141,30 @@ impl fmt::Debug for DeadLetterQueue {
 }
 
 impl DeadLetterQueue {
-    /// Connects to the broker at `url` for the dead-letter queue `queue`.
+    /// Connects to the broker at `urls` (one URL, or one per cluster node:
+    /// see [`AmqpUrls`](crate::AmqpUrls)) for the dead-letter queue `queue`.
     /// The connection is named `outbox-dlq.<queue>`.
     ///
     /// # Errors
+    /// [`Error::NoUrls`](crate::Error::NoUrls),
     /// [`Error::Connect`](crate::Error::Connect),
+    /// [`Error::Unreachable`](crate::Error::Unreachable),
     /// [`Error::ConnectTimeout`](crate::Error::ConnectTimeout),
     /// [`Error::Config`](crate::Error::Config) for an invalid queue name,
     /// [`Error::Amqp`](crate::Error::Amqp) when the confirm channel cannot
     /// be opened.
-    pub async fn connect(url: &str, queue: impl Into<String>) -> Result<Self> {
+    pub async fn connect(urls: impl Into<AmqpUrls>, queue: impl Into<String>) -> Result<Self> {
+        let urls = urls.into();
         let queue = queue.into();
         short_string("dead-letter queue name", &queue)?;
         let name = connection_name(&queue);
-        let connection = Arc::new(connect(url, &name).await?);
+        let connection = Arc::new(connect(&urls, &name).await?);
         let republisher = Republisher::open(connection.clone(), DEFAULT_TIMEOUT).await?;
         Ok(DeadLetterQueue {
             connection,
             republisher,
             queue,
-            url: url.to_owned(),
+            urls,
             timeout: DEFAULT_TIMEOUT,
             skip_unreplayable: false,
             reader: None,

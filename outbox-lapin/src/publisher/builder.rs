@@ -11,8 +11,7 @@ use tokio::sync::Mutex;
 
 use super::settings::Settings;
 use super::{Inner, LapinPublisher};
-use crate::error::redact_url;
-use crate::{Error, Result};
+use crate::{AmqpUrls, Error, Result};
 
 /// Settings of a [`LapinPublisher`].
 ///
@@ -34,7 +33,7 @@ pub struct LapinPublisherBuilder {
 impl fmt::Debug for LapinPublisherBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LapinPublisherBuilder")
-            .field("url", &redact_url(&self.settings.url))
+            .field("urls", &self.settings.urls)
             .field("exchange", &self.settings.exchange)
             .finish_non_exhaustive()
     }
@@ -126,9 +125,11 @@ impl LapinPublisherBuilder {
     /// [`LapinPublisher::connect`]) does.
     ///
     /// # Errors
-    /// [`Error::Config`] for an empty or over-long exchange name, or a zero
-    /// confirm or operation timeout.
+    /// [`Error::NoUrls`] for an empty URL list; [`Error::Config`] for an
+    /// empty or over-long exchange name, or a zero confirm or operation
+    /// timeout.
     pub fn build(self) -> Result<LapinPublisher> {
+        self.settings.urls.check()?;
         if self.settings.exchange.len() > 255 {
             return Err(Error::Config("exchange name longer than 255 bytes".into()));
         }
@@ -155,10 +156,12 @@ impl LapinPublisherBuilder {
 }
 
 impl LapinPublisher {
-    /// Starts configuring a publisher for the broker at `url`.
-    pub fn builder(url: impl Into<String>) -> LapinPublisherBuilder {
+    /// Starts configuring a publisher for the broker at `urls`: one URL,
+    /// or one per node of a cluster (a comma-separated string, a `Vec` or
+    /// an array; see [`AmqpUrls`] for the order they are tried in).
+    pub fn builder(urls: impl Into<AmqpUrls>) -> LapinPublisherBuilder {
         LapinPublisherBuilder {
-            settings: Settings::new(url.into()),
+            settings: Settings::new(urls.into()),
         }
     }
 }

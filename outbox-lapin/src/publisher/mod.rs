@@ -32,7 +32,6 @@ use outbox_core::EventEnvelope;
 pub use builder::LapinPublisherBuilder;
 
 use crate::Result;
-use crate::error::redact_url;
 use pool::State;
 
 /// Computes the routing key of an event.
@@ -165,7 +164,7 @@ impl fmt::Debug for LapinPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &self.inner;
         f.debug_struct("LapinPublisher")
-            .field("url", &redact_url(&inner.settings.url))
+            .field("urls", &inner.settings.urls)
             .field("exchange", &inner.settings.exchange)
             .field("source", &inner.settings.source)
             .field("confirm_timeout", &inner.settings.confirm_timeout)

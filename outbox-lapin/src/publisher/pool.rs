@@ -73,7 +73,7 @@ impl LapinPublisher {
             return Ok(current);
         }
         let connection = connect(
-            &self.inner.settings.url,
+            &self.inner.settings.urls,
             &self.inner.settings.connection_name,
         )
         .await?;

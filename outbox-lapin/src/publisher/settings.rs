@@ -7,11 +7,12 @@ use std::time::Duration;
 use lapin::ExchangeKind;
 
 use super::{ExchangeFn, RoutingKeyFn};
+use crate::AmqpUrls;
 
 /// A publisher's settings (see
 /// [`LapinPublisherBuilder`](super::LapinPublisherBuilder) for each).
 pub(crate) struct Settings {
-    pub(crate) url: String,
+    pub(crate) urls: AmqpUrls,
     pub(crate) exchange: String,
     pub(crate) kind: ExchangeKind,
     pub(crate) declare: bool,
@@ -24,10 +25,10 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// The defaults, for the broker at `url`.
-    pub(crate) fn new(url: String) -> Self {
+    /// The defaults, for the broker at `urls`.
+    pub(crate) fn new(urls: AmqpUrls) -> Self {
         Settings {
-            url,
+            urls,
             exchange: "outbox.events".into(),
             kind: ExchangeKind::Topic,
             declare: true,

@@ -4,7 +4,6 @@
 use std::sync::Mutex;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
-use lapin::{Connection, ConnectionProperties};
 
 use crate::{teardown, urls};
 
@@ -69,9 +68,7 @@ impl Drop for BrokerCleanup {
         // A connection of its own: the test's may be the one it broke
         // (closed by the broker, or its runtime is gone).
         teardown::run(&format!("broker objects of {name}"), async move {
-            let properties = ConnectionProperties::default()
-                .with_connection_name(format!("{name}.teardown").into());
-            let Ok(connection) = Connection::connect(&url, properties).await else {
+            let Ok(connection) = super::connect_any(&url, &format!("{name}.teardown")).await else {
                 teardown::warn(&format!(
                     "{name}: broker unreachable, {queues:?} and {exchanges:?} left behind"
                 ));

@@ -28,17 +28,47 @@ use crate::urls;
 
 /// A connection to the broker at `url`, named `name` (the client-provided
 /// name `rabbitmqctl list_connections` shows), or a panic saying where and
-/// how to start RabbitMQ.
+/// how to start RabbitMQ. `url` may be a comma-separated list (one URL per
+/// cluster node): the first that answers is used.
 ///
 /// # Panics
 /// When RabbitMQ does not answer at `url`.
 pub async fn connect(url: &str, name: &str) -> Connection {
-    Connection::connect(
-        url,
-        ConnectionProperties::default().with_connection_name(name.into()),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{}", urls::unreachable("RabbitMQ", url, &e)))
+    connect_any(url, name)
+        .await
+        .unwrap_or_else(|e| panic!("{}", urls::unreachable("RabbitMQ", url, &e)))
+}
+
+/// A connection named `name` to the first URL of the comma-separated list
+/// `urls` that answers within 5 s, or the last error.
+///
+/// # Errors
+/// When no URL answers (with a single URL, its error).
+pub async fn connect_any(urls: &str, name: &str) -> Result<Connection, lapin::Error> {
+    let mut last = lapin::Error::from(lapin::ErrorKind::InvalidConnectionState(
+        lapin::ConnectionState::Closed,
+    ));
+    for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let properties = ConnectionProperties::default().with_connection_name(name.into());
+        match tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            Connection::connect(url, properties),
+        )
+        .await
+        {
+            Ok(Ok(connection)) => return Ok(connection),
+            Ok(Err(error)) => last = error,
+            Err(_) => {
+                last = lapin::Error::from(lapin::ErrorKind::IOError(std::sync::Arc::new(
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("{url}: no answer in 5 s"),
+                    ),
+                )));
+            }
+        }
+    }
+    Err(last)
 }
 
 /// Declares exchange `name` on `channel` as told (not deleted on drop: see

@@ -12,17 +12,20 @@
 //!
 //! [`PrivatePostgres`] lives in `postgres`, [`ReplicatedPostgres`] (a
 //! primary and a streaming standby, for failovers) in `replicated`,
-//! [`PrivateMariadb`] in `mariadb`, [`PrivateRabbit`] in `rabbit`; what
-//! they need to run a server program here.
+//! [`PrivateMariadb`] in `mariadb`, [`PrivateRabbit`] in `rabbit`,
+//! [`PrivateRabbitCluster`] (three of them joined) in `rabbit_cluster`;
+//! what they need to run a server program here.
 
 mod mariadb;
 mod postgres;
 mod rabbit;
+mod rabbit_cluster;
 mod replicated;
 
 pub use mariadb::PrivateMariadb;
 pub use postgres::PrivatePostgres;
 pub use rabbit::{Frozen, PrivateRabbit};
+pub use rabbit_cluster::PrivateRabbitCluster;
 pub use replicated::{ReplicatedPostgres, Replication};
 
 use std::path::{Path, PathBuf};

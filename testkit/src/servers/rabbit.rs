@@ -25,6 +25,14 @@ impl PrivateRabbit {
     /// Boots the node (10–20 s on two cores) and waits until it accepts
     /// AMQP connections. No plugins, guest allowed on loopback.
     pub fn start() -> PrivateRabbit {
+        let rabbit = PrivateRabbit::spawn();
+        rabbit.await_startup();
+        rabbit
+    }
+
+    /// Starts booting the node and returns at once (several nodes then
+    /// boot in parallel); [`await_startup`](Self::await_startup) waits.
+    pub(super) fn spawn() -> PrivateRabbit {
         let dir = server_dir("rabbit", "rabbitmq");
         let port = free_port();
         let dist_port = free_port();
@@ -71,19 +79,32 @@ impl PrivateRabbit {
             .stderr(log_err)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start rabbitmq-server: {e}"));
-        let rabbit = PrivateRabbit {
+        PrivateRabbit {
             dir,
             node,
             port,
             server,
-        };
+        }
+    }
+
+    /// Waits until the node accepts AMQP connections and has booted.
+    pub(super) fn await_startup(&self) {
         wait_for_port(
-            rabbit.port,
+            self.port,
             Duration::from_secs(90),
             "the private RabbitMQ node",
         );
-        rabbit.ctl(&["await_startup"]);
-        rabbit
+        self.ctl(&["await_startup"]);
+    }
+
+    /// The Erlang node name (`outbox-…@localhost`).
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The AMQP port.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The environment every RabbitMQ script of this node gets: the

@@ -7,7 +7,6 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
@@ -98,11 +97,10 @@ impl Drop for Tap {
 /// Consumes until the connection or the consumer ends.
 async fn consume(url: &str, queue: &str, name: &str, sink: &Mutex<Vec<Delivery>>) {
     // Bounded: a broker that is starting may accept TCP and not answer.
-    let connecting = Connection::connect(
-        url,
-        ConnectionProperties::default().with_connection_name(name.into()),
-    );
-    let Ok(Ok(conn)) = tokio::time::timeout(Duration::from_secs(5), connecting).await else {
+    // `url` may list several nodes (comma-separated): the first that
+    // answers, each bounded (a broker that is starting may accept TCP and
+    // not answer).
+    let Ok(conn) = outbox_testkit::amqp::connect_any(url, name).await else {
         return;
     };
     let Ok(channel) = conn.create_channel().await else {

@@ -10,7 +10,8 @@ use axum::response::{IntoResponse, Response};
 use diesel_async::SimpleAsyncConnection as _;
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
-use lapin::{Connection, ConnectionProperties};
+use lapin::Connection;
+use outbox::rabbitmq::AmqpUrls;
 use tokio::sync::Mutex;
 
 use super::AppState;
@@ -120,12 +121,11 @@ impl Health {
         let mut broker = self.broker.lock().await;
         let connection = match broker.take() {
             Some(connection) if connection.status().connected() => connection,
-            _ => Connection::connect(
-                &self.amqp_url,
-                ConnectionProperties::default().with_connection_name("ecommerce-health".into()),
-            )
-            .await
-            .map_err(|e| e.to_string())?,
+            // `AMQP_URL` may list every node of a cluster.
+            _ => AmqpUrls::from(&self.amqp_url)
+                .connect("ecommerce-health")
+                .await
+                .map_err(|e| e.to_string())?,
         };
         let channel = connection
             .create_channel()
