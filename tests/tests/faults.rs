@@ -81,6 +81,15 @@ impl Rng {
 use outbox_tests::PrivateRabbitCluster;
 use outbox_tests::test_logs as logs;
 
+/// The scenarios that start private servers (a RabbitMQ node or cluster, a
+/// PostgreSQL cluster or primary/standby pair) run one at a time, beside
+/// the scenarios on the shared servers: each boots Erlang VMs or `initdb`
+/// clusters on the machine's two cores, and two of them at once starved
+/// each other's relays past a scenario's limits (the poison scenario's 60 s
+/// for the 2,000 held events, seen once with the three-node cluster booting
+/// beside it).
+static PRIVATE_SERVERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Starts a relay and waits until it runs.
 async fn relay(scenario: &Scenario, name: &str) -> RelayProcess {
     let mut relay = scenario.spawn_relay(RELAY, name, None);
@@ -269,6 +278,7 @@ async fn relays_with_random_kills(backend: Backend, name: &str, relays_running: 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_broker_stopped_and_started_while_producers_commit_loses_nothing() {
+    let _one_at_a_time = PRIVATE_SERVERS.lock().await;
     logs();
     let rabbit = tokio::task::spawn_blocking(PrivateRabbit::start)
         .await
@@ -364,6 +374,7 @@ async fn terminate_backends(database_url: &str, prefix: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn database_sessions_killed_and_the_database_restarted_lose_nothing() {
+    let _one_at_a_time = PRIVATE_SERVERS.lock().await;
     let pg = tokio::task::spawn_blocking(PrivatePostgres::start)
         .await
         .unwrap();
@@ -437,6 +448,7 @@ async fn pg_failover_with_asynchronous_replication_reports_what_it_lost() {
 /// The `pg-failover` scenario: a primary and a streaming standby
 /// ([`ReplicatedPostgres`]), every client on the URL naming both.
 async fn pg_failover(replication: Replication, name: &str) {
+    let _one_at_a_time = PRIVATE_SERVERS.lock().await;
     logs();
     let pg = tokio::task::spawn_blocking(move || ReplicatedPostgres::start(replication))
         .await
@@ -618,6 +630,7 @@ struct DeadRow {
 /// `random kills` scenario's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn poison_misconfiguration_and_a_frozen_broker_stop_no_healthy_aggregate() {
+    let _one_at_a_time = PRIVATE_SERVERS.lock().await;
     logs();
     let rabbit = std::sync::Arc::new(
         tokio::task::spawn_blocking(PrivateRabbit::start)
@@ -847,6 +860,7 @@ async fn poison_misconfiguration_and_a_frozen_broker_stop_no_healthy_aggregate()
 /// time until the tap sees the next delivery after each stop is printed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rabbit_cluster_nodes_stopped_one_at_a_time_lose_nothing_and_spend_no_attempt() {
+    let _one_at_a_time = PRIVATE_SERVERS.lock().await;
     logs();
     let cluster = std::sync::Arc::new(
         tokio::task::spawn_blocking(PrivateRabbitCluster::start)
