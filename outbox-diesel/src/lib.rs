@@ -354,15 +354,22 @@ pub use transaction::{Transaction, begin_top_level, commit_top_level, in_top_lev
 /// How long a pool's `get` (`pool`, `mysql::pool`) waits for a free connection before it fails.
 pub const POOL_WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a pool waits for a new connection to open before it fails.
+/// A PostgreSQL pool whose URL names several hosts waits longer when its
+/// hosts need it: each host gets up to its own limit (the URL's
+/// `connect_timeout`, else 5 s), one after the other, and the pool waits for
+/// the whole walk (plus a second), so that a frozen first host does not keep
+/// the next from being tried.
 pub const POOL_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A deadpool pool of at most `max_size` connections to `url`, each opened
-/// by `open` (lazily, on first use), with this crate's timeouts.
+/// by `open` (lazily, on first use) within `create_timeout`, with this
+/// crate's wait timeout.
 /// Connections are checked on checkout as `recycling` says.
 fn pool_of<C: Connection>(
     url: &str,
     max_size: usize,
     recycling: diesel_async::pooled_connection::RecyclingMethod<C>,
+    create_timeout: std::time::Duration,
     open: impl Fn() -> futures_util::future::BoxFuture<'static, diesel::ConnectionResult<C>>
     + Send
     + Sync
@@ -376,7 +383,7 @@ fn pool_of<C: Connection>(
         .max_size(max_size)
         .runtime(deadpool::Runtime::Tokio1)
         .wait_timeout(Some(POOL_WAIT_TIMEOUT))
-        .create_timeout(Some(POOL_CONNECT_TIMEOUT))
+        .create_timeout(Some(create_timeout))
         .build()
         .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))
 }

@@ -63,6 +63,84 @@ async fn a_multi_host_url_connects_to_the_host_that_takes_writes() {
     assert_eq!(db.count("outbox_events", ""), 1);
 }
 
+/// A port that accepts TCP connections and never answers (a frozen
+/// postmaster, or a machine whose kernel still answers): each connection is
+/// held open, silent.
+async fn silent_host() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    port
+}
+
+/// The shared server's URL with a silent host listed first.
+fn behind_a_silent_host(url: &str, port: u16) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (credentials, host_and_more) = rest.rsplit_once('@').unwrap();
+    format!("{scheme}://{credentials}@127.0.0.1:{port},{host_and_more}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_host_that_never_answers_is_given_up_for_the_next() {
+    let db = TestDb::new("failover_silent_first_host").await;
+    let silent = silent_host().await;
+    // The default limit per host (5 s, no connect_timeout in the URL).
+    let url = behind_a_silent_host(&db.url, silent);
+    // The outer limits only turn a hang into a failure (before, `connect`
+    // never returned and the pool gave up after 10 s on the first host).
+    let mut conn = tokio::time::timeout(Duration::from_secs(30), outbox_diesel::connect(&url))
+        .await
+        .expect("connect gives the silent host up")
+        .unwrap();
+    conn.transaction::<_, Error, _>(async |conn| db.outbox.record(conn, &moved("s", 1)).await)
+        .await
+        .unwrap();
+    let pool = outbox_diesel::pool(&url, 2).unwrap();
+    let mut pooled = tokio::time::timeout(Duration::from_secs(30), pool.get())
+        .await
+        .expect("the pool gives the silent host up")
+        .unwrap();
+    diesel::sql_query("SELECT 1")
+        .execute(&mut *pooled)
+        .await
+        .unwrap();
+    // The URL's connect_timeout is the limit per host when set.
+    let quick = with_param(&url, "connect_timeout=1");
+    tokio::time::timeout(Duration::from_secs(30), outbox_diesel::connect(&quick))
+        .await
+        .expect("connect gives the silent host up")
+        .unwrap();
+    assert_eq!(db.count("outbox_events", ""), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn when_no_host_can_be_used_the_error_names_each_hosts_failure() {
+    let db = TestDb::new("failover_no_host").await;
+    let silent = silent_host().await;
+    let refused = free_port();
+    let (_, rest) = db.url.split_once("://").unwrap();
+    let (credentials, _) = rest.rsplit_once('@').unwrap();
+    let url = format!(
+        "postgres://{credentials}@127.0.0.1:{silent},127.0.0.1:{refused}/postgres?connect_timeout=1"
+    );
+    let error = tokio::time::timeout(Duration::from_secs(30), outbox_diesel::connect(&url))
+        .await
+        .expect("connect gives every host up")
+        .err()
+        .expect("no host to connect to");
+    let text = error.to_string();
+    assert!(
+        text.contains(&format!("127.0.0.1:{silent}: no answer within 1 s")),
+        "{text}"
+    );
+    assert!(text.contains(&format!("127.0.0.1:{refused}: ")), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_that_takes_no_writes_is_refused_with_a_clear_error() {
     let db = TestDb::new("failover_read_only_refused").await;
