@@ -201,6 +201,58 @@ async fn a_pooled_connection_that_answers_read_only_is_closed_not_reused() {
     assert_eq!(db.count("outbox_events", "WHERE attempts > 0"), 0);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn an_inbox_transaction_answered_read_only_closes_its_connection_on_rollback() {
+    use outbox_core::{InboxDatabase as _, admin::DeadLetter};
+    use outbox_diesel::{PgInbox, PgInboxDatabase};
+    let db = TestDb::new("failover_read_only_inbox").await;
+    // Sessions read-only, as on a fenced old primary the connections
+    // opened before the fence are.
+    let url = with_param(&read_only(&db.url), "target_session_attrs=any");
+    let pool = outbox_diesel::pool(&url, 2).unwrap();
+    let inbox = PgInboxDatabase::new(pool.clone(), PgInbox::new(&db.schema).unwrap());
+    // What the inbox consumer does when its inbox insert fails.
+    let mut tx = inbox.begin().await.unwrap();
+    let error = inbox
+        .receive(&mut tx, "failover", uuid::Uuid::now_v7())
+        .await
+        .expect_err("no insert on a read-only session");
+    assert!(error.is_read_only(), "{error:?}");
+    inbox.rollback(tx).await.unwrap();
+    assert_eq!(
+        pool.status().size,
+        0,
+        "the connection was closed, not returned to the pool"
+    );
+    // A dead letter answered read-only: its connection closed too.
+    let letter = DeadLetter::new("failover", "q", "x", "r", "handler failed", b"{}");
+    let error = inbox.record_dead_letter(&letter).await.unwrap_err();
+    assert!(error.is_read_only(), "{error:?}");
+    assert_eq!(pool.status().size, 0);
+    // On a server that takes writes, a rolled-back transaction keeps its
+    // connection.
+    let healthy = outbox_diesel::pool(&db.url, 2).unwrap();
+    let inbox = PgInboxDatabase::new(healthy.clone(), PgInbox::new(&db.schema).unwrap());
+    let mut tx = inbox.begin().await.unwrap();
+    inbox
+        .receive(&mut tx, "failover", uuid::Uuid::now_v7())
+        .await
+        .unwrap();
+    inbox.rollback(tx).await.unwrap();
+    assert_eq!(healthy.status().size, 1);
+    // The delivery order: read-only answers close the connection too.
+    let store = PgOutboxStore::builder(pool.clone())
+        .schema(&db.schema)
+        .build()
+        .unwrap();
+    let error = store
+        .set_delivery_order(outbox_core::DeliveryOrder::Unordered)
+        .await
+        .unwrap_err();
+    assert!(error.is_read_only(), "{error:?}");
+    assert_eq!(pool.status().size, 0);
+}
+
 /// A TCP proxy to the shared server whose connections can be frozen: bytes
 /// are swallowed and never forwarded, both ways, while the sockets stay
 /// open (a half-open connection to a vanished primary). Connections made
