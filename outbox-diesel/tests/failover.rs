@@ -374,6 +374,42 @@ async fn a_silent_listen_connection_is_replaced_and_the_backlog_rescanned() {
         .unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listen_connection_to_a_read_only_server_is_replaced() {
+    let db = TestDb::new("failover_listen_read_only").await;
+    let proxy = FreezingProxy::start(port_of(&db.url)).await;
+    let proxied = db.url.replacen(
+        &format!(":{}/", port_of(&db.url)),
+        &format!(":{}/", proxy.port),
+        1,
+    );
+    // Read-only sessions that answer (a fenced old primary): `SELECT 1`
+    // passes there, `SHOW transaction_read_only` does not.
+    let listen_url = with_param(&read_only(&proxied), "target_session_attrs=any");
+    let store = PgOutboxStore::builder(db.pool.clone())
+        .schema(&db.schema)
+        .listen(&listen_url)
+        .listen_check(Duration::from_secs(1), Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let relay = wakeup_driven(store, RecordingPublisher::new())
+        .build()
+        .unwrap();
+    let handle = relay.handle();
+    let task = tokio::spawn(relay.run());
+    outbox_testkit::eventually::eventually("the listener connects through the proxy")
+        .until(|| std::future::ready(proxy.connections() >= 1))
+        .await;
+    outbox_testkit::eventually::eventually("the listener drops the read-only connection")
+        .until(|| std::future::ready(proxy.connections() >= 2))
+        .await;
+    handle.shutdown();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the relay stops")
+        .unwrap();
+}
+
 /// Records one event in a committed transaction; its id.
 async fn record_one(db: &TestDb) -> uuid::Uuid {
     let mut conn = db.conn().await;
