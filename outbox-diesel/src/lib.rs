@@ -223,14 +223,23 @@
 //! primary and its standbys in the URL
 //! (`postgres://app@pg1:5432,pg2:5432/shop`, or `host=pg1,pg2` in a
 //! `key=value` string) and connections skip a standby and, after a
-//! failover, go to the promoted one. Until one is promoted, connecting
+//! failover, go to the promoted one. The hosts are tried one at a time,
+//! each for at most the URL's `connect_timeout` (else 5 s), so a host that
+//! is gone or frozen is given up for the next. A read-only server or role
+//! is refused even alone in the URL: `target_session_attrs=any` connects
+//! to it anyway. Unless the URL sets them, connections get TCP keepalives
+//! (`keepalives_idle=30`, `keepalives_interval=10`,
+//! `keepalives_retries=3`) and `tcp_user_timeout=30`, so a connection to a
+//! machine that vanished fails within about a minute, not after the
+//! kernel's ~15 minutes. Until a standby is promoted, connecting
 //! fails with "the database is read-only (a standby?)"; the relay and the
 //! inbox consumer retry. A query that a server answers with "read-only"
 //! (SQLSTATE 25006, [`Error::is_read_only`]) says so too, and the relay
-//! store closes that connection rather than pooling it; a claim that fails
+//! store, the inbox transaction and the dead-letter insert close that
+//! connection rather than pooling it; a claim that fails
 //! so spends no attempt. The relay's `LISTEN` connection is checked after
 //! 15 s of silence ([`PgOutboxStoreBuilder::listen_check`]), so a half-open
-//! socket to a vanished primary is replaced (with a warning that the relay
+//! socket to a vanished primary, or a primary fenced read-only, is replaced (with a warning that the relay
 //! polls until then) and the backlog rescanned. What a failover can lose
 //! (with asynchronous replication, the last committed transactions, events
 //! with their business rows) and how synchronous replication closes it:
