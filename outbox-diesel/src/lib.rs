@@ -224,7 +224,8 @@
 //! (`postgres://app@pg1:5432,pg2:5432/shop`, or `host=pg1,pg2` in a
 //! `key=value` string) and connections skip a standby and, after a
 //! failover, go to the promoted one. The hosts are tried one at a time,
-//! each for at most the URL's `connect_timeout` (else 5 s), so a host that
+//! each for at most the URL's `connect_timeout` (else 5 s; 10 s for a
+//! single host), so a host that
 //! is gone or frozen is given up for the next. A read-only server or role
 //! is refused even alone in the URL: `target_session_attrs=any` connects
 //! to it anyway. Unless the URL sets them, connections get TCP keepalives
@@ -363,11 +364,11 @@ pub use transaction::{Transaction, begin_top_level, commit_top_level, in_top_lev
 /// How long a pool's `get` (`pool`, `mysql::pool`) waits for a free connection before it fails.
 pub const POOL_WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a pool waits for a new connection to open before it fails.
-/// A PostgreSQL pool whose URL names several hosts waits longer when its
-/// hosts need it: each host gets up to its own limit (the URL's
-/// `connect_timeout`, else 5 s), one after the other, and the pool waits for
-/// the whole walk (plus a second), so that a frozen first host does not keep
-/// the next from being tried.
+/// A PostgreSQL connection gives up on its own: each host of its URL gets
+/// the URL's `connect_timeout`, else this long with one host and 5 s each
+/// with several, one after the other; its pool waits for that whole walk
+/// and a second more (so that the connection's error, naming each host's
+/// failure, is the one reported), and so never less than this.
 pub const POOL_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A deadpool pool of at most `max_size` connections to `url`, each opened

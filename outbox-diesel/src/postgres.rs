@@ -40,7 +40,8 @@ pub async fn record_all<E: DomainEvent + Sync>(
 /// `url` (see [TLS](crate#tls)).
 ///
 /// The hosts of the URL are tried one at a time, in order, each for at most
-/// its `connect_timeout` (5 s if the URL sets none) for the whole attempt
+/// its `connect_timeout` (if the URL sets none, 5 s with several hosts, 10 s
+/// with one) for the whole attempt
 /// (TCP, TLS, startup, authentication, the read-write check): a host that
 /// accepts the connection and never answers is given up for the next, and
 /// this never waits longer than that limit times the number of hosts.

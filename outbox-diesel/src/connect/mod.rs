@@ -19,10 +19,12 @@ use crate::error::redact_url;
 use crate::{Error, Result};
 use params::{ConnString, SslMode};
 
-/// How long one host of the URL gets to answer when its
-/// `connect_timeout` is not set: the TCP connection, TLS, the startup and
+/// How long each host of a URL naming several gets to answer when the URL
+/// sets no `connect_timeout`: the TCP connection, TLS, the startup and
 /// authentication and the read-write check together. A host that takes
 /// longer (a frozen server, a vanished machine) is given up for the next.
+/// A URL with one host gets [`POOL_CONNECT_TIMEOUT`](crate::POOL_CONNECT_TIMEOUT)
+/// (10 s), as its pool always did.
 pub(crate) const HOST_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How to open connections to one URL, worked out once.
@@ -33,7 +35,7 @@ pub(crate) struct Connector {
     /// `postgres-tls` feature when tokio-postgres cannot read the URL.
     hosts: Vec<HostConfig>,
     /// The limit of one host's attempt: the URL's `connect_timeout`, else
-    /// [`HOST_CONNECT_TIMEOUT`].
+    /// [`HOST_CONNECT_TIMEOUT`] with several hosts, 10 s with one.
     per_host: Duration,
     /// `load_balance_hosts=random`: hosts tried in a random order.
     random: bool,
@@ -85,15 +87,20 @@ impl Connector {
             };
             (Some(config), tls)
         };
+        let hosts = config.as_ref().map(one_per_host).unwrap_or_default();
         let per_host = config
             .as_ref()
             .and_then(|config| config.get_connect_timeout().copied())
-            .unwrap_or(HOST_CONNECT_TIMEOUT);
+            .unwrap_or(if hosts.len() > 1 {
+                HOST_CONNECT_TIMEOUT
+            } else {
+                crate::POOL_CONNECT_TIMEOUT
+            });
         let random = config.as_ref().is_some_and(|config| {
             config.get_load_balance_hosts() == tokio_postgres::config::LoadBalanceHosts::Random
         });
         Ok(Connector {
-            hosts: config.as_ref().map(one_per_host).unwrap_or_default(),
+            hosts,
             target,
             per_host,
             random,
@@ -112,8 +119,8 @@ impl Connector {
     /// Opens one connection: tries the hosts of the URL one at a time, in
     /// order (random with `load_balance_hosts=random`), each for at most
     /// its limit (the URL's `connect_timeout`, else
-    /// [`HOST_CONNECT_TIMEOUT`]); the first that connects (and, by default,
-    /// takes writes) wins.
+    /// [`HOST_CONNECT_TIMEOUT`] with several hosts, 10 s with one); the
+    /// first that connects (and, by default, takes writes) wins.
     ///
     /// # Errors
     /// The driver's, as diesel's [`ConnectionError`]; with several hosts,
@@ -157,10 +164,11 @@ impl Connector {
 
     fn timed_out(&self) -> ConnectionError {
         ConnectionError::BadConnection(format!(
-            "no answer within {} s (the URL's connect_timeout, else {} s): the server is \
-             down, frozen or unreachable",
+            "timed out: no answer within {} s (the URL's connect_timeout, else {} s per host \
+             with several, {} s with one): the server is down, frozen or unreachable",
             self.per_host.as_secs_f32(),
-            HOST_CONNECT_TIMEOUT.as_secs()
+            HOST_CONNECT_TIMEOUT.as_secs(),
+            crate::POOL_CONNECT_TIMEOUT.as_secs()
         ))
     }
 
