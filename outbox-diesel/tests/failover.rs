@@ -243,6 +243,18 @@ async fn an_inbox_transaction_answered_read_only_closes_its_connection_on_rollba
         .unwrap();
     inbox.rollback(tx).await.unwrap();
     assert_eq!(healthy.status().size, 1);
+    // The admin's writes (the audit trail here; the janitor's purges go the
+    // same way): read-only answers close the connection too.
+    let admin = PgOutboxStore::builder(pool.clone())
+        .schema(&db.schema)
+        .build()
+        .unwrap();
+    let entry = outbox_core::admin::AuditEntry::new("t", "purge_sent", serde_json::json!({}));
+    let error = outbox_core::admin::OutboxAdmin::begin_audit(&admin, &entry)
+        .await
+        .unwrap_err();
+    assert!(error.is_read_only(), "{error:?}");
+    assert_eq!(pool.status().size, 0);
     // The delivery order: read-only answers close the connection too.
     let store = PgOutboxStore::builder(pool.clone())
         .schema(&db.schema)
