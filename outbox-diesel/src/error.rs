@@ -173,8 +173,10 @@ pub(crate) fn is_read_only(error: &diesel::result::Error) -> bool {
 
 fn read_only_hint(error: &diesel::result::Error) -> &'static str {
     if is_read_only(error) {
-        "; the database is read-only (a standby?): do not reuse this connection (the outbox's \
-         stores and transactions drop it); new connections go to a server that takes writes \
+        "; the database is read-only (a standby?): do not reuse this connection (the outbox \
+         closes the connections of its own statements that get this answer: the relay store's, \
+         the inbox entry's and dead letter's, a failed commit's; close your own, e.g. drop a \
+         `Transaction` rather than roll it back); new connections go to a server that takes writes \
          (target_session_attrs=read-write), so list the hosts of the primary and its standbys \
          in the URL to follow a failover"
     } else {

@@ -205,7 +205,11 @@ impl InboxDatabase for PgInboxDatabase {
         consumer: &str,
         event_id: Uuid,
     ) -> Result<InboxOutcome> {
-        InboxStore::receive(&self.inbox, tx, consumer, event_id).await
+        let received = InboxStore::receive(&self.inbox, &mut **tx, consumer, event_id).await;
+        // A read-only answer (a standby, a fenced old primary): the
+        // consumer's rollback then closes the connection, not pools it.
+        tx.note(&received);
+        received
     }
 
     async fn commit(&self, tx: PgTransaction) -> Result<()> {
@@ -216,9 +220,20 @@ impl InboxDatabase for PgInboxDatabase {
         tx.rollback().await
     }
 
-    /// On a pooled connection of its own, outside any transaction.
+    /// On a pooled connection of its own, outside any transaction. A
+    /// read-only answer closes that connection rather than pooling it.
     async fn record_dead_letter(&self, letter: &DeadLetter) -> Result<()> {
         let mut conn = self.pool.get().await.map_err(Error::Pool)?;
-        self.inbox.record_dead_letter(&mut conn, letter).await
+        let recorded = self.inbox.record_dead_letter(&mut conn, letter).await;
+        if let Err(error) = &recorded
+            && error.is_read_only()
+        {
+            tracing::warn!(
+                "the database is read-only (a standby?): closing the connection; new ones go \
+                 to a server that takes writes (target_session_attrs=read-write)"
+            );
+            drop(deadpool::managed::Object::take(conn));
+        }
+        recorded
     }
 }

@@ -223,14 +223,24 @@
 //! primary and its standbys in the URL
 //! (`postgres://app@pg1:5432,pg2:5432/shop`, or `host=pg1,pg2` in a
 //! `key=value` string) and connections skip a standby and, after a
-//! failover, go to the promoted one. Until one is promoted, connecting
+//! failover, go to the promoted one. The hosts are tried one at a time,
+//! each for at most the URL's `connect_timeout` (else 5 s; 10 s for a
+//! single host), so a host that
+//! is gone or frozen is given up for the next. A read-only server or role
+//! is refused even alone in the URL: `target_session_attrs=any` connects
+//! to it anyway. Unless the URL sets them, connections get TCP keepalives
+//! (`keepalives_idle=30`, `keepalives_interval=10`,
+//! `keepalives_retries=3`) and `tcp_user_timeout=30`, so a connection to a
+//! machine that vanished fails within about a minute, not after the
+//! kernel's ~15 minutes. Until a standby is promoted, connecting
 //! fails with "the database is read-only (a standby?)"; the relay and the
 //! inbox consumer retry. A query that a server answers with "read-only"
 //! (SQLSTATE 25006, [`Error::is_read_only`]) says so too, and the relay
-//! store closes that connection rather than pooling it; a claim that fails
+//! store, the inbox transaction and the dead-letter insert close that
+//! connection rather than pooling it; a claim that fails
 //! so spends no attempt. The relay's `LISTEN` connection is checked after
 //! 15 s of silence ([`PgOutboxStoreBuilder::listen_check`]), so a half-open
-//! socket to a vanished primary is replaced (with a warning that the relay
+//! socket to a vanished primary, or a primary fenced read-only, is replaced (with a warning that the relay
 //! polls until then) and the backlog rescanned. What a failover can lose
 //! (with asynchronous replication, the last committed transactions, events
 //! with their business rows) and how synchronous replication closes it:
@@ -354,15 +364,22 @@ pub use transaction::{Transaction, begin_top_level, commit_top_level, in_top_lev
 /// How long a pool's `get` (`pool`, `mysql::pool`) waits for a free connection before it fails.
 pub const POOL_WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a pool waits for a new connection to open before it fails.
+/// A PostgreSQL connection gives up on its own: each host of its URL gets
+/// the URL's `connect_timeout`, else this long with one host and 5 s each
+/// with several, one after the other; its pool waits for that whole walk
+/// and a second more (so that the connection's error, naming each host's
+/// failure, is the one reported), and so never less than this.
 pub const POOL_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A deadpool pool of at most `max_size` connections to `url`, each opened
-/// by `open` (lazily, on first use), with this crate's timeouts.
+/// by `open` (lazily, on first use) within `create_timeout`, with this
+/// crate's wait timeout.
 /// Connections are checked on checkout as `recycling` says.
 fn pool_of<C: Connection>(
     url: &str,
     max_size: usize,
     recycling: diesel_async::pooled_connection::RecyclingMethod<C>,
+    create_timeout: std::time::Duration,
     open: impl Fn() -> futures_util::future::BoxFuture<'static, diesel::ConnectionResult<C>>
     + Send
     + Sync
@@ -376,7 +393,7 @@ fn pool_of<C: Connection>(
         .max_size(max_size)
         .runtime(deadpool::Runtime::Tokio1)
         .wait_timeout(Some(POOL_WAIT_TIMEOUT))
-        .create_timeout(Some(POOL_CONNECT_TIMEOUT))
+        .create_timeout(Some(create_timeout))
         .build()
         .map_err(|e| Error::Config(format!("cannot build the connection pool: {e}")))
 }

@@ -1,10 +1,11 @@
 //! The PostgreSQL entry points of the crate root: recording in the
 //! `public` outbox, connecting, pooling.
 
+use crate::POOL_CONNECT_TIMEOUT;
+#[allow(unused_imports)] // in intra-doc links
+use crate::POOL_WAIT_TIMEOUT;
 use crate::record::Outbox;
 use crate::{Error, Result};
-#[allow(unused_imports)] // in intra-doc links
-use crate::{POOL_CONNECT_TIMEOUT, POOL_WAIT_TIMEOUT};
 use diesel_async::AsyncPgConnection;
 use diesel_async::pooled_connection::deadpool::Pool;
 use futures_util::FutureExt as _;
@@ -38,6 +39,13 @@ pub async fn record_all<E: DomainEvent + Sync>(
 /// Opens a direct connection, honouring `sslmode` and `sslrootcert` in
 /// `url` (see [TLS](crate#tls)).
 ///
+/// The hosts of the URL are tried one at a time, in order, each for at most
+/// its `connect_timeout` (if the URL sets none, 5 s with several hosts, 10 s
+/// with one) for the whole attempt
+/// (TCP, TLS, startup, authentication, the read-write check): a host that
+/// accepts the connection and never answers is given up for the next, and
+/// this never waits longer than that limit times the number of hosts.
+///
 /// # Errors
 /// [`Error::Tls`] if `url` asks for TLS this build cannot give (no
 /// `postgres-tls` feature) or its TLS settings are unusable;
@@ -60,7 +68,8 @@ pub async fn connect(url: &str) -> Result<AsyncPgConnection> {
 /// Getting a connection never waits forever: at most [`POOL_WAIT_TIMEOUT`]
 /// for a free one (an exhausted pool, e.g. a leak or too small a size), and
 /// at most [`POOL_CONNECT_TIMEOUT`] for a new one to open (a database that
-/// does not answer). Both then fail with deadpool's timeout error, which the
+/// does not answer; longer if the hosts of the URL need it: each host gets
+/// its own limit, see [`connect`]). Both then fail with deadpool's timeout error, which the
 /// relay and the inbox consumer treat as the database being unavailable.
 /// Build your own `Pool` for other limits.
 ///
@@ -83,8 +92,18 @@ pub async fn connect(url: &str) -> Result<AsyncPgConnection> {
 pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncPgConnection>> {
     let connector = std::sync::Arc::new(crate::connect::Connector::new(url)?);
     let fast = diesel_async::pooled_connection::RecyclingMethod::Fast;
-    crate::pool_of(url, max_size, fast, move || {
-        let connector = std::sync::Arc::clone(&connector);
-        async move { connector.connect().await }.boxed()
-    })
+    // The walk over the hosts ends on its own (each host bounded): the pool
+    // waits for it, plus a second, so that its error (naming each host's
+    // failure) is the one reported.
+    let walk = connector.walk_limit() + std::time::Duration::from_secs(1);
+    crate::pool_of(
+        url,
+        max_size,
+        fast,
+        POOL_CONNECT_TIMEOUT.max(walk),
+        move || {
+            let connector = std::sync::Arc::clone(&connector);
+            async move { connector.connect().await }.boxed()
+        },
+    )
 }

@@ -135,10 +135,19 @@ pub(crate) async fn commit<C: Connection>(conn: &mut C) -> Result<()> {
 /// dropped instead (an error, a panic, a cancelled future), the connection is
 /// closed rather than returned to the pool, so PostgreSQL rolls the
 /// transaction back at once and no pooled connection is left inside it.
+///
+/// A transaction whose own statements (this crate's, e.g. the inbox entry
+/// of [`PgInboxDatabase`](crate::PgInboxDatabase)) were answered
+/// "read-only" ([`Error::is_read_only`]: a standby, a fenced old primary)
+/// closes its connection on [`rollback`](Self::rollback) too, so the pool's
+/// next connection goes to a server that takes writes.
 pub struct Transaction<C: Connection> {
     // `Some` from `begin` until `commit`, `rollback` or drop, all of which
     // consume `self`: every `&self` method sees `Some`.
     conn: Option<Object<C::Manager>>,
+    /// Set when a statement of this crate on it was answered "read-only":
+    /// the connection is closed, never pooled again.
+    read_only: bool,
 }
 
 impl<C: Connection> std::fmt::Debug for Transaction<C> {
@@ -146,6 +155,7 @@ impl<C: Connection> std::fmt::Debug for Transaction<C> {
         f.debug_struct("Transaction")
             .field("backend", &C::BACKEND)
             .field("open", &self.conn.is_some())
+            .field("read_only", &self.read_only)
             .finish()
     }
 }
@@ -161,7 +171,10 @@ impl<C: Connection> Transaction<C> {
         // e.g. SQLite's write lock), `Drop` closes the connection instead
         // of pooling it inside a transaction.
         let conn = pool.get().await.map_err(Error::Pool)?;
-        let mut tx = Transaction { conn: Some(conn) };
+        let mut tx = Transaction {
+            conn: Some(conn),
+            read_only: false,
+        };
         if let Some(conn) = tx.conn.as_mut() {
             Connection::begin(&mut **conn).await?;
         }
@@ -177,7 +190,10 @@ impl<C: Connection> Transaction<C> {
         C: diesel_async::AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
     {
         let conn = pool.get().await.map_err(Error::Pool)?;
-        let mut tx = Transaction { conn: Some(conn) };
+        let mut tx = Transaction {
+            conn: Some(conn),
+            read_only: false,
+        };
         if let Some(conn) = tx.conn.as_mut() {
             diesel_async::AnsiTransactionManager::begin_transaction_sql(&mut **conn, sql).await?;
         }
@@ -236,16 +252,38 @@ impl<C: Connection> Transaction<C> {
         self.finish(outcome)
     }
 
+    /// Notes `result` of a statement run on this transaction: a read-only
+    /// answer makes [`rollback`](Self::rollback) close the connection.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn note<T>(&mut self, result: &Result<T>) {
+        if let Err(error) = result
+            && error.is_read_only()
+        {
+            self.read_only = true;
+        }
+    }
+
     /// Rolls back and returns the connection to the pool. If a nested
     /// transaction (savepoint) is still open on it, or the rollback fails,
-    /// the connection is closed instead, which rolls back all of it.
+    /// or a statement of this crate on it was answered "read-only", the
+    /// connection is closed instead, which rolls back all of it.
     ///
     /// # Errors
     /// [`Error::Database`] if the rollback fails (the connection is closed).
     pub async fn rollback(mut self) -> Result<()> {
+        let read_only = self.read_only;
         let Some(conn) = self.conn.as_mut() else {
             return Ok(());
         };
+        if read_only {
+            // A standby or a fenced old primary: not to be pooled again.
+            tracing::warn!(
+                "the database is read-only (a standby?): closing the connection; new ones go \
+                 to a server that takes writes (target_session_attrs=read-write)"
+            );
+            let _ = self.finish(Err(Error::NoTransaction));
+            return Ok(());
+        }
         if !top_level(&mut **conn) {
             // `ROLLBACK` would only roll back to the innermost savepoint
             // and leave the transaction open: close the connection.

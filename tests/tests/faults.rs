@@ -481,6 +481,7 @@ async fn pg_failover(replication: Replication, name: &str) {
     scenario.fault("replication cut (the standby receives nothing more)");
     tokio::time::sleep(Duration::from_secs(1)).await;
     on_pair(ReplicatedPostgres::kill_primary).await.unwrap();
+    let killed_at = Instant::now();
     scenario.fault("primary killed (pg_ctl stop -m immediate)");
     // Nothing takes writes until the promotion: the clients wait for it.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -499,7 +500,7 @@ async fn pg_failover(replication: Replication, name: &str) {
     let produced = producers.stop().await;
     let synchronous = replication == Replication::Synchronous;
     let (summary, loss) = scenario
-        .verify_failover(&tap, &produced, DRAIN, synchronous)
+        .verify_failover(&tap, &produced, DRAIN, synchronous, killed_at)
         .await;
     assert!(
         after_promotion > before + 100,

@@ -4,7 +4,8 @@
 //! `target_session_attrs` gets `target_session_attrs=read-write`: the
 //! outbox only ever writes, so with several hosts
 //! (`postgres://u@h1:5432,h2:5432/db`) every connection goes to the one that
-//! takes writes, the primary, and a standby is skipped.
+//! takes writes, the primary, and a standby is skipped. Strings also get
+//! TCP keepalive and `tcp_user_timeout` defaults (see [`DEFAULTS`]).
 
 use std::fmt;
 
@@ -60,16 +61,37 @@ impl fmt::Display for SslMode {
     }
 }
 
-/// The `target_session_attrs` a connection string gets when it sets none.
-pub(crate) const READ_WRITE: &str = "target_session_attrs=read-write";
+/// The parameters a connection string gets when it does not set them, each
+/// overridden by the string's own value:
+///
+/// - `target_session_attrs=read-write`: with several hosts, the one that
+///   takes writes (the primary).
+/// - `keepalives_idle=30`, `keepalives_interval=10`, `keepalives_retries=3`:
+///   an idle connection to a machine that vanished (powered off, cut off by
+///   a failover) is found dead after about a minute (30 s + 3 × 10 s), not
+///   after the kernel's two hours.
+/// - `tcp_user_timeout=30`: a statement sent to a machine that vanished
+///   fails after 30 s without an acknowledgement, not after the kernel's
+///   ~15 minutes of retransmissions (`tcp_retries2`).
+///
+/// tokio-postgres reads all four durations in seconds (libpq reads
+/// `tcp_user_timeout` in milliseconds).
+pub(crate) const DEFAULTS: [(&str, &str); 5] = [
+    ("target_session_attrs", "read-write"),
+    ("keepalives_idle", "30"),
+    ("keepalives_interval", "10"),
+    ("keepalives_retries", "3"),
+    ("tcp_user_timeout", "30"),
+];
 
 /// A connection string split into what tokio-postgres reads and the TLS
 /// settings this crate handles itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ConnString {
     /// The string without `sslmode` and `sslrootcert`, every other
-    /// parameter kept as written, and [`READ_WRITE`] added when it sets no
-    /// `target_session_attrs`.
+    /// parameter kept as written, and each of [`DEFAULTS`] it does not set
+    /// put first (first, so that a string ending in `&`, or in an empty
+    /// `key=` value, still reads the same).
     pub(crate) rest: String,
     /// `sslmode` as written; `None` means libpq's default, `prefer`.
     pub(crate) ssl_mode: Option<SslMode>,
@@ -86,7 +108,7 @@ impl ConnString {
 
 /// Splits `url` (a `postgres://` URL, one host or several, or a libpq
 /// `key=value` string). The last `sslmode` or `sslrootcert` wins, as in
-/// libpq. Without a `target_session_attrs`, [`READ_WRITE`] is added. A
+/// libpq. Each of [`DEFAULTS`] the string does not set is added. A
 /// string this parser cannot read is passed through whole: tokio-postgres
 /// then reports what is wrong with it.
 ///
@@ -101,11 +123,11 @@ pub(crate) fn parse(url: &str) -> Result<ConnString, String> {
         None => split_key_values(url),
     };
     let Some(Split {
-        mut rest,
+        head,
+        kept,
         ssl_mode,
         root_cert,
-        session_attrs,
-        separator,
+        keys,
     }) = split
     else {
         return Ok(ConnString {
@@ -114,9 +136,16 @@ pub(crate) fn parse(url: &str) -> Result<ConnString, String> {
             root_cert: None,
         });
     };
-    if !session_attrs {
-        rest = format!("{rest}{separator}{READ_WRITE}");
-    }
+    let added = DEFAULTS
+        .iter()
+        .filter(|(key, _)| !keys.iter().any(|set| set == key))
+        .map(|(key, value)| format!("{key}={value}"));
+    let params: Vec<String> = added.chain(kept).collect();
+    let rest = match head {
+        Some(head) if params.is_empty() => head,
+        Some(head) => format!("{head}?{}", params.join("&")),
+        None => params.join(" "),
+    };
     let ssl_mode = match ssl_mode {
         Some(value) => Some(SslMode::parse(&value).ok_or_else(|| {
             format!(
@@ -135,13 +164,14 @@ pub(crate) fn parse(url: &str) -> Result<ConnString, String> {
 
 /// What [`split_url`] and [`split_key_values`] take out of a string.
 struct Split {
-    rest: String,
+    /// A URL's part before its query (`None` for a `key=value` string).
+    head: Option<String>,
+    /// The parameters kept, as written.
+    kept: Vec<String>,
     ssl_mode: Option<String>,
     root_cert: Option<String>,
-    /// Whether the string sets `target_session_attrs` (kept in `rest`).
-    session_attrs: bool,
-    /// What goes between `rest` and a parameter appended to it.
-    separator: &'static str,
+    /// The (decoded) keys of the parameters kept.
+    keys: Vec<String>,
 }
 
 /// `postgres://user:pw@host:port/db?key=value&...`: the query parameters
@@ -151,42 +181,37 @@ fn split_url(url: &str, prefix: usize, body: &str) -> Option<Split> {
     let after_credentials = body.find('@').map_or(0, |at| at + 1);
     let Some(question) = body[after_credentials..].find('?') else {
         return Some(Split {
-            rest: url.to_owned(),
+            head: Some(url.to_owned()),
+            kept: Vec::new(),
             ssl_mode: None,
             root_cert: None,
-            session_attrs: false,
-            separator: "?",
+            keys: Vec::new(),
         });
     };
     let head = &url[..prefix + after_credentials + question];
     let query = &body[after_credentials + question + 1..];
-    let (mut ssl_mode, mut root_cert, mut session_attrs) = (None, None, false);
+    let (mut ssl_mode, mut root_cert, mut keys) = (None, None, Vec::new());
     let mut kept = Vec::new();
     for param in query.split('&') {
         let Some((key, value)) = param.split_once('=') else {
-            kept.push(param);
+            kept.push(param.to_owned());
             continue;
         };
         match percent_decode(key)?.as_str() {
             "sslmode" => ssl_mode = Some(percent_decode(value)?),
             "sslrootcert" => root_cert = Some(percent_decode(value)?),
             key => {
-                session_attrs |= key == "target_session_attrs";
-                kept.push(param);
+                keys.push(key.to_owned());
+                kept.push(param.to_owned());
             }
         }
     }
-    let (rest, separator) = if kept.is_empty() {
-        (head.to_owned(), "?")
-    } else {
-        (format!("{head}?{}", kept.join("&")), "&")
-    };
     Some(Split {
-        rest,
+        head: Some(head.to_owned()),
+        kept,
         ssl_mode,
         root_cert,
-        session_attrs,
-        separator,
+        keys,
     })
 }
 
@@ -220,7 +245,7 @@ fn percent_decode(text: &str) -> Option<String> {
 /// backslash escaping the next character. The kept parameters are copied as
 /// written, separated by one space.
 fn split_key_values(text: &str) -> Option<Split> {
-    let (mut ssl_mode, mut root_cert, mut session_attrs) = (None, None, false);
+    let (mut ssl_mode, mut root_cert, mut keys) = (None, None, Vec::new());
     let mut kept = Vec::new();
     let mut chars = text.char_indices().peekable();
     let skip_spaces = |chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>| {
@@ -272,26 +297,37 @@ fn split_key_values(text: &str) -> Option<Split> {
             "sslmode" => ssl_mode = Some(value),
             "sslrootcert" => root_cert = Some(value),
             key => {
-                session_attrs |= key == "target_session_attrs";
-                kept.push(&text[start..end]);
+                keys.push(key.to_owned());
+                kept.push(text[start..end].to_owned());
             }
         }
     }
     Some(Split {
-        separator: if kept.is_empty() { "" } else { " " },
-        rest: kept.join(" "),
+        head: None,
+        kept,
         ssl_mode,
         root_cert,
-        session_attrs,
+        keys,
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{ConnString, READ_WRITE, SslMode, parse};
+    use super::{ConnString, DEFAULTS, SslMode, parse};
 
     fn split(url: &str) -> ConnString {
         parse(url).unwrap()
+    }
+
+    /// Every default, as a URL's query parameters.
+    fn q() -> String {
+        let all: Vec<String> = DEFAULTS.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        all.join("&")
+    }
+
+    /// Every default, as `key=value` pairs.
+    fn kv() -> String {
+        q().replace('&', " ")
     }
 
     #[test]
@@ -299,7 +335,7 @@ mod tests {
         assert_eq!(
             split("postgres://u:p@db:5432/shop?sslmode=verify-full&sslrootcert=/etc/ca.pem"),
             ConnString {
-                rest: format!("postgres://u:p@db:5432/shop?{READ_WRITE}"),
+                rest: format!("postgres://u:p@db:5432/shop?{}", q()),
                 ssl_mode: Some(SslMode::VerifyFull),
                 root_cert: Some("/etc/ca.pem".into()),
             }
@@ -308,7 +344,8 @@ mod tests {
             split("postgresql://db/shop?application_name=a&sslmode=verify-ca&connect_timeout=5"),
             ConnString {
                 rest: format!(
-                    "postgresql://db/shop?application_name=a&connect_timeout=5&{READ_WRITE}"
+                    "postgresql://db/shop?{}&application_name=a&connect_timeout=5",
+                    q()
                 ),
                 ssl_mode: Some(SslMode::VerifyCa),
                 root_cert: None,
@@ -321,7 +358,7 @@ mod tests {
                 "postgres://u:p?w@db?sslmode=prefer&ssl%6dode=require&sslrootcert=%2Fca%20dir%2Fca.pem"
             ),
             ConnString {
-                rest: format!("postgres://u:p?w@db?{READ_WRITE}"),
+                rest: format!("postgres://u:p?w@db?{}", q()),
                 ssl_mode: Some(SslMode::Require),
                 root_cert: Some("/ca dir/ca.pem".into()),
             }
@@ -329,7 +366,7 @@ mod tests {
         let plain = split("postgres://postgres@127.0.0.1:5432/postgres");
         assert_eq!(
             plain.rest,
-            format!("postgres://postgres@127.0.0.1:5432/postgres?{READ_WRITE}")
+            format!("postgres://postgres@127.0.0.1:5432/postgres?{}", q())
         );
         assert_eq!(plain.ssl_mode, None);
         assert_eq!(plain.mode(), SslMode::Prefer, "libpq's default");
@@ -342,7 +379,7 @@ mod tests {
                 "host=db  sslmode = verify-full user=app sslrootcert='/c a/ca.pem' password='x\\'y'"
             ),
             ConnString {
-                rest: format!("host=db user=app password='x\\'y' {READ_WRITE}"),
+                rest: format!("{} host=db user=app password='x\\'y'", kv()),
                 ssl_mode: Some(SslMode::VerifyFull),
                 root_cert: Some("/c a/ca.pem".into()),
             }
@@ -351,7 +388,7 @@ mod tests {
             split("host=db sslmode=allow").ssl_mode,
             Some(SslMode::Allow)
         );
-        assert_eq!(split("dbname=x").rest, format!("dbname=x {READ_WRITE}"));
+        assert_eq!(split("dbname=x").rest, format!("{} dbname=x", kv()));
         // Unreadable strings go through whole for tokio-postgres to judge.
         assert_eq!(split("host=db sslmode").rest, "host=db sslmode");
         assert_eq!(split("host='db").rest, "host='db");
@@ -372,35 +409,139 @@ mod tests {
         ] {
             let parsed = split(&format!("postgres://db?sslmode={mode}"));
             assert_eq!(parsed.mode().to_string(), mode);
-            assert_eq!(parsed.rest, format!("postgres://db?{READ_WRITE}"));
+            assert_eq!(parsed.rest, format!("postgres://db?{}", q()));
         }
     }
 
     #[test]
     fn every_string_asks_for_a_read_write_server_unless_it_says_otherwise() {
-        // Several hosts: tokio-postgres tries them in order and keeps the
+        // Several hosts: the connector tries them in order and keeps the
         // first that takes writes (`SHOW transaction_read_only` = off).
         assert_eq!(
             split("postgres://app@pg1:5432,pg2:5433/shop?sslmode=require").rest,
-            format!("postgres://app@pg1:5432,pg2:5433/shop?{READ_WRITE}")
+            format!("postgres://app@pg1:5432,pg2:5433/shop?{}", q())
         );
         assert_eq!(
             split("host=pg1,pg2 port=5432,5433 dbname=shop").rest,
-            format!("host=pg1,pg2 port=5432,5433 dbname=shop {READ_WRITE}")
+            format!("{} host=pg1,pg2 port=5432,5433 dbname=shop", kv())
         );
-        assert_eq!(split("").rest, READ_WRITE);
+        assert_eq!(split("").rest, kv());
         // Set by the string, in either form (even percent-encoded): kept
-        // as written, nothing added.
-        for url in [
-            "postgres://app@pg1,pg2/shop?target_session_attrs=any",
-            "postgres://app@pg1,pg2/shop?connect_timeout=2&target%5Fsession%5Fattrs=read-write",
-            "host=pg1,pg2 target_session_attrs=any dbname=shop",
-            "host=pg1 target_session_attrs = 'read-write'",
+        // as written, not added.
+        let others = q().replace("target_session_attrs=read-write&", "");
+        for (url, rest) in [
+            (
+                "postgres://app@pg1,pg2/shop?target_session_attrs=any",
+                format!("postgres://app@pg1,pg2/shop?{others}&target_session_attrs=any"),
+            ),
+            (
+                "postgres://app@pg1,pg2/shop?connect_timeout=2&target%5Fsession%5Fattrs=read-write",
+                format!(
+                    "postgres://app@pg1,pg2/shop?{others}&connect_timeout=2&target%5Fsession%5Fattrs=read-write"
+                ),
+            ),
+            (
+                "host=pg1,pg2 target_session_attrs=any dbname=shop",
+                format!(
+                    "{} host=pg1,pg2 target_session_attrs=any dbname=shop",
+                    others.replace('&', " ")
+                ),
+            ),
+            (
+                "host=pg1 target_session_attrs = 'read-write'",
+                format!(
+                    "{} host=pg1 target_session_attrs = 'read-write'",
+                    others.replace('&', " ")
+                ),
+            ),
         ] {
-            assert_eq!(split(url).rest, url, "{url}");
+            assert_eq!(split(url).rest, rest, "{url}");
         }
         // An unreadable string goes through untouched.
         assert_eq!(split("host='pg1").rest, "host='pg1");
+    }
+
+    /// The keepalive and `tcp_user_timeout` defaults, each overridden by the
+    /// string's own value, as tokio-postgres reads them.
+    #[test]
+    fn keepalives_and_tcp_user_timeout_have_defaults_a_string_overrides() {
+        use std::time::Duration;
+        for url in ["postgres://app@db/shop", "host=db user=app dbname=shop"] {
+            let config: tokio_postgres::Config = split(url).rest.parse().unwrap();
+            assert!(config.get_keepalives(), "{url}");
+            assert_eq!(config.get_keepalives_idle(), Duration::from_secs(30));
+            assert_eq!(
+                config.get_keepalives_interval(),
+                Some(Duration::from_secs(10))
+            );
+            assert_eq!(config.get_keepalives_retries(), Some(3));
+            assert_eq!(
+                config.get_tcp_user_timeout(),
+                Some(&Duration::from_secs(30))
+            );
+        }
+        for url in [
+            "postgres://app@db/shop?keepalives_idle=7&keepalives_interval=2&keepalives_retries=9&tcp_user_timeout=4",
+            "host=db keepalives_idle=7 keepalives_interval=2 keepalives_retries=9 tcp_user_timeout=4",
+        ] {
+            let rest = split(url).rest;
+            assert!(!rest.contains("keepalives_idle=30"), "{rest}");
+            let config: tokio_postgres::Config = rest.parse().unwrap();
+            assert_eq!(config.get_keepalives_idle(), Duration::from_secs(7));
+            assert_eq!(
+                config.get_keepalives_interval(),
+                Some(Duration::from_secs(2))
+            );
+            assert_eq!(config.get_keepalives_retries(), Some(9));
+            assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(4)));
+        }
+    }
+
+    /// The defaults go first: a URL ending in `?` or `&` and a `key=value`
+    /// string ending in an empty value (both valid for tokio-postgres)
+    /// read the same, with the defaults.
+    #[test]
+    fn defaults_are_put_first_so_a_trailing_separator_or_empty_value_is_harmless() {
+        use tokio_postgres::config::TargetSessionAttrs;
+        for url in [
+            "postgres://app@db/shop?",
+            "postgres://app@db/shop?application_name=a&",
+            "postgres://app@db/shop?application_name=a&sslmode=disable&",
+        ] {
+            let rest = split(url).rest;
+            assert!(rest.starts_with(&format!("postgres://app@db/shop?{}", q())));
+            let config: tokio_postgres::Config = rest
+                .parse()
+                .unwrap_or_else(|e| panic!("{url} → {rest}: {e}"));
+            assert_eq!(
+                config.get_target_session_attrs(),
+                TargetSessionAttrs::ReadWrite,
+                "{url}"
+            );
+        }
+        // An empty last value: appended, a default would be read as that
+        // value; first, it is not (tokio-postgres refuses the string as it
+        // refuses it without the defaults, and an empty value it reads,
+        // quoted, is kept empty).
+        let rest = split("host=db dbname=shop application_name=").rest;
+        assert_eq!(
+            rest,
+            format!("{} host=db dbname=shop application_name=", kv())
+        );
+        assert!(rest.parse::<tokio_postgres::Config>().is_err());
+        assert!(
+            "host=db dbname=shop application_name="
+                .parse::<tokio_postgres::Config>()
+                .is_err()
+        );
+        let config: tokio_postgres::Config =
+            split("host=db application_name=''").rest.parse().unwrap();
+        assert_eq!(config.get_application_name(), Some(""));
+        assert_eq!(
+            config.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        assert_eq!(config.get_keepalives_retries(), Some(3));
     }
 
     /// What the driver makes of the strings: the hosts and ports of a

@@ -279,7 +279,7 @@ fn pool_setting_up(
     let connector = std::sync::Arc::new(Connector::new(url)?);
     let session = std::sync::Arc::new(session);
     let verified = diesel_async::pooled_connection::RecyclingMethod::Verified;
-    crate::pool_of(url, max_size, verified, move || {
+    crate::pool_of(url, max_size, verified, POOL_CONNECT_TIMEOUT, move || {
         let connector = std::sync::Arc::clone(&connector);
         let session = std::sync::Arc::clone(&session);
         async move {

@@ -211,10 +211,16 @@ pub fn pool(url: &str, max_size: usize) -> Result<Pool<AsyncSqliteConnection>> {
     // No ping on checkout: SQLite is in-process, a connection cannot lose
     // its server; a broken transaction manager is still caught.
     let fast = diesel_async::pooled_connection::RecyclingMethod::Fast;
-    crate::pool_of(&url.clone(), max_size, fast, move || {
-        let url = url.clone();
-        async move { open(&url).await }.boxed()
-    })
+    crate::pool_of(
+        &url.clone(),
+        max_size,
+        fast,
+        POOL_CONNECT_TIMEOUT,
+        move || {
+            let url = url.clone();
+            async move { open(&url).await }.boxed()
+        },
+    )
 }
 
 /// `Err` unless called on tokio's multi-thread runtime: diesel-async's

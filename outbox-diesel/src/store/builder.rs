@@ -19,7 +19,7 @@ use crate::{Error, Result};
 /// |---|---|
 /// | [`schema`](Self::schema) | `public` |
 /// | [`listen`](Self::listen) | off (polling and in-process wakeups only) |
-/// | [`listen_check`](Self::listen_check) | after 15 s of silence, a `SELECT 1` answered within 5 s |
+/// | [`listen_check`](Self::listen_check) | after 15 s of silence, a `SHOW transaction_read_only` answered `off` within 5 s |
 /// | [`claim_timeout`](Self::claim_timeout) | 60 s |
 /// | [`claim_window`](Self::claim_window) | 4 (× batch size) |
 /// | [`keep_sent`](Self::keep_sent) | yes |
@@ -79,13 +79,15 @@ impl PgOutboxStoreBuilder {
     }
 
     /// How the `LISTEN` connection of [`listen`](Self::listen) is checked:
-    /// after `every` without a notification, a `SELECT 1` that must answer
-    /// within `timeout`; if it fails or does not answer, the connection is
-    /// dropped with a warning (the relay runs on polling alone until it is
-    /// back) and opened again, after which the relay rescans the backlog.
-    /// This catches a half-open socket (the primary gone in a failover
-    /// without closing it, a network partition), on which no notification
-    /// and no error would ever come. Default: every 15 s, within 5 s.
+    /// after `every` without a notification, a `SHOW transaction_read_only`
+    /// that must answer `off` within `timeout`; if it fails, answers `on` or
+    /// does not answer, the connection is dropped with a warning (the relay
+    /// runs on polling alone until it is back) and opened again, after
+    /// which the relay rescans the backlog. This catches a half-open socket
+    /// (the primary gone in a failover without closing it, a network
+    /// partition), on which no notification and no error would ever come,
+    /// and an old primary fenced read-only, where no event is recorded any
+    /// more. Default: every 15 s, within 5 s.
     pub fn listen_check(mut self, every: Duration, timeout: Duration) -> Self {
         self.liveness = Liveness { every, timeout };
         self

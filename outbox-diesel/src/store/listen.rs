@@ -12,7 +12,8 @@ use crate::sql::Sql;
 use crate::{Error, Result};
 
 /// How the `LISTEN` connection is checked: after `every` without a
-/// notification, a `SELECT 1` that must answer within `timeout`.
+/// notification, a `SHOW transaction_read_only` that must answer `off`
+/// within `timeout`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Liveness {
     /// Silence after which the connection is checked.
@@ -35,13 +36,16 @@ impl Default for Liveness {
 /// listened, and one per notification. Reconnects with backoff, forever; the
 /// stream owns the connection, so dropping it closes the `LISTEN` session.
 ///
-/// A connection silent for `liveness.every` is checked with a `SELECT 1`:
-/// after a failover (the primary gone without closing its sockets, a
-/// network partition) the socket may be half-open, so no notification and
-/// no error would ever come, and the relay would run on polling alone
-/// without a word. A check that fails or does not answer within
-/// `liveness.timeout` drops the connection with a warning and reconnects
-/// (to the new primary, with `target_session_attrs=read-write`).
+/// A connection silent for `liveness.every` is checked with a
+/// `SHOW transaction_read_only`: after a failover (the primary gone without
+/// closing its sockets, a network partition) the socket may be half-open,
+/// so no notification and no error would ever come, and the relay would
+/// run on polling alone without a word; and an old primary fenced
+/// read-only (or demoted) still answers, but no event is recorded there any
+/// more, so its notifications never come. A check that fails, answers `on`
+/// or does not answer within `liveness.timeout` drops the connection with
+/// a warning and reconnects (to the new primary, with
+/// `target_session_attrs=read-write`).
 pub(crate) fn wakeups(
     url: String,
     sql: Arc<Sql>,
@@ -60,6 +64,13 @@ pub(crate) fn wakeups(
         listener.next().await;
         Some(((), listener))
     })
+}
+
+/// The answer of the liveness check.
+#[derive(diesel::QueryableByName)]
+struct ReadOnly {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    transaction_read_only: String,
 }
 
 /// The state of [`wakeups`]: the `LISTEN` connection, if there is one.
@@ -113,9 +124,13 @@ impl Listener {
                     self.retry(Ok(())).await;
                 }
                 Err(_silent) => {
-                    let check = diesel::sql_query("SELECT 1").execute(conn);
+                    let check = diesel::sql_query("SHOW transaction_read_only")
+                        .get_result::<ReadOnly>(conn);
                     let failure = match tokio::time::timeout(self.liveness.timeout, check).await {
-                        Ok(Ok(_)) => continue,
+                        Ok(Ok(answer)) if answer.transaction_read_only != "on" => continue,
+                        Ok(Ok(_)) => "the server is read-only (a standby, or an old primary \
+                                      fenced after a failover): no event is recorded there"
+                            .to_owned(),
                         Ok(Err(err)) => Error::Database(err).to_string(),
                         Err(_) => format!("no answer within {:?}", self.liveness.timeout),
                     };
@@ -133,8 +148,8 @@ impl Listener {
         tracing::warn!(
             schema = self.sql.schema.name(),
             failure,
-            "outbox LISTEN connection failed its liveness check (SELECT 1); relying on polling \
-             only until it is reconnected"
+            "outbox LISTEN connection failed its liveness check (SHOW transaction_read_only); \
+             relying on polling only until it is reconnected"
         );
         // As after any loss: a connection that lasted starts the backoff
         // afresh, so the first reconnect is at once only for those.

@@ -227,8 +227,13 @@ impl PgOutboxStore {
         conn: Object<AsyncPgConnection>,
         result: diesel::QueryResult<T>,
     ) -> Result<T> {
+        self.checked_outcome(conn, result.map_err(Error::from))
+    }
+
+    /// [`checked`](Self::checked) of a result that is already this crate's.
+    fn checked_outcome<T>(&self, conn: Object<AsyncPgConnection>, result: Result<T>) -> Result<T> {
         if let Err(err) = &result
-            && crate::error::is_read_only(err)
+            && err.is_read_only()
         {
             tracing::error!(
                 schema = self.schema.name(),
@@ -237,7 +242,7 @@ impl PgOutboxStore {
             );
             drop(Object::take(conn));
         }
-        Ok(result?)
+        result
     }
 }
 

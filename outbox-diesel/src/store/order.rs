@@ -38,10 +38,11 @@ impl PgOutboxStore {
     /// [`Error::Pool`]: crate::Error::Pool
     pub async fn delivery_order(&self) -> Result<DeliveryOrder> {
         let mut conn = self.conn().await?;
-        let row: OrderRow = diesel::sql_query(&self.sql.get_order)
+        let result = diesel::sql_query(&self.sql.get_order)
             .prepared(self.prepare)
             .get_result(&mut *conn)
-            .await?;
+            .await;
+        let row: OrderRow = self.checked(conn, result)?;
         order_from_db(&self.schema, &row.delivery_order)
     }
 
@@ -54,16 +55,21 @@ impl PgOutboxStore {
     /// [`Error::Pool`]: crate::Error::Pool
     pub async fn set_delivery_order(&self, order: DeliveryOrder) -> Result<()> {
         let mut conn = self.conn().await?;
-        diesel::sql_query(&self.sql.set_order)
-            .bind::<Text, _>(order.as_str())
-            .execute(&mut *conn)
-            .await?;
-        if order == DeliveryOrder::Unordered {
-            // Nothing waits behind another event any more.
-            diesel::sql_query(&self.sql.release_unordered)
+        let result = async {
+            diesel::sql_query(&self.sql.set_order)
+                .bind::<Text, _>(order.as_str())
                 .execute(&mut *conn)
                 .await?;
+            if order == DeliveryOrder::Unordered {
+                // Nothing waits behind another event any more.
+                diesel::sql_query(&self.sql.release_unordered)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(())
         }
+        .await;
+        self.checked(conn, result)?;
         *self
             .order_cache
             .lock()

@@ -3,10 +3,11 @@
 //! failover lost.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
+use super::verify::Failover;
 use super::{Scenario, Summary};
 
 /// What a PostgreSQL failover lost, as the producers and the tap saw it;
@@ -22,8 +23,8 @@ pub struct FailoverLoss {
     /// Of those, the ones missing on the new primary (their business rows
     /// with them: the loss is atomic).
     pub acknowledged_lost: usize,
-    /// Events of failed transactions (outcome unknown to the producer)
-    /// that the new primary holds.
+    /// Events of transactions whose `COMMIT` failed (outcome unknown to
+    /// the producer) that the new primary holds.
     pub unknown_kept: usize,
     /// Events delivered (published from the old primary) that the new
     /// primary does not hold.
@@ -70,24 +71,31 @@ impl Scenario {
     /// be missing. Otherwise an event may have been published from the old
     /// primary and be gone from the new one: such deliveries are allowed
     /// for events the producers recorded (acknowledged or of unknown
-    /// outcome), never for rolled-back ones, and counted; an inbox effect
-    /// applied on the old primary may be gone, and a lost event's message
-    /// may be applied on the new one: both counted.
+    /// outcome: a `COMMIT` that failed), never for rolled-back ones (on
+    /// purpose, or failed before their `COMMIT`), and counted; an inbox
+    /// effect applied on the old primary may be gone (only for an event
+    /// first delivered before `killed_at`, when the old primary was known
+    /// dead), and a lost event's message may be applied on the new one:
+    /// both counted.
     pub async fn verify_failover(
         &self,
         tap: &crate::Tap,
         produced: &crate::Produced,
         limit: Duration,
         synchronous: bool,
+        killed_at: Instant,
     ) -> (Summary, FailoverLoss) {
-        let recorded: HashSet<Uuid> = produced
-            .acknowledged
-            .iter()
-            .chain(&produced.unknown)
-            .copied()
-            .collect();
+        let failover = Failover {
+            recorded: produced
+                .acknowledged
+                .iter()
+                .chain(&produced.unknown)
+                .copied()
+                .collect::<HashSet<Uuid>>(),
+            killed_at,
+        };
         let (summary, lost) = self
-            .verify_with(tap, produced, limit, (!synchronous).then_some(&recorded))
+            .verify_with(tap, produced, limit, (!synchronous).then_some(&failover))
             .await;
         let committed: HashSet<Uuid> = self
             .committed()

@@ -59,9 +59,14 @@ pub struct Produced {
     /// Event ids of transactions whose `COMMIT` succeeded (PostgreSQL
     /// producers only): what a failover must not lose.
     pub acknowledged: Vec<Uuid>,
-    /// Event ids recorded in transactions that then failed (PostgreSQL
-    /// producers only): committed or not, the `orders` table tells.
+    /// Event ids recorded in transactions whose `COMMIT` failed
+    /// (PostgreSQL producers only): committed or not, the `orders` table
+    /// tells.
     pub unknown: Vec<Uuid>,
+    /// Event ids recorded in transactions that failed before their
+    /// `COMMIT` was sent (a statement failed: PostgreSQL producers only):
+    /// certainly not committed, so never to be delivered.
+    pub failed_uncommitted: Vec<Uuid>,
 }
 
 /// Running producers; [`stop`](Self::stop) ends them and returns what they
@@ -145,6 +150,7 @@ impl Producers {
             total.failed += produced.failed;
             total.acknowledged.extend(produced.acknowledged);
             total.unknown.extend(produced.unknown);
+            total.failed_uncommitted.extend(produced.failed_uncommitted);
         }
         total
     }
@@ -191,6 +197,9 @@ async fn produce(
         // The ids recorded, for the outcome below (a failed COMMIT's
         // events may or may not be committed).
         let recorded = std::sync::Mutex::new(Vec::new());
+        // Set when the body ends well: a failure after it is the COMMIT's
+        // (outcome unknown); one before it, a statement's (rolled back).
+        let body_done = AtomicBool::new(false);
         let result = c
             .transaction::<_, TxError, _>(async |tx| {
                 let ids = if late {
@@ -213,10 +222,12 @@ async fn produce(
                 if roll_back {
                     return Err(TxError::RollBack(ids));
                 }
+                AtomicBool::store(&body_done, true, Ordering::Relaxed);
                 Ok(())
             })
             .await;
         let recorded = recorded.into_inner().unwrap_or_default();
+        let commit_sent = body_done.into_inner();
         match result {
             Ok(()) => {
                 produced.committed_transactions += 1;
@@ -226,7 +237,11 @@ async fn produce(
             Err(TxError::Failed(error)) => {
                 tracing::debug!(producer, %error, "transaction failed; reconnecting");
                 produced.failed += 1;
-                produced.unknown.extend(recorded);
+                if commit_sent {
+                    produced.unknown.extend(recorded);
+                } else {
+                    produced.failed_uncommitted.extend(recorded);
+                }
                 conn = None;
             }
         }

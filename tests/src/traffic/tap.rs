@@ -26,6 +26,8 @@ pub struct Delivery {
     /// The broker's `redelivered` flag: the tap saw it before but its ack
     /// was lost with its connection.
     pub redelivered: bool,
+    /// When the tap received it.
+    pub at: std::time::Instant,
 }
 
 /// The verifying consumer: records every message on the scenario's tap
@@ -143,6 +145,7 @@ async fn consume(url: &str, queue: &str, name: &str, sink: &Mutex<Vec<Delivery>>
                 aggregate: tick.aggregate,
                 seq: tick.seq,
                 redelivered: delivery.redelivered,
+                at: std::time::Instant::now(),
             });
         }
         if delivery.ack(BasicAckOptions::default()).await.is_err() {

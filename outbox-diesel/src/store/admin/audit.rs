@@ -11,19 +11,17 @@ use crate::Result;
 
 /// Starts the audit row of `entry`; returns its id.
 pub(super) async fn begin_audit(store: &PgOutboxStore, entry: &AuditEntry) -> Result<i64> {
-    crate::audit::begin(&mut *store.conn().await?, &store.shared.audit, entry).await
+    let mut conn = store.conn().await?;
+    let result = crate::audit::begin(&mut conn, &store.shared.audit, entry).await;
+    store.checked_outcome(conn, result)
 }
 
 /// Ends audit row `audit` with `outcome`.
 pub(super) async fn finish_audit(store: &PgOutboxStore, audit: i64, outcome: &str) -> Result<()> {
-    crate::audit::record(
-        &mut *store.conn().await?,
-        &store.shared.audit,
-        audit,
-        None,
-        Some(outcome),
-    )
-    .await
+    let mut conn = store.conn().await?;
+    let result =
+        crate::audit::record(&mut conn, &store.shared.audit, audit, None, Some(outcome)).await;
+    store.checked_outcome(conn, result)
 }
 
 /// Up to `limit` audit rows before `before`, newest first.

@@ -15,10 +15,12 @@ impl PgOutboxStore {
     /// Deletes up to `limit` attempt rows whose event is gone (deleted when
     /// sent, with `keep_sent(false)`, or by hand); returns how many.
     pub(crate) async fn purge_orphan_attempts(&self, limit: usize) -> Result<u64> {
-        let deleted = diesel::sql_query(&self.admin_sql().purge_orphan_attempts)
+        let mut conn = self.conn().await?;
+        let result = diesel::sql_query(&self.admin_sql().purge_orphan_attempts)
             .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&mut *self.conn().await?)
-            .await?;
+            .execute(&mut *conn)
+            .await;
+        let deleted = self.checked(conn, result)?;
         Ok(deleted as u64)
     }
 }
@@ -34,13 +36,15 @@ pub(super) async fn purge_sent_chunk(
     if after.is_none() {
         store.purge_orphan_attempts(limit).await?;
     }
-    let row: PurgeRow = diesel::sql_query(&store.admin_sql().purge_sent_chunk)
+    let mut conn = store.conn().await?;
+    let result = diesel::sql_query(&store.admin_sql().purge_sent_chunk)
         .bind::<BigInt, _>(after.unwrap_or(0))
         .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
         .bind::<Timestamptz, _>(before)
         .bind::<BigInt, _>(audit.unwrap_or(0))
-        .get_result(&mut *store.conn().await?)
-        .await?;
+        .get_result(&mut *conn)
+        .await;
+    let row: PurgeRow = store.checked(conn, result)?;
     Ok(Chunk {
         changed: count(row.changed),
         last: if row.past { None } else { row.last },
@@ -54,12 +58,14 @@ pub(super) async fn purge_inbox_chunk(
     limit: usize,
     audit: Option<i64>,
 ) -> Result<u64> {
-    let row: CountRow = diesel::sql_query(&store.admin_sql().purge_inbox_chunk)
+    let mut conn = store.conn().await?;
+    let result = diesel::sql_query(&store.admin_sql().purge_inbox_chunk)
         .bind::<Timestamptz, _>(before)
         .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
         .bind::<BigInt, _>(audit.unwrap_or(0))
-        .get_result(&mut *store.conn().await?)
-        .await?;
+        .get_result(&mut *conn)
+        .await;
+    let row: CountRow = store.checked(conn, result)?;
     Ok(count(row.n))
 }
 
@@ -69,10 +75,12 @@ pub(super) async fn purge_dead_letter_records_chunk(
     before: DateTime<Utc>,
     limit: usize,
 ) -> Result<u64> {
-    let deleted = diesel::sql_query(&store.admin_sql().purge_dead_letter_records_chunk)
+    let mut conn = store.conn().await?;
+    let result = diesel::sql_query(&store.admin_sql().purge_dead_letter_records_chunk)
         .bind::<Timestamptz, _>(before)
         .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(&mut *store.conn().await?)
-        .await?;
+        .execute(&mut *conn)
+        .await;
+    let deleted = store.checked(conn, result)?;
     Ok(deleted as u64)
 }

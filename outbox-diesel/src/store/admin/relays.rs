@@ -25,12 +25,14 @@ pub(super) async fn set_paused(
     paused: bool,
     audit: i64,
 ) -> Result<bool> {
-    let row: CountRow = diesel::sql_query(&store.shared.relays.set_paused)
+    let mut conn = store.conn().await?;
+    let result = diesel::sql_query(&store.shared.relays.set_paused)
         .bind::<Text, _>(relay)
         .bind::<Bool, _>(paused)
         .bind::<BigInt, _>(audit)
-        .get_result(&mut *store.conn().await?)
-        .await?;
+        .get_result(&mut *conn)
+        .await;
+    let row: CountRow = store.checked(conn, result)?;
     Ok(row.n > 0)
 }
 
@@ -39,9 +41,11 @@ pub(super) async fn purge_stale_relays(
     store: &PgOutboxStore,
     before: DateTime<Utc>,
 ) -> Result<u64> {
-    let deleted = diesel::sql_query(&store.shared.relays.purge_stale)
+    let mut conn = store.conn().await?;
+    let result = diesel::sql_query(&store.shared.relays.purge_stale)
         .bind::<Timestamptz, _>(before)
-        .execute(&mut *store.conn().await?)
-        .await?;
+        .execute(&mut *conn)
+        .await;
+    let deleted = store.checked(conn, result)?;
     Ok(deleted as u64)
 }
