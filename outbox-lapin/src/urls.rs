@@ -136,8 +136,9 @@ impl AmqpUrls {
     /// node that answers, tried as the type's docs say: for declaring a
     /// topology or a health check with the same URLs as the publisher and
     /// the consumer. The node is remembered as working once its handshake
-    /// completes; call [`failed`](Self::failed) if what you then do on the
-    /// connection does not answer.
+    /// completes (see [`preferred`](Self::preferred)); call
+    /// [`failed`](Self::failed) if what you then do on the connection
+    /// fails or does not answer.
     ///
     /// # Errors
     /// [`Error::NoUrls`]; [`Error::Connect`] or [`Error::ConnectTimeout`]
@@ -150,7 +151,7 @@ impl AmqpUrls {
     /// round the list once.
     pub(crate) fn in_turn(&self) -> impl Iterator<Item = (usize, &str)> {
         let n = self.urls.len();
-        let start = self.preferred.load(Ordering::Relaxed) % n.max(1);
+        let start = self.preferred();
         (0..n).map(move |k| {
             let i = (start + k) % n;
             (i, self.urls[i].as_str())
@@ -162,11 +163,22 @@ impl AmqpUrls {
         self.preferred.store(index, Ordering::Relaxed);
     }
 
-    /// A session on URL `index` failed after its handshake (a channel,
-    /// declaration or subscription not answered, a call timed out): the
+    /// The index (in [`iter`](Self::iter)'s order) of the URL the next
+    /// connection tries first: the last that worked, or the one after a
+    /// node that [`failed`](Self::failed).
+    pub fn preferred(&self) -> usize {
+        self.preferred.load(Ordering::Relaxed) % self.urls.len().max(1)
+    }
+
+    /// Reports that what was done on URL `index` failed or did not answer
+    /// after the connection was made (a channel, declaration or
+    /// subscription not answered, a call timed out; or, for a health
+    /// check, a probe cut by its own timeout while connecting there): the
     /// next round starts at the URL after it, unless another client has
-    /// already moved the start elsewhere.
-    pub(crate) fn failed(&self, index: usize) {
+    /// already moved the start elsewhere. The publisher and the consumer
+    /// do this themselves; call it after [`connect`](Self::connect) when
+    /// your use of the connection fails.
+    pub fn failed(&self, index: usize) {
         let n = self.urls.len();
         if n > 1 {
             let _ = self.preferred.compare_exchange(
@@ -340,7 +352,9 @@ mod tests {
     fn a_failed_session_moves_the_start_to_the_next_url() {
         let urls = AmqpUrls::from("amqp://a, amqp://b, amqp://c");
         let order = |urls: &AmqpUrls| urls.in_turn().map(|(i, _)| i).collect::<Vec<_>>();
+        assert_eq!(urls.preferred(), 0);
         urls.failed(0);
+        assert_eq!(urls.preferred(), 1);
         assert_eq!(order(&urls), [1, 2, 0]);
         urls.failed(0);
         assert_eq!(order(&urls), [1, 2, 0], "another client moved it already");
