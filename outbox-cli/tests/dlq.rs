@@ -212,6 +212,15 @@ async fn dlq_without_a_broker_says_what_is_missing() {
         .assert()
         .code(4)
         .stderr(predicate::str::contains("AMQP_URL"));
+    // A list of no URLs is missing too, not a broker failure.
+    for empty in [",", " , ,"] {
+        db.outbox()
+            .env("AMQP_URL", empty)
+            .args(["dlq", "replay", "billing.orders.dead"])
+            .assert()
+            .code(4)
+            .stderr(predicate::str::contains("AMQP_URL"));
+    }
     db.outbox()
         .args(["--amqp-url", "amqp://guest:guest@127.0.0.1:1/%2f"])
         .args(["dlq", "purge", "billing.orders.dead", "--yes"])

@@ -26,19 +26,36 @@ pub(crate) async fn bounded<T>(
 /// `rabbitmqctl list_connections client_properties`) to one of `urls`,
 /// tried in turn from the last that worked (see [`AmqpUrls`]), each try
 /// bounded by [`CONNECT_TIMEOUT`].
+///
+/// The node is remembered as working only by [`AmqpUrls::connect`] (a
+/// handshake is all it needs) and by callers of [`connect_to_node`] once
+/// their session is usable.
 pub(crate) async fn connect(urls: &AmqpUrls, name: &str) -> Result<lapin::Connection> {
+    let (connection, index) = connect_to_node(urls, name).await?;
+    urls.worked(index);
+    Ok(connection)
+}
+
+/// As [`connect`], with the index of the URL that answered, which is not
+/// yet remembered: the caller calls [`AmqpUrls::worked`] once its session
+/// is usable (channels open, declarations and subscriptions answered), or
+/// [`AmqpUrls::failed`] when it is not, so that a node that completes the
+/// handshake and then never answers does not keep its clients.
+pub(crate) async fn connect_to_node(
+    urls: &AmqpUrls,
+    name: &str,
+) -> Result<(lapin::Connection, usize)> {
     urls.check()?;
     let mut failures = Vec::new();
     for (index, url) in urls.in_turn() {
         match connect_one(url, name).await {
             Ok(connection) => {
-                urls.worked(index);
                 tracing::info!(
                     connection = name,
                     node = %redact_url(url),
                     "connected to RabbitMQ"
                 );
-                return Ok(connection);
+                return Ok((connection, index));
             }
             Err(error) => {
                 if urls.len() > 1 {

@@ -52,6 +52,12 @@ const X_QUEUE_TYPE: &str = "x-queue-type";
 /// Queue argument of quorum queues: deliveries before the broker
 /// dead-letters a message.
 const X_DELIVERY_LIMIT: &str = "x-delivery-limit";
+/// Queue argument of quorum queues: how the broker dead-letters
+/// (`at-most-once`, its default, or `at-least-once`).
+const X_DEAD_LETTER_STRATEGY: &str = "x-dead-letter-strategy";
+/// Queue argument: what a full queue does with a new message
+/// (`reject-publish` is required by `at-least-once` dead-lettering).
+const X_OVERFLOW: &str = "x-overflow";
 
 /// The type of a [`QueueTopology`]'s queues (the `x-queue-type` argument).
 ///
@@ -147,7 +153,7 @@ pub async fn declare_exchange(channel: &Channel, name: &str, kind: ExchangeKind)
 /// | [`exchange_kind`](Self::exchange_kind) of declared exchanges | [`ExchangeKind::Topic`] |
 /// | [`durable`](Self::durable) queue(s) | `true` |
 /// | [`queue_type`](Self::queue_type) of the queue and dead-letter queue | [`QueueType::Classic`]; [`QueueType::Quorum`] recommended |
-/// | [`delivery_limit`](Self::delivery_limit) (quorum only) | none |
+/// | [`delivery_limit`](Self::delivery_limit) (quorum only, needs a dead-letter exchange) | none (RabbitMQ 4.0+: 20, see there) |
 /// | [`dead_letter_exchange`](Self::dead_letter_exchange) | `<queue>.dlx`, a durable topic exchange |
 /// | [`dead_letter_queue`](Self::dead_letter_queue) | `<queue>.dead`, bound to the dead-letter exchange with `#` |
 ///
@@ -157,6 +163,22 @@ pub async fn declare_exchange(channel: &Channel, name: &str, kind: ExchangeKind)
 /// messages the broker itself dead-letters — rejected without requeue,
 /// expired, or over a quorum queue's `x-delivery-limit` — land in the same
 /// place), and the queue's bindings.
+///
+/// A quorum queue with a dead-letter exchange also gets
+/// `x-dead-letter-strategy` = `at-least-once` and `x-overflow` =
+/// `reject-publish` (RabbitMQ 3.10+): with the broker's default
+/// (`at-most-once`) a message it dead-letters (over the delivery limit,
+/// rejected, expired) is **dropped** when the dead-letter exchange routes it
+/// nowhere or the dead-letter queue refuses it (deleted, full with
+/// `reject-publish`); at-least-once keeps it in the queue, out of the
+/// consumers' reach, until a dead-letter queue confirms it (the broker
+/// retries every few minutes). The price: the queue refuses publishes
+/// (`basic.nack`) rather than dropping its oldest message if it has an
+/// `x-max-length`. Set either argument with [`argument`](Self::argument)
+/// to keep your own. A quorum queue declared without them (by an earlier
+/// version) is refused with `406 PRECONDITION_FAILED` (`inequivalent arg`)
+/// naming the queue: delete and re-declare it, or migrate as for a type
+/// change (see [`QueueType`]).
 ///
 /// One dead-letter exchange per queue (the default) keeps the dead-letter
 /// queue free of other queues' messages: the
@@ -298,8 +320,24 @@ impl QueueTopology {
     /// unacked before the broker dead-letters it itself (`x-delivery-limit`):
     /// with a limit of `n` it is delivered at most `1 + n` times, then goes
     /// to the topology's dead-letter exchange with an `x-death` header
-    /// (`x-first-death-reason` = `delivery_limit`). Quorum queues only: on a classic queue
-    /// [`validate`](Self::validate) refuses it. Default none.
+    /// (`x-first-death-reason` = `delivery_limit`), at least once (see the
+    /// type's docs). Quorum queues only: on a classic queue
+    /// [`validate`](Self::validate) refuses it, and so it does with
+    /// [`without_dead_letter`](Self::without_dead_letter) (the broker would
+    /// drop the message at the limit). Default none.
+    ///
+    /// **RabbitMQ 4.0 and later give every quorum queue a delivery limit of
+    /// 20 when none is set** (3.x has none): on 4.x a quorum queue always
+    /// has one, which is why this topology always gives a quorum queue a
+    /// dead-letter exchange unless told otherwise. The dead-letter queue
+    /// itself has no dead-letter exchange: on 4.x a dead message read from
+    /// it and returned unacked 20 times (a tool that `basic.get`s without
+    /// acking, a replay that keeps failing mid-way) would be dropped.
+    /// [`DeadLetterQueue`](crate::DeadLetterQueue) acks what it replays
+    /// only once the copy is confirmed, so such returns are rare; give the
+    /// dead-letter queue a policy with a higher `delivery-limit` if tools
+    /// browse it often. (This crate is tested against RabbitMQ 3.10 only;
+    /// the 4.x behaviour is from RabbitMQ's documentation.)
     ///
     /// **It does not replace the consumer's
     /// [`max_attempts`](crate::InboxConsumerBuilder::max_attempts)**, which
@@ -318,6 +356,9 @@ impl QueueTopology {
     /// healthy message may live through (every unacked delivery of a lost
     /// connection counts one, e.g. at each node loss of a cluster): 20 or
     /// more, as a backstop. The consumer does not read `x-delivery-count`.
+    /// A retry whose republish was not confirmed (the broker unavailable)
+    /// returns the delivery unacked and so counts one too: at the limit it
+    /// goes to the dead-letter queue rather than being retried again.
     ///
     /// Messages the broker dead-letters this way skip the consumer: they
     /// are not recorded in the inbox's dead letters, and they carry the
@@ -346,6 +387,14 @@ impl QueueTopology {
                 .push(format!("queue argument `{key}` is longer than 255 bytes")),
         }
         self
+    }
+
+    /// Whether [`argument`](Self::argument) set `key`.
+    fn has_argument(&self, key: &str) -> bool {
+        self.arguments
+            .inner()
+            .keys()
+            .any(|name| name.as_str() == key)
     }
 
     /// The queue's name.
@@ -400,6 +449,14 @@ impl QueueTopology {
             return Err(Error::Config(format!(
                 "queue `{}`: a quorum queue must be durable; remove `.durable(false)` or use \
                  QueueType::Classic",
+                self.queue
+            )));
+        }
+        if self.delivery_limit.is_some() && self.dead_letter.is_none() {
+            return Err(Error::Config(format!(
+                "queue `{}`: a delivery limit (`x-delivery-limit`) without a dead-letter \
+                 exchange makes the broker drop a message at the limit; remove \
+                 `.without_dead_letter()` or the delivery limit",
                 self.queue
             )));
         }
@@ -484,6 +541,24 @@ impl QueueTopology {
                 X_DEAD_LETTER_EXCHANGE.into(),
                 AMQPValue::LongString(LongString::from(dlx.as_str())),
             );
+            if self.queue_type == QueueType::Quorum
+                && !self.has_argument(X_DEAD_LETTER_STRATEGY)
+                && !self.has_argument(X_OVERFLOW)
+            {
+                // The broker's default (at-most-once) drops a dead-lettered
+                // message that the dead-letter exchange routes nowhere or
+                // that its queue refuses; at-least-once keeps it in this
+                // queue until a dead-letter queue confirms it (RabbitMQ
+                // 3.10+, and only with `reject-publish` overflow).
+                arguments.insert(
+                    X_DEAD_LETTER_STRATEGY.into(),
+                    AMQPValue::LongString(LongString::from("at-least-once")),
+                );
+                arguments.insert(
+                    X_OVERFLOW.into(),
+                    AMQPValue::LongString(LongString::from("reject-publish")),
+                );
+            }
         }
         let queue = &self.queue;
         channel
@@ -578,6 +653,18 @@ mod tests {
         assert!(QueueTopology::new("q").bind_to("", "k").validate().is_err());
         let quorum = QueueTopology::new("q").queue_type(QueueType::Quorum);
         assert!(quorum.clone().delivery_limit(20).validate().is_ok());
+        let err = quorum
+            .clone()
+            .delivery_limit(20)
+            .without_dead_letter()
+            .validate()
+            .unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        let err = err.to_string();
+        assert!(
+            err.contains("without a dead-letter exchange") && err.contains("drop"),
+            "{err}"
+        );
         let err = quorum.durable(false).validate().unwrap_err().to_string();
         assert!(err.contains("must be durable"), "{err}");
         let err = QueueTopology::new("q")

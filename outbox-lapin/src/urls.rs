@@ -16,9 +16,12 @@ use crate::{Error, Result};
 /// empty items dropped):
 /// `"amqp://u:p@rabbit-1:5672/%2f, amqp://u:p@rabbit-2:5672/%2f"`. So a
 /// URL read from an environment variable or a flag (e.g. `AMQP_URL`) may
-/// name a whole cluster. A literal comma in a user name or password must
-/// therefore be percent-encoded as `%2C` (as URLs require anyway for
-/// reserved characters).
+/// name a whole cluster. A comma starts a new URL only when what follows it
+/// (spaces aside) begins with a scheme and `://` (`amqp://`, `amqps://`);
+/// any other comma belongs to the URL before it, so a password with a raw
+/// comma (`amqp://app:a,b@rabbit-1/%2f`, allowed in a URL's user info)
+/// stays one URL. Only a password containing `,amqp://` itself would be
+/// split: write that comma `%2C`.
 ///
 /// # Which node a connection goes to
 /// Connecting tries the URLs in turn, each bounded by
@@ -32,8 +35,13 @@ use crate::{Error, Result};
 /// hopping between nodes at every reconnect. (A node that accepts TCP but
 /// never answers, frozen or overloaded, costs one `CONNECT_TIMEOUT` before
 /// the next URL is tried; the one that then works is tried first from then
-/// on.) The clones of one `AmqpUrls` share this
-/// memory. When every URL fails, the error is
+/// on.) A node counts as working only once the client's session on it is
+/// usable (the publisher's confirm channel open and its exchange declared,
+/// the consumer subscribed), not at the end of the AMQP handshake: when a
+/// node completes the handshake and then does not answer (a minority node
+/// in a network partition), or a call on its connection times out, the
+/// next round starts at the URL after it. The clones of one `AmqpUrls`
+/// share this memory. When every URL fails, the error is
 /// [`Error::Unreachable`] naming each URL (password redacted) with its
 /// error, and the caller's usual reconnect backoff applies before the next
 /// round. Each connection logs the node it went to (`tracing`, INFO).
@@ -75,9 +83,24 @@ impl AmqpUrls {
         }
     }
 
-    /// A comma-separated list split into its URLs, each trimmed.
+    /// A comma-separated list split into its URLs, each trimmed: a comma
+    /// starts a new URL only before `scheme://` (see the type's docs).
     fn split(list: &str) -> AmqpUrls {
-        AmqpUrls::new(list.split(','))
+        let mut urls: Vec<String> = Vec::new();
+        for item in list.split(',') {
+            match urls.last_mut() {
+                Some(last) if !starts_a_url(item) => {
+                    last.push(',');
+                    last.push_str(item);
+                }
+                _ => urls.push(item.to_owned()),
+            }
+        }
+        // Commas and spaces around the list's items (`a, b,`) are separators.
+        AmqpUrls::new(
+            urls.iter()
+                .map(|url| url.trim_matches(|c: char| c == ',' || c.is_whitespace())),
+        )
     }
 
     /// How many URLs there are.
@@ -112,7 +135,10 @@ impl AmqpUrls {
     /// management UI and `rabbitmqctl list_connections` show) to the first
     /// node that answers, tried as the type's docs say: for declaring a
     /// topology or a health check with the same URLs as the publisher and
-    /// the consumer.
+    /// the consumer. The node is remembered as working once its handshake
+    /// completes (see [`preferred`](Self::preferred)); call
+    /// [`failed`](Self::failed) if what you then do on the connection
+    /// fails or does not answer.
     ///
     /// # Errors
     /// [`Error::NoUrls`]; [`Error::Connect`] or [`Error::ConnectTimeout`]
@@ -125,7 +151,7 @@ impl AmqpUrls {
     /// round the list once.
     pub(crate) fn in_turn(&self) -> impl Iterator<Item = (usize, &str)> {
         let n = self.urls.len();
-        let start = self.preferred.load(Ordering::Relaxed) % n.max(1);
+        let start = self.preferred();
         (0..n).map(move |k| {
             let i = (start + k) % n;
             (i, self.urls[i].as_str())
@@ -136,6 +162,45 @@ impl AmqpUrls {
     pub(crate) fn worked(&self, index: usize) {
         self.preferred.store(index, Ordering::Relaxed);
     }
+
+    /// The index (in [`iter`](Self::iter)'s order) of the URL the next
+    /// connection tries first: the last that worked, or the one after a
+    /// node that [`failed`](Self::failed).
+    pub fn preferred(&self) -> usize {
+        self.preferred.load(Ordering::Relaxed) % self.urls.len().max(1)
+    }
+
+    /// Reports that what was done on URL `index` failed or did not answer
+    /// after the connection was made (a channel, declaration or
+    /// subscription not answered, a call timed out; or, for a health
+    /// check, a probe cut by its own timeout while connecting there): the
+    /// next round starts at the URL after it, unless another client has
+    /// already moved the start elsewhere. The publisher and the consumer
+    /// do this themselves; call it after [`connect`](Self::connect) when
+    /// your use of the connection fails.
+    pub fn failed(&self, index: usize) {
+        let n = self.urls.len();
+        if n > 1 {
+            let _ = self.preferred.compare_exchange(
+                index,
+                (index + 1) % n,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+    }
+}
+
+/// Whether `item` (spaces aside) begins with a URL scheme and `://`.
+fn starts_a_url(item: &str) -> bool {
+    item.trim_start()
+        .split_once("://")
+        .is_some_and(|(scheme, _)| {
+            scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        })
 }
 
 impl fmt::Display for AmqpUrls {
@@ -228,6 +293,40 @@ mod tests {
     }
 
     #[test]
+    fn a_raw_comma_in_a_password_stays_in_its_url_and_out_of_the_output() {
+        let one = AmqpUrls::from("amqp://app:se,cr,et@rabbit-1:5672/%2f");
+        assert_eq!(
+            one.iter().collect::<Vec<_>>(),
+            ["amqp://app:se,cr,et@rabbit-1:5672/%2f"]
+        );
+        let list = AmqpUrls::from(
+            " amqp://app:a,b@rabbit-1:5672/%2f ,  amqps://app:,c,@rabbit-2:5671/%2f,amqp://rabbit-3 ",
+        );
+        assert_eq!(
+            list.iter().collect::<Vec<_>>(),
+            [
+                "amqp://app:a,b@rabbit-1:5672/%2f",
+                "amqps://app:,c,@rabbit-2:5671/%2f",
+                "amqp://rabbit-3"
+            ]
+        );
+        let shown = format!("{list} {list:?} {one} {one:?}");
+        for secret in ["se,", ",cr", "et@", "a,b", ",c,", ":a", ":,"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert_eq!(
+            list.to_string(),
+            "amqp://app:***@rabbit-1:5672/%2f, amqps://app:***@rabbit-2:5671/%2f, amqp://rabbit-3"
+        );
+        // A comma and spaces before the next URL, and a trailing comma.
+        let spaced = AmqpUrls::from("amqp://a:p,q@n1/%2f ,\t amqp://n2/%2f ,");
+        assert_eq!(
+            spaced.iter().collect::<Vec<_>>(),
+            ["amqp://a:p,q@n1/%2f", "amqp://n2/%2f"]
+        );
+    }
+
+    #[test]
     fn an_empty_list_is_a_typed_error() {
         for empty in [
             AmqpUrls::from(""),
@@ -247,5 +346,23 @@ mod tests {
         urls.clone().worked(2);
         assert_eq!(order(&urls), [2, 0, 1], "clones share the memory");
         assert_eq!(AmqpUrls::from("").in_turn().count(), 0);
+    }
+
+    #[test]
+    fn a_failed_session_moves_the_start_to_the_next_url() {
+        let urls = AmqpUrls::from("amqp://a, amqp://b, amqp://c");
+        let order = |urls: &AmqpUrls| urls.in_turn().map(|(i, _)| i).collect::<Vec<_>>();
+        assert_eq!(urls.preferred(), 0);
+        urls.failed(0);
+        assert_eq!(urls.preferred(), 1);
+        assert_eq!(order(&urls), [1, 2, 0]);
+        urls.failed(0);
+        assert_eq!(order(&urls), [1, 2, 0], "another client moved it already");
+        urls.failed(1);
+        urls.failed(2);
+        assert_eq!(order(&urls), [0, 1, 2], "round the list");
+        let one = AmqpUrls::from("amqp://a");
+        one.failed(0);
+        assert_eq!(order(&one), [0]);
     }
 }

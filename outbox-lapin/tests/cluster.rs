@@ -357,3 +357,218 @@ async fn past_its_delivery_limit_a_message_that_keeps_coming_back_is_dead_letter
     assert!(headers.inner().contains_key("x-death"));
     let _ = channel.close(200, "done".into()).await;
 }
+
+/// Gets and nacks (requeue) every delivery of `queue` until it has none
+/// ready, as a consumer that dies with each message would; returns how many
+/// it saw.
+async fn bounce_until_gone(channel: &lapin::Channel, queue: &str) -> u32 {
+    let mut deliveries = 0;
+    for _ in 0..200 {
+        match channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap()
+        {
+            Some(got) => {
+                deliveries += 1;
+                got.delivery
+                    .acker
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        ..BasicNackOptions::default()
+                    })
+                    .await
+                    .unwrap();
+            }
+            None => return deliveries,
+        }
+    }
+    panic!("`{queue}` still delivers after 200 nacks");
+}
+
+#[tokio::test]
+async fn past_its_delivery_limit_a_message_whose_dead_letter_queue_is_gone_is_kept_not_dropped() {
+    let kit = TestBroker::new(names::unique("test_cluster", "dlq_gone")).await;
+    let topology = QueueTopology::new(kit.named("q"))
+        .queue_type(QueueType::Quorum)
+        .delivery_limit(1);
+    let (queue, dlq) = (
+        topology.queue_name().to_owned(),
+        topology.dead_letter_queue_name().unwrap().to_owned(),
+    );
+    kit.delete_queue_on_drop(&queue);
+    kit.delete_queue_on_drop(&dlq);
+    kit.delete_exchange_on_drop(topology.dead_letter_exchange_name().unwrap());
+    topology.declare(kit.channel()).await.unwrap();
+    // The dead-letter queue deleted (by an operator, a cleanup): its
+    // exchange now routes nowhere.
+    kit.channel()
+        .queue_delete(dlq.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    let envelope = placed("o-1", 1);
+    kit.publish(
+        "",
+        &queue,
+        envelope.payload.as_bytes(),
+        outbox_lapin::wire::properties(&envelope, "/tests"),
+    )
+    .await;
+
+    let channel = kit.connection().create_channel().await.unwrap();
+    let deliveries = bounce_until_gone(&channel, &queue).await;
+    assert_eq!(deliveries, 2, "delivered 1 + 1 times, then dead-lettered");
+
+    // At-most-once dead-lettering (the broker's default) would have dropped
+    // it here. At-least-once keeps it until a dead-letter queue takes it:
+    // once the queue is back, it arrives there.
+    topology.declare(kit.channel()).await.unwrap();
+    let dead = eventually("the kept message dead-lettered once its queue is back")
+        .within(Duration::from_secs(300))
+        .every(Duration::from_millis(500))
+        .some(|| async {
+            let dead = kit.drain(&dlq).await;
+            (!dead.is_empty()).then_some(dead)
+        })
+        .await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].delivery.data, envelope.payload.as_bytes());
+    let _ = channel.close(200, "done".into()).await;
+}
+
+#[tokio::test]
+async fn a_quorum_queue_declared_without_at_least_once_dead_lettering_is_refused_by_name() {
+    let kit = TestBroker::new(names::unique("test_cluster", "old_quorum")).await;
+    let topology = QueueTopology::new(kit.named("q")).queue_type(QueueType::Quorum);
+    let (queue, dlx) = (
+        topology.queue_name().to_owned(),
+        topology.dead_letter_exchange_name().unwrap().to_owned(),
+    );
+    kit.delete_queue_on_drop(&queue);
+    kit.delete_queue_on_drop(topology.dead_letter_queue_name().unwrap());
+    kit.delete_exchange_on_drop(&dlx);
+    // The queue as an earlier version declared it: no dead-letter strategy.
+    let mut old = FieldTable::default();
+    old.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    old.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(dlx.as_str().into()),
+    );
+    kit.channel()
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            old,
+        )
+        .await
+        .unwrap();
+
+    let channel = kit.connection().create_channel().await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(10), topology.declare(&channel))
+        .await
+        .expect("answered, not hung")
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, Error::Amqp { .. })
+            && text.contains("PRECONDITION_FAILED")
+            && text.contains(&queue),
+        "{text}"
+    );
+}
+
+/// A node that completes the AMQP handshake and then never answers (a
+/// minority node in a partition): a proxy to the shared broker that
+/// forwards only the client's channel-0 frames (handshake, heartbeats), so
+/// opening a channel is never answered. Returns its URL.
+fn handshake_only_node() -> String {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    let broker = amqp_url();
+    let authority = broker.split("://").nth(1).unwrap();
+    let authority = authority.split('/').next().unwrap();
+    let target = authority.rsplit('@').next().unwrap().to_owned();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = broker.replacen(&target, &listener.local_addr().unwrap().to_string(), 1);
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let Ok(mut server) = TcpStream::connect(&target) else {
+                return;
+            };
+            let (mut client_in, mut server_out) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || std::io::copy(&mut server, &mut client));
+            std::thread::spawn(move || -> std::io::Result<()> {
+                let mut header = [0u8; 8];
+                client_in.read_exact(&mut header)?;
+                server_out.write_all(&header)?;
+                loop {
+                    let mut frame = [0u8; 7];
+                    client_in.read_exact(&mut frame)?;
+                    let channel = u16::from_be_bytes([frame[1], frame[2]]);
+                    let size = u32::from_be_bytes([frame[3], frame[4], frame[5], frame[6]]);
+                    let mut rest = vec![0u8; size as usize + 1];
+                    client_in.read_exact(&mut rest)?;
+                    if channel == 0 {
+                        server_out.write_all(&frame)?;
+                        server_out.write_all(&rest)?;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test]
+async fn a_node_that_answers_only_the_handshake_is_left_for_the_next_url() {
+    let kit = TestBroker::new(names::unique("test_cluster", "handshake_only")).await;
+    let exchange = kit.topic_exchange(&kit.named("x")).await;
+    let queue = kit.queue(&kit.named("q")).await;
+    kit.bind(&queue, &exchange, "#").await;
+    let urls = AmqpUrls::from(vec![handshake_only_node(), amqp_url()]);
+    let publisher = LapinPublisher::builder(&urls)
+        .exchange(&exchange)
+        .source("/tests")
+        .connection_name(kit.named("relay"))
+        .operation_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+
+    // The first round connects to the first node (the handshake works)
+    // and its channel is never opened.
+    let err = publisher.connect().await.unwrap_err();
+    assert!(
+        matches!(err, Error::Timeout { .. }),
+        "the channel of the first node times out: {err}"
+    );
+    // The next round starts at the second node, which works (before, it
+    // started at the first node again, every time).
+    publisher.connect().await.unwrap();
+    let event = placed("o-1", 1);
+    let outcomes = publisher.publish(&[&event], None).await;
+    assert!(
+        matches!(outcomes[..], [PublishOutcome::Acked]),
+        "{outcomes:?}"
+    );
+    assert_eq!(kit.ready(&queue).await, 1);
+
+    // So does a new client sharing the URLs (it starts where the last one
+    // worked).
+    let other = LapinPublisher::builder(&urls)
+        .exchange(&exchange)
+        .source("/tests")
+        .connection_name(kit.named("relay-2"))
+        .operation_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    other.connect().await.unwrap();
+}

@@ -913,11 +913,13 @@ async fn rabbit_cluster_nodes_stopped_one_at_a_time_lose_nothing_and_spend_no_at
             .unwrap();
         }
     };
-    // Node 0 first: it is the first URL, so every client is on it; then
-    // node 1, where they all went.
+    // Node 1 (index 0) first: it is the first URL, so every client is on
+    // it; then node 2, where they all went. Messages number the nodes from
+    // 1, as the cluster's node names and the docs do.
     let prefix = scenario.name.clone();
     let wanted = ["relay-0", "relay-1", "inbox", "tap"].map(|role| format!("{prefix}.{role}"));
     for node in [0, 1] {
+        let number = node + 1;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -932,14 +934,14 @@ async fn rabbit_cluster_nodes_stopped_one_at_a_time_lose_nothing_and_spend_no_at
             }
             assert!(
                 Instant::now() < deadline,
-                "the clients are on node {node} before it stops: only {names:?} of {wanted:?}"
+                "the clients are on node {number} before it stops: only {names:?} of {wanted:?}"
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let before = tap.deliveries().len();
         ctl(node, false).await;
         let stopped = Instant::now();
-        scenario.fault(format!("rabbitmqctl stop_app on node {node}"));
+        scenario.fault(format!("rabbitmqctl stop_app on node {number}"));
         // The longest time the tap went without a new delivery while the
         // node was down: the failover's pause as the consumers see it.
         let (mut last_count, mut last_change, mut longest) = (before, stopped, Duration::ZERO);
@@ -954,16 +956,16 @@ async fn rabbit_cluster_nodes_stopped_one_at_a_time_lose_nothing_and_spend_no_at
         longest = longest.max(last_change.elapsed());
         let during = tap.deliveries().len() - before;
         println!(
-            "rabbit_cluster: node {node} down for 5 s: {during} deliveries meanwhile, the longest \
+            "rabbit_cluster: node {number} down for 5 s: {during} deliveries meanwhile, the longest \
              pause between two {:.2} s",
             longest.as_secs_f64()
         );
         assert!(
             during > 0,
-            "events flowed while node {node} was down (the clients failed over)"
+            "events flowed while node {number} was down (the clients failed over)"
         );
         ctl(node, true).await;
-        scenario.fault(format!("rabbitmqctl start_app on node {node}"));
+        scenario.fault(format!("rabbitmqctl start_app on node {number}"));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let produced = producers.stop().await;

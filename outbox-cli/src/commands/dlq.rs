@@ -10,7 +10,7 @@ use crate::backend::AnyDeadLetters;
 use outbox_core::admin::{
     AdminError, DeadLetterQuery, DeadLetterRecord, DeadLetters, DlqPurge, DlqReplay, StopCause,
 };
-use outbox_lapin::DeadLetterQueues;
+use outbox_lapin::{AmqpUrls, DeadLetterQueues};
 
 use super::Context;
 use crate::cli::{DlqCommand, DlqListArgs, DlqPurgeArgs, DlqReplayArgs, Global};
@@ -160,12 +160,13 @@ async fn groups(ctx: &Context, queue: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-/// `--amqp-url` or `AMQP_URL`.
+/// `--amqp-url` or `AMQP_URL`; one that names no URL (empty, or only
+/// commas and spaces such as `","`) is missing too.
 fn amqp_url(global: &Global) -> Result<&str> {
     global
         .amqp_url
         .as_deref()
-        .filter(|u| !u.is_empty())
+        .filter(|u| !AmqpUrls::from(*u).is_empty())
         .ok_or(Error::NoAmqpUrl)
 }
 

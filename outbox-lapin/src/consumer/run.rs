@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 
 use lapin::ErrorKind;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
@@ -13,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::dispatch::consume;
-use super::session::{Ended, SESSION_TIMEOUT, open_session};
+use super::session::{Ended, NO_NODE, SESSION_TIMEOUT, open_session};
 use super::worker::{self, Shared};
 use super::{EventHandler, InboxConsumer, metric_names};
 use crate::{Error, Result};
@@ -69,18 +70,26 @@ where
         // the broker restarting (queues recovering), so it keeps trying.
         let mut has_run = false;
         let result = loop {
+            let node = AtomicUsize::new(NO_NODE);
             let opened = tokio::select! {
                 biased;
                 () = &mut shutdown => break Ok(()),
                 // Bounded as a whole: a broker that is starting may accept
                 // the connection and leave a declaration unanswered.
-                opened = tokio::time::timeout(SESSION_TIMEOUT, open_session(&settings)) => {
+                opened = tokio::time::timeout(SESSION_TIMEOUT, open_session(&settings, &node)) => {
                     opened.unwrap_or_else(|_| Err(Error::ConnectTimeout {
                         url: settings.urls.to_string(),
                         after: SESSION_TIMEOUT,
                     }))
                 }
             };
+            // A node that answered the handshake but not the rest of the
+            // session (a minority node in a partition, a node that froze):
+            // the next round starts at the next URL.
+            let node = node.into_inner();
+            if opened.is_err() && node != NO_NODE {
+                settings.urls.failed(node);
+            }
             let reason = match opened {
                 Ok(session) => {
                     has_run = true;

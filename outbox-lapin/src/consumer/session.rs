@@ -3,6 +3,7 @@
 //! subscribed to.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::options::{BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions};
@@ -13,7 +14,7 @@ use uuid::Uuid;
 use super::Settings;
 use super::depth::DepthPoller;
 use super::republish::Republisher;
-use crate::connection::connect;
+use crate::connection::connect_to_node;
 use crate::topology::short_string;
 use crate::{Error, Result};
 
@@ -40,9 +41,23 @@ pub(super) enum Ended {
 /// the consumer gives up on that try and reconnects.
 pub(super) const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// No node yet in [`open_session`]'s `node`.
+pub(super) const NO_NODE: usize = usize::MAX;
+
 /// Connects, declares, checks the dead-letter exchange and subscribes.
-pub(super) async fn open_session(settings: &Settings) -> Result<Session> {
-    let connection = Arc::new(connect(&settings.urls, &settings.name).await?);
+/// Stores the index of the URL it connected to in `node` as soon as it
+/// has one (the caller bounds this future and drops it on timeout), and
+/// remembers that node as working once the session is complete.
+pub(super) async fn open_session(settings: &Settings, node: &AtomicUsize) -> Result<Session> {
+    let (connection, index) = connect_to_node(&settings.urls, &settings.name).await?;
+    node.store(index, Ordering::Relaxed);
+    let session = set_up(settings, Arc::new(connection)).await?;
+    settings.urls.worked(index);
+    Ok(session)
+}
+
+/// Declares, checks the dead-letter exchange and subscribes on `connection`.
+async fn set_up(settings: &Settings, connection: Arc<Connection>) -> Result<Session> {
     if let Some(topology) = &settings.topology {
         let channel = connection
             .create_channel()

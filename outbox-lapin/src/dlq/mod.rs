@@ -34,7 +34,7 @@ pub use broker::DeadLetterQueues;
 
 use crate::AmqpUrls;
 use crate::Result;
-use crate::connection::{bounded, connect};
+use crate::connection::{bounded, connect_to_node};
 use crate::consumer::republish::Republisher;
 use crate::topology::short_string;
 use broker::in_use;
@@ -158,8 +158,18 @@ impl DeadLetterQueue {
         let queue = queue.into();
         short_string("dead-letter queue name", &queue)?;
         let name = connection_name(&queue);
-        let connection = Arc::new(connect(&urls, &name).await?);
-        let republisher = Republisher::open(connection.clone(), DEFAULT_TIMEOUT).await?;
+        let (connection, node) = connect_to_node(&urls, &name).await?;
+        let connection = Arc::new(connection);
+        let republisher = match Republisher::open(connection.clone(), DEFAULT_TIMEOUT).await {
+            Ok(republisher) => {
+                urls.worked(node);
+                republisher
+            }
+            Err(error) => {
+                urls.failed(node);
+                return Err(error);
+            }
+        };
         Ok(DeadLetterQueue {
             connection,
             republisher,

@@ -11,7 +11,7 @@ use lapin::{Channel, Connection};
 use tokio::time::Instant;
 
 use super::{BLOCKED_GAUGE, LapinPublisher};
-use crate::connection::{bounded, connect};
+use crate::connection::{bounded, connect_to_node};
 use crate::{Error, Result, declare_exchange};
 
 #[derive(Default)]
@@ -26,6 +26,8 @@ struct Session {
     connection: Arc<Connection>,
     /// The [`State::generation`] of this connection.
     generation: u64,
+    /// The index of its URL in the settings' [`AmqpUrls`](crate::AmqpUrls).
+    node: usize,
     /// Confirm-mode channels not in use by a batch right now.
     idle: Vec<Channel>,
 }
@@ -72,12 +74,44 @@ impl LapinPublisher {
         if let Some(current) = self.current() {
             return Ok(current);
         }
-        let connection = connect(
-            &self.inner.settings.urls,
-            &self.inner.settings.connection_name,
-        )
-        .await?;
-        let channel = self.open_channel(&connection).await?;
+        let urls = &self.inner.settings.urls;
+        let (connection, node) =
+            connect_to_node(urls, &self.inner.settings.connection_name).await?;
+        // The node is remembered only once the connection is usable: one
+        // that completes the handshake and then never answers moves the
+        // next round on to the next URL.
+        let channel = match self.usable(&connection).await {
+            Ok(channel) => {
+                urls.worked(node);
+                channel
+            }
+            Err(error) => {
+                urls.failed(node);
+                return Err(error);
+            }
+        };
+        tracing::info!(
+            connection = %self.inner.settings.connection_name,
+            exchange = %self.inner.settings.exchange,
+            "outbox publisher connected"
+        );
+        let connection = Arc::new(connection);
+        let mut state = self.state();
+        state.generation += 1;
+        let generation = state.generation;
+        state.session = Some(Session {
+            connection: Arc::clone(&connection),
+            generation,
+            node,
+            idle: vec![channel],
+        });
+        Ok((connection, generation))
+    }
+
+    /// A confirm-mode channel on `connection`, with the exchange declared
+    /// when the settings ask for it.
+    async fn usable(&self, connection: &Connection) -> Result<Channel> {
+        let channel = self.open_channel(connection).await?;
         if self.inner.settings.declare {
             let limit = self.inner.settings.operation_timeout;
             tokio::time::timeout(
@@ -94,21 +128,7 @@ impl LapinPublisher {
                 after: limit,
             })??;
         }
-        tracing::info!(
-            connection = %self.inner.settings.connection_name,
-            exchange = %self.inner.settings.exchange,
-            "outbox publisher connected"
-        );
-        let connection = Arc::new(connection);
-        let mut state = self.state();
-        state.generation += 1;
-        let generation = state.generation;
-        state.session = Some(Session {
-            connection: Arc::clone(&connection),
-            generation,
-            idle: vec![channel],
-        });
-        Ok((connection, generation))
+        Ok(channel)
     }
 
     /// Stops using connection `generation` (a call on it timed out): the
@@ -126,7 +146,10 @@ impl LapinPublisher {
                 reason = why,
                 "outbox publisher drops its RabbitMQ connection; the next batch reconnects"
             );
-            state.session = None;
+            // A call timed out on it: the next round starts at the next node.
+            if let Some(session) = state.session.take() {
+                self.inner.settings.urls.failed(session.node);
+            }
         }
     }
 

@@ -1,6 +1,7 @@
 //! Operations endpoints: `GET /healthz` and `GET /metrics`.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Json;
@@ -15,8 +16,10 @@ use outbox::rabbitmq::AmqpUrls;
 use tokio::sync::Mutex;
 
 use super::AppState;
-use crate::config::redact_url;
 use crate::db::{Database, DbPool};
+
+/// No node yet in [`Health::check_broker`].
+const NO_NODE: usize = usize::MAX;
 
 /// How long each health probe may take before it counts as down.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -27,7 +30,9 @@ type DatabaseProbe = Box<dyn Fn() -> BoxFuture<'static, Result<(), String>> + Se
 /// Probes the database and the broker.
 pub struct Health {
     database: DatabaseProbe,
-    amqp_url: String,
+    /// The broker's URLs, kept for the app's life: where the next probe
+    /// starts is remembered from one probe to the next.
+    urls: AmqpUrls,
     /// Kept open between probes (reopened when lost), so a probe is one
     /// channel round trip rather than a new AMQP connection.
     broker: Mutex<Option<Connection>>,
@@ -36,7 +41,7 @@ pub struct Health {
 impl fmt::Debug for Health {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Health")
-            .field("amqp_url", &redact_url(&self.amqp_url))
+            .field("urls", &self.urls)
             .finish_non_exhaustive()
     }
 }
@@ -101,15 +106,15 @@ impl Health {
         });
         Health {
             database,
-            amqp_url: amqp_url.into(),
+            // `AMQP_URL` may list every node of a cluster.
+            urls: AmqpUrls::from(amqp_url.into()),
             broker: Mutex::new(None),
         }
     }
 
     /// Probes both, concurrently, each bounded by [`PROBE_TIMEOUT`].
     pub async fn check(&self) -> HealthReport {
-        let (database, broker) =
-            tokio::join!(bounded(self.check_database()), bounded(self.check_broker()));
+        let (database, broker) = tokio::join!(bounded(self.check_database()), self.probe_broker());
         HealthReport { database, broker }
     }
 
@@ -117,15 +122,37 @@ impl Health {
         (self.database)().await
     }
 
-    async fn check_broker(&self) -> Result<(), String> {
+    /// The broker probe, bounded by [`PROBE_TIMEOUT`]. A probe that fails
+    /// or times out on a node moves the start of the next one to the next
+    /// URL: with a frozen node (which takes longer than a probe to time out
+    /// a connection), the next probe tries the next node rather than the
+    /// frozen one again.
+    async fn probe_broker(&self) -> Result<(), ProbeError> {
+        let node = AtomicUsize::new(NO_NODE);
+        let probed = bounded(self.check_broker(&node)).await;
+        let node = node.into_inner();
+        if probed.is_err() && node != NO_NODE {
+            self.urls.failed(node);
+        }
+        probed
+    }
+
+    /// Stores in `node` the index of the URL it is using.
+    async fn check_broker(&self, node: &AtomicUsize) -> Result<(), String> {
         let mut broker = self.broker.lock().await;
+        node.store(self.urls.preferred(), Ordering::Relaxed);
         let connection = match broker.take() {
             Some(connection) if connection.status().connected() => connection,
-            // `AMQP_URL` may list every node of a cluster.
-            _ => AmqpUrls::from(&self.amqp_url)
-                .connect("ecommerce-health")
-                .await
-                .map_err(|e| e.to_string())?,
+            _ => {
+                let connection = self
+                    .urls
+                    .connect("ecommerce-health")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                // The node that answered.
+                node.store(self.urls.preferred(), Ordering::Relaxed);
+                connection
+            }
         };
         let channel = connection
             .create_channel()
@@ -247,5 +274,34 @@ mod tests {
         for leak in ["127.0.0.1", "health_user", "refused"] {
             assert!(!text.contains(leak), "{leak:?} in {text}");
         }
+    }
+
+    /// The first node of `AMQP_URL` accepts TCP and never answers (frozen):
+    /// the first probe times out on it, the next one starts at the second
+    /// node (the shared broker) and is healthy. Before, every probe started
+    /// at the frozen node and `/healthz` stayed 503.
+    #[tokio::test]
+    async fn after_a_probe_times_out_on_a_frozen_node_the_next_probe_tries_the_next_node() {
+        // Accepted by the kernel, never read: a frozen node.
+        let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let broker = std::env::var("AMQP_URL")
+            .unwrap_or_else(|_| crate::config::DEFAULT_AMQP_URL.to_owned());
+        let pool =
+            diesel_async::AsyncPgConnection::pool("postgres://health_user@127.0.0.1:1/nothing", 1)
+                .unwrap();
+        let health = Health::new::<diesel_async::AsyncPgConnection>(
+            pool,
+            format!(
+                "amqp://guest:guest@{}/%2f, {broker}",
+                frozen.local_addr().unwrap()
+            ),
+        );
+        assert_eq!(health.check().await.broker, Err(ProbeError::Timeout));
+        assert_eq!(health.check().await.broker, Ok(()));
+        assert_eq!(
+            health.check().await.broker,
+            Ok(()),
+            "the connection is kept"
+        );
     }
 }
