@@ -20,8 +20,9 @@ use crate::{Error, Result};
 /// (spaces aside) begins with a scheme and `://` (`amqp://`, `amqps://`);
 /// any other comma belongs to the URL before it, so a password with a raw
 /// comma (`amqp://app:a,b@rabbit-1/%2f`, allowed in a URL's user info)
-/// stays one URL. Only a password containing `,amqp://` itself would be
-/// split: write that comma `%2C`.
+/// stays one URL. Only a password containing a comma followed by
+/// something of the form `scheme://` (`,amqp://`, `,x://`) would be split:
+/// write that comma `%2C`.
 ///
 /// # Which node a connection goes to
 /// Connecting tries the URLs in turn, each bounded by

@@ -68,8 +68,9 @@ impl fmt::Display for SslMode {
 ///   takes writes (the primary).
 /// - `keepalives_idle=30`, `keepalives_interval=10`, `keepalives_retries=3`:
 ///   an idle connection to a machine that vanished (powered off, cut off by
-///   a failover) is found dead after about a minute (30 s + 3 × 10 s), not
-///   after the kernel's two hours.
+///   a failover) is found dead within about a minute (30 s idle, then a
+///   probe every 10 s; with `tcp_user_timeout` set, Linux gives up at
+///   about 40 s), not after the kernel's two hours.
 /// - `tcp_user_timeout=30`: a statement sent to a machine that vanished
 ///   fails after 30 s without an acknowledgement, not after the kernel's
 ///   ~15 minutes of retransmissions (`tcp_retries2`).

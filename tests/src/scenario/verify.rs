@@ -295,8 +295,10 @@ fn first_deliveries(tap: &crate::Tap) -> HashMap<Uuid, Instant> {
 /// How late the tap may see a message after the inbox consumer handled it
 /// (two queues of one exchange, both consumed at once): an effect applied
 /// on the old primary just before it died may reach the tap this much
-/// after the kill was recorded.
-const TAP_LAG: Duration = Duration::from_secs(1);
+/// after the kill was recorded. Generous (5 s): the tap is another
+/// consumer on a loaded 2-core machine, and a lag beyond the allowance
+/// fails the run although nothing is wrong.
+const TAP_LAG: Duration = Duration::from_secs(5);
 
 /// What [`Scenario::verify_with`] needs to know of a failover.
 #[derive(Debug, Clone)]
