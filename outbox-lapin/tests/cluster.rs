@@ -43,12 +43,18 @@ async fn quorum_broker(test: &str) -> (TestBroker, String, QueueTopology) {
         .bind("#")
         .queue_type(QueueType::Quorum)
         .delivery_limit(20);
+    kit.delete_exchange_on_drop(&exchange);
+    declare_deleted_on_drop(&kit, &topology).await;
+    (kit, exchange, topology)
+}
+
+/// Declares `topology`, its queue, dead-letter queue and dead-letter
+/// exchange deleted when `kit` drops.
+async fn declare_deleted_on_drop(kit: &TestBroker, topology: &QueueTopology) {
     kit.delete_queue_on_drop(topology.queue_name());
     kit.delete_queue_on_drop(topology.dead_letter_queue_name().unwrap());
-    kit.delete_exchange_on_drop(&exchange);
     kit.delete_exchange_on_drop(topology.dead_letter_exchange_name().unwrap());
     topology.declare(kit.channel()).await.unwrap();
-    (kit, exchange, topology)
 }
 
 #[tokio::test]
@@ -304,10 +310,7 @@ async fn past_its_delivery_limit_a_message_that_keeps_coming_back_is_dead_letter
         topology.queue_name().to_owned(),
         topology.dead_letter_queue_name().unwrap().to_owned(),
     );
-    kit.delete_queue_on_drop(&queue);
-    kit.delete_queue_on_drop(&dlq);
-    kit.delete_exchange_on_drop(topology.dead_letter_exchange_name().unwrap());
-    topology.declare(kit.channel()).await.unwrap();
+    declare_deleted_on_drop(&kit, &topology).await;
     let envelope = placed("o-1", 1);
     kit.publish(
         "",
@@ -396,10 +399,7 @@ async fn past_its_delivery_limit_a_message_whose_dead_letter_queue_is_gone_is_ke
         topology.queue_name().to_owned(),
         topology.dead_letter_queue_name().unwrap().to_owned(),
     );
-    kit.delete_queue_on_drop(&queue);
-    kit.delete_queue_on_drop(&dlq);
-    kit.delete_exchange_on_drop(topology.dead_letter_exchange_name().unwrap());
-    topology.declare(kit.channel()).await.unwrap();
+    declare_deleted_on_drop(&kit, &topology).await;
     // The dead-letter queue deleted (by an operator, a cleanup): its
     // exchange now routes nowhere.
     kit.channel()

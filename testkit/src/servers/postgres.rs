@@ -43,6 +43,26 @@ pub(super) fn postgres_bin() -> PathBuf {
     })
 }
 
+/// `initdb` of a new cluster in `data`: trust auth for user `postgres`,
+/// UTF8, no fsync of the new files.
+pub(super) fn initdb(bin: &Path, data: &Path) {
+    run(
+        as_service_user("postgres", &bin.join("initdb"))
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "-D",
+            ])
+            .arg(data),
+        "initdb",
+    );
+}
+
 /// A throwaway PostgreSQL cluster (`initdb`) on its own port, for
 /// scenarios that restart or stop the database. Removed on drop.
 #[derive(Debug)]
@@ -73,21 +93,7 @@ impl PrivatePostgres {
         let bin = postgres_bin();
         let dir = server_dir("pg", "postgres");
         let data = dir.join("data");
-        run(
-            as_service_user("postgres", &bin.join("initdb"))
-                .args([
-                    "-A",
-                    "trust",
-                    "-U",
-                    "postgres",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                    "-D",
-                ])
-                .arg(&data),
-            "initdb",
-        );
+        initdb(&bin, &data);
         if let Some(pki) = pki {
             for (from, to) in [
                 (pki.server_cert(), "server.crt"),

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::postgres::postgres_bin;
+use super::postgres::{initdb, postgres_bin};
 use super::{ServerDir, as_service_user, run, server_dir};
 use crate::net::free_port;
 
@@ -55,21 +55,7 @@ impl ReplicatedPostgres {
         let bin = postgres_bin();
         let primary = server_dir("pg-primary", "postgres");
         let standby = server_dir("pg-standby", "postgres");
-        run(
-            as_service_user("postgres", &bin.join("initdb"))
-                .args([
-                    "-A",
-                    "trust",
-                    "-U",
-                    "postgres",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                    "-D",
-                ])
-                .arg(primary.join("data")),
-            "initdb",
-        );
+        initdb(&bin, &primary.join("data"));
         // initdb's pg_hba.conf (with `-A trust`) already lets replication
         // connections in from 127.0.0.1.
         let sync_names = match replication {
