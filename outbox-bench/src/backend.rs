@@ -972,6 +972,9 @@ async fn workloads(
             "\nW4 claim scale: PostgreSQL only (it counts EXPLAIN's shared buffers); skipped on {name}"
         );
     }
+    if run("w5") {
+        println!("\nW5 consume: PostgreSQL only; skipped on {name}");
+    }
 
     Ok(json!({
         "backend": rig.backend.key(),

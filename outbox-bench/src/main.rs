@@ -13,7 +13,7 @@
 //! # Back ends
 //! `-- --backend postgres|mysql|sqlite|all` (default `postgres`; `all` runs
 //! the three one after another, each with its own table and JSON line):
-//! - **postgres**: everything below, W1–W4.
+//! - **postgres**: everything below, W1–W5.
 //! - **mysql** (MariaDB, `MYSQL_URL`, default
 //!   `mysql://outbox:outbox@127.0.0.1:3306/outbox_test`): a database of the
 //!   run's own on that server, dropped at the end.
@@ -29,7 +29,9 @@
 //! library's transactions begin and commit as its docs ask
 //! (`begin_top_level`/`commit_top_level`: on MariaDB a savepoint more than the
 //! ceilings' plain `BEGIN`/`COMMIT`; on SQLite `BEGIN IMMEDIATE` for both).
-//! W4 is PostgreSQL's only (it counts EXPLAIN's shared buffers). The JSON
+//! W4 is PostgreSQL's only (it counts EXPLAIN's shared buffers), and so is
+//! W5 (its consumer, handler and ceilings are written for
+//! `PgInboxDatabase`). The JSON
 //! line of those back ends has a `"backend"` key; PostgreSQL's is unchanged.
 //!
 //! Workloads:
@@ -49,10 +51,29 @@
 //!   moves with whatever else the machine does); and a claim of 100 while
 //!   4 relays × 2 loops and a producer run, without and with 1,000 dead
 //!   heads of 100 events each (the producer also writing into them).
+//! - **W5 consume**: the inbox consumer (`InboxConsumer` on
+//!   `PgInboxDatabase`) applying a backlog of 20,000 events (2,000
+//!   aggregates × 10) already waiting in a durable queue, in the relay's
+//!   wire format; the handler inserts one row in the consumer's
+//!   transaction (so each delivery is the inbox insert + the handler's
+//!   insert + commit, then the ack). Concurrency 1, 4 and 8, prefetch 64
+//!   for all (see `consume::PREFETCH`); the clock runs from the consumer's
+//!   start to its last commit. Against two ceilings, run alternately with
+//!   it (`W5_ROUNDS` each, medians): the broker's (raw lapin consume + ack
+//!   of the same messages, same prefetch, one channel, acks from as many
+//!   tasks; no database) and the database's (the same two inserts per
+//!   transaction, prepared, committed by as many concurrent writers; no
+//!   broker). The ratio is against the lower of the two. Also: the bench
+//!   process's CPU per event, how busy the whole machine was (on 2 cores
+//!   the database, the broker and the bench share them), every event
+//!   applied once (the rows' event ids checked against the backlog's),
+//!   and where a delivery's time goes (begin, inbox insert, handler,
+//!   commit, the rest: waiting, decoding, acking).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod backend;
 mod claim;
+mod consume;
 mod drain;
 mod latency;
 mod record;
@@ -74,6 +95,10 @@ const W1_SLICES: u32 = 10;
 /// alternating, and reports the medians.
 const W2_ROUNDS: usize = 3;
 
+/// W5 runs the broker ceiling, the database ceiling and the consumer this
+/// many times each per concurrency, alternating, and reports the medians.
+const W5_ROUNDS: usize = 3;
+
 struct Params {
     w1_secs: u64,
     drain_events: (usize, usize),
@@ -82,6 +107,10 @@ struct Params {
     w3_secs: u64,
     w4_rows: u64,
     w4_heads: u32,
+    /// W5's backlog: aggregates × events each.
+    w5_events: (usize, usize),
+    /// W5's rounds per concurrency (see [`W5_ROUNDS`]).
+    w5_rounds: usize,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -107,6 +136,8 @@ async fn run() -> Result<(), BoxError> {
             w3_secs: 3,
             w4_rows: 100_000,
             w4_heads: 200,
+            w5_events: (200, 10),
+            w5_rounds: 1,
         }
     } else {
         Params {
@@ -117,6 +148,8 @@ async fn run() -> Result<(), BoxError> {
             w3_secs: 20,
             w4_rows: 1_000_000,
             w4_heads: 1_000,
+            w5_events: (2000, 10),
+            w5_rounds: W5_ROUNDS,
         }
     };
     let backends = Backend::from_args()?;
@@ -394,6 +427,11 @@ async fn workloads(
         });
     }
 
+    let mut w5 = json!(null);
+    if run("w5") {
+        w5 = w5_consume(env, p).await?;
+    }
+
     Ok(json!({
         "cores": cores,
         "commit_ms": commit,
@@ -401,5 +439,140 @@ async fn workloads(
         "w2": w2,
         "w3": w3,
         "w4": w4,
+        "w5": w5,
     }))
+}
+
+/// W5: the inbox consumer against the broker and database ceilings, per
+/// concurrency (see the workload list above).
+async fn w5_consume(env: &Env, p: &Params) -> Result<serde_json::Value, BoxError> {
+    let (aggs, per) = p.w5_events;
+    let events = setup::interleaved(aggs, per);
+    println!(
+        "\nW5 consume: {} events ({aggs} aggregates x {per}) waiting in a durable queue, \
+         prefetch {}; the handler inserts 1 row",
+        events.len(),
+        consume::PREFETCH
+    );
+    println!(
+        "  {:<26} {:>9} {:>9} {:>9} {:>6} {:>6} {:>8} {:>5}",
+        "events/s", "consumer", "broker", "database", "ratio", "busy", "missing", "dup"
+    );
+    let rig = consume::Rig::new(env, &events).await?;
+    let result = w5_rows(env, p, &rig).await;
+    drop(rig);
+    consume::cleanup(env).await;
+    result
+}
+
+async fn w5_rows(env: &Env, p: &Params, rig: &consume::Rig) -> Result<serde_json::Value, BoxError> {
+    let mut out = serde_json::Map::new();
+    let mut profile = Vec::new();
+    for concurrency in consume::CONCURRENCY {
+        let (mut brokers, mut databases, mut consumers) = (Vec::new(), Vec::new(), Vec::new());
+        // Alternating, so drift on the machine hits the three alike.
+        for _ in 0..p.w5_rounds.max(1) {
+            brokers.push(consume::broker(env, rig, concurrency).await?);
+            databases.push(consume::database(env, rig, concurrency).await?);
+            consumers.push(consume::consumer(env, rig, concurrency).await?);
+        }
+        let broker = consume::median(&brokers);
+        let database = consume::median(&databases);
+        let consumer = consume::median(&consumers);
+        let ceiling = broker.rate().min(database.rate());
+        println!(
+            "  {:<26} {:>9.0} {:>9.0} {:>9.0} {:>6.2} {:>5.0}% {:>8} {:>5}",
+            format!("concurrency {concurrency}"),
+            consumer.rate(),
+            broker.rate(),
+            database.rate(),
+            consumer.rate() / ceiling,
+            consumer.cpu.busy * 100.0,
+            consumer.missing + broker.missing + database.missing,
+            consumer.duplicates + broker.duplicates + database.duplicates,
+        );
+        if consumer.left + broker.left > 0 {
+            println!(
+                "    ({} messages left unacked in the queue after the runs)",
+                consumer.left + broker.left
+            );
+        }
+        profile.push((
+            concurrency,
+            consumer.clone(),
+            broker.clone(),
+            database.clone(),
+        ));
+        let run = |a: &consume::Apply| {
+            let [bench, postgres, rabbit] = a.cpu_us();
+            json!({
+                "per_s": a.rate(),
+                "cpu_us_per_event": {"bench": bench, "postgres": postgres, "rabbitmq": rabbit},
+                "machine_busy": a.cpu.busy,
+                "missing": a.missing,
+                "duplicates": a.duplicates,
+                "left_in_queue": a.left,
+            })
+        };
+        let phases = consumer.phases.unwrap_or_default();
+        out.insert(
+            format!("concurrency_{concurrency}"),
+            json!({
+                "consumer": run(&consumer),
+                "broker": run(&broker),
+                "database": run(&database),
+                "ratio": consumer.rate() / ceiling,
+                "phases_ms_per_event": {
+                    "begin": phases.begin,
+                    "inbox_insert": phases.receive,
+                    "handler": phases.handler,
+                    "commit": phases.commit,
+                    "other": phases.other,
+                },
+            }),
+        );
+    }
+    println!(
+        "  ratio: consumer / the lower ceiling, target >= 0.8; {} round(s) of the three, \
+         alternating, medians; busy: the whole machine during the consumer's run",
+        p.w5_rounds.max(1)
+    );
+    println!("  CPU us per event, bench / PostgreSQL / RabbitMQ (all their clients count):");
+    println!(
+        "  {:<26} {:>18} {:>18} {:>18}",
+        "", "consumer", "broker", "database"
+    );
+    let cpu = |a: &consume::Apply| {
+        let [bench, postgres, rabbit] = a.cpu_us();
+        format!("{bench:.0} / {postgres:.0} / {rabbit:.0}")
+    };
+    for (concurrency, consumer, broker, database) in &profile {
+        println!(
+            "  {:<26} {:>18} {:>18} {:>18}",
+            format!("concurrency {concurrency}"),
+            cpu(consumer),
+            cpu(broker),
+            cpu(database)
+        );
+    }
+    println!(
+        "  a consumer worker's time, ms per event (begin: pool + BEGIN; other: waiting for its \
+         next delivery, decoding, acking):"
+    );
+    for (concurrency, consumer, _, _) in &profile {
+        let ph = consumer.phases.unwrap_or_default();
+        println!(
+            "  {:<26} begin {:.3}  inbox {:.3}  handler {:.3}  commit {:.3}  other {:.3}",
+            format!("concurrency {concurrency}"),
+            ph.begin,
+            ph.receive,
+            ph.handler,
+            ph.commit,
+            ph.other
+        );
+    }
+    out.insert("events".into(), json!(rig.events()));
+    out.insert("prefetch".into(), json!(consume::PREFETCH));
+    out.insert("rounds".into(), json!(p.w5_rounds.max(1)));
+    Ok(serde_json::Value::Object(out))
 }

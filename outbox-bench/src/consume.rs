@@ -1,0 +1,771 @@
+//! W5: the inbox consumer (`outbox::rabbitmq::InboxConsumer` on
+//! `outbox::postgres::PgInboxDatabase`) applying a backlog already waiting
+//! in a durable queue, against the two ceilings it stands on, measured in
+//! the same run: the broker's (raw lapin consume + ack, no database) and
+//! the database's (the same two inserts per transaction, no broker).
+//!
+//! Each delivery is one transaction: the inbox entry
+//! (`INSERT … ON CONFLICT DO NOTHING` on `inbox_events`), the handler's
+//! insert of one `w5_applied` row, and the library's checked commit; then
+//! the ack. The database ceiling runs exactly those two inserts, prepared,
+//! on the same tables, committed by as many concurrent writers as the
+//! consumer has workers, so the ratio shows what the consumer adds (the
+//! pool checkout, the per-delivery decoding, dispatch and ack) and not
+//! the cost of the work itself.
+//!
+//! The consumer's [`InboxDatabase`] is wrapped ([`Timed`]) to count
+//! commits (the clock stops at the last one: its ack follows at once) and
+//! to time each phase of a delivery (begin, inbox insert, handler,
+//! commit); what a worker spends outside them (waiting for a delivery,
+//! decoding, acking) is the rest of its time. The wrapper delegates every
+//! call and adds two clock reads per phase.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use diesel::sql_types::{BigInt, Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
+};
+use lapin::types::FieldTable;
+use outbox::postgres::{PgInbox, PgInboxDatabase, PgTransaction};
+use outbox::rabbitmq::{
+    EventHandler, HandlerError, InboxConsumer, IncomingEvent, QueueTopology, wire,
+};
+use outbox::{EventEnvelope, InboxDatabase, InboxOutcome, admin::DeadLetter};
+use outbox_testkit::amqp::TestBroker;
+use uuid::Uuid;
+
+use crate::setup::{self, BoxError, Env, OrderPlaced, Prepared, amqp_url, database_url};
+
+/// Unacknowledged deliveries the broker sends ahead, the same for the
+/// consumer and the broker ceiling at every concurrency: 8 per worker at
+/// concurrency 8 (the consumer hashes deliveries to workers by aggregate,
+/// so a worker needs a few queued to not idle while another's queue is
+/// full), and at the rates measured here (≤ a few thousand a second) 64
+/// messages are ~20 ms of work, far more than the broker's delivery round
+/// trip: the prefetch never starves a worker.
+pub(crate) const PREFETCH: u16 = 64;
+
+/// The consumer's concurrency settings W5 measures.
+pub(crate) const CONCURRENCY: [usize; 3] = [1, 4, 8];
+
+/// The inbox consumer name (the key of its `inbox_events` rows).
+const CONSUMER: &str = "bench.w5";
+
+/// The database ceiling's inbox consumer name.
+const CEILING_CONSUMER: &str = "bench.w5.ceiling";
+
+/// How long one run may take before it is given up as failed.
+const RUN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The queue, its exchange and dead-letter exchange, and the backlog
+/// published into it before every run.
+pub(crate) struct Rig {
+    broker: TestBroker,
+    exchange: String,
+    queue: String,
+    envelopes: Vec<EventEnvelope>,
+    expected: HashSet<Uuid>,
+    /// `INSERT` of one `w5_applied` row (`$1` event id, `$2` order id,
+    /// `$3` total).
+    applied_sql: String,
+    /// The library's inbox `INSERT`, for the database ceiling.
+    inbox_sql: String,
+}
+
+impl Rig {
+    /// Declares the W5 queue (with its dead-letter exchange and queue, as
+    /// [`QueueTopology`] makes them) and exchange, and creates the
+    /// handler's table in the run's schema.
+    pub(crate) async fn new(env: &Env, events: &[OrderPlaced]) -> Result<Rig, BoxError> {
+        let broker = TestBroker::new(format!("{}.w5", env.schema)).await;
+        let exchange = broker.topic_exchange(&broker.named("events")).await;
+        let topology = QueueTopology::new(broker.named("apply"))
+            .exchange(&exchange)
+            .bind("#");
+        broker.delete_queue_on_drop(topology.queue_name());
+        if let Some(dlq) = topology.dead_letter_queue_name() {
+            broker.delete_queue_on_drop(dlq);
+        }
+        if let Some(dlx) = topology.dead_letter_exchange_name() {
+            broker.delete_exchange_on_drop(dlx);
+        }
+        topology.declare(broker.channel()).await?;
+        let queue = topology.queue_name().to_owned();
+        let applied = env.table("w5_applied");
+        env.exec(&format!(
+            "CREATE TABLE {applied} (
+                 id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                 event_id uuid NOT NULL, order_id text NOT NULL, total_cents bigint NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .await?;
+        let envelopes: Vec<EventEnvelope> = events
+            .iter()
+            .map(EventEnvelope::from_event)
+            .collect::<Result<_, _>>()?;
+        let expected = envelopes.iter().map(|e| e.id).collect();
+        Ok(Rig {
+            broker,
+            exchange,
+            queue,
+            envelopes,
+            expected,
+            applied_sql: format!(
+                "INSERT INTO {applied} (event_id, order_id, total_cents) VALUES ($1, $2, $3)"
+            ),
+            // The same statement `PgInbox::receive` runs.
+            inbox_sql: format!(
+                "INSERT INTO {} (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                env.table("inbox_events")
+            ),
+        })
+    }
+
+    /// How many events each run applies.
+    pub(crate) fn events(&self) -> usize {
+        self.envelopes.len()
+    }
+
+    /// Empties the inbox, the handler's table and the queue, waits until
+    /// no consumer of an earlier run is left on the queue, then publishes
+    /// the backlog (relay wire format, confirmed) and checks it is all in
+    /// the queue.
+    async fn fill(&self, env: &Env) -> Result<(), BoxError> {
+        env.exec(&format!(
+            "TRUNCATE {}, {}",
+            env.table("inbox_events"),
+            env.table("w5_applied")
+        ))
+        .await?;
+        let channel = self.broker.channel();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.declare_passive().await?.consumer_count() > 0 {
+            if tokio::time::Instant::now() > deadline {
+                return Err(
+                    format!("queue {} keeps a consumer of an earlier run", self.queue).into(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        channel
+            .queue_purge(self.queue.as_str().into(), QueuePurgeOptions::default())
+            .await?;
+        let publisher = self.broker.connection().create_channel().await?;
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        for chunk in self.envelopes.chunks(500) {
+            let mut confirms = Vec::with_capacity(chunk.len());
+            for envelope in chunk {
+                confirms.push(
+                    publisher
+                        .basic_publish(
+                            self.exchange.as_str().into(),
+                            envelope.event_type.as_str().into(),
+                            BasicPublishOptions {
+                                mandatory: true,
+                                ..Default::default()
+                            },
+                            envelope.payload.as_bytes(),
+                            wire::properties(envelope, "/bench"),
+                        )
+                        .await?,
+                );
+            }
+            for confirm in confirms {
+                let confirmation = confirm.await?;
+                if !confirmation.is_ack() || confirmation.take_message().is_some() {
+                    return Err("W5 backlog: a message was not taken by the queue".into());
+                }
+            }
+        }
+        let _ = publisher.close(200, "done".into()).await;
+        let ready = self.declare_passive().await?.message_count() as usize;
+        if ready != self.events() {
+            return Err(format!(
+                "W5 backlog: {ready} messages in the queue, {} published",
+                self.events()
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    async fn declare_passive(&self) -> Result<lapin::Queue, BoxError> {
+        Ok(self
+            .broker
+            .channel()
+            .queue_declare(
+                self.queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?)
+    }
+}
+
+/// One run: how long until every event was applied (or acked), what it
+/// cost, and what was wrong.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Apply {
+    pub(crate) events: usize,
+    pub(crate) elapsed: Duration,
+    /// Events never applied (or acked).
+    pub(crate) missing: usize,
+    /// Events applied (or delivered) more than once.
+    pub(crate) duplicates: usize,
+    /// Messages left in the queue after the run (not acked).
+    pub(crate) left: usize,
+    /// CPU used during the run.
+    pub(crate) cpu: CpuUsed,
+    /// Per-phase time of the consumer's deliveries (consumer runs only).
+    pub(crate) phases: Option<PhaseTotals>,
+}
+
+impl Apply {
+    pub(crate) fn rate(&self) -> f64 {
+        self.events as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// CPU per event, in microseconds, of the bench process, PostgreSQL
+    /// and RabbitMQ.
+    pub(crate) fn cpu_us(&self) -> [f64; 3] {
+        let per_event = |d: Duration| d.as_secs_f64() * 1e6 / self.events.max(1) as f64;
+        [
+            per_event(self.cpu.bench),
+            per_event(self.cpu.postgres),
+            per_event(self.cpu.rabbit),
+        ]
+    }
+}
+
+/// The run of median rate among `runs`; missing, duplicated and left
+/// messages are those of all of them, so none is hidden.
+pub(crate) fn median(runs: &[Apply]) -> Apply {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
+    let mut median = sorted.get(sorted.len() / 2).cloned().unwrap_or_default();
+    median.missing = runs.iter().map(|r| r.missing).sum();
+    median.duplicates = runs.iter().map(|r| r.duplicates).sum();
+    median.left = runs.iter().map(|r| r.left).sum();
+    median
+}
+
+/// CPU time used so far, in clock ticks: this process, PostgreSQL's and
+/// RabbitMQ's processes (user + system, from `/proc/<pid>/stat`; for
+/// PostgreSQL also the exited backends its postmaster reaped), and the
+/// whole machine's busy and total time (from `/proc/stat`). Zero where
+/// `/proc` is not readable (the servers on another machine, say). Other
+/// clients of the same servers (another bench, another helper) count
+/// too: a figure for a quiet machine.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cpu {
+    process: u64,
+    postgres: u64,
+    rabbit: u64,
+    busy: u64,
+    total: u64,
+}
+
+/// `USER_HZ`: the unit of `/proc`'s CPU times, 100 on every Linux
+/// architecture the bench runs on (reading `sysconf(_SC_CLK_TCK)` would
+/// need `libc` for a constant).
+const TICKS_PER_SECOND: u64 = 100;
+
+/// (command name, own user + system ticks, reaped children's ticks) of a
+/// `/proc/<pid>/stat` line.
+fn stat_ticks(stat: &str) -> Option<(&str, u64, u64)> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1;
+    // Fields after the command name: utime, stime, cutime and cstime are
+    // fields 14 to 17 of the line, so the 12th to 15th of these.
+    let mut fields = rest.split_whitespace().skip(11);
+    let mut next = || fields.next().and_then(|f| f.parse::<u64>().ok());
+    let own = next()? + next()?;
+    let children = next()? + next()?;
+    Some((comm, own, children))
+}
+
+impl Cpu {
+    fn now() -> Cpu {
+        let mut cpu = Cpu {
+            process: std::fs::read_to_string("/proc/self/stat")
+                .ok()
+                .and_then(|stat| stat_ticks(&stat).map(|(_, own, _)| own))
+                .unwrap_or(0),
+            ..Cpu::default()
+        };
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for entry in dir.flatten() {
+                let name = entry.file_name();
+                if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+                    continue;
+                }
+                let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                    continue;
+                };
+                match stat_ticks(&stat) {
+                    Some(("postgres", own, children)) => cpu.postgres += own + children,
+                    Some(("beam.smp", own, _)) => cpu.rabbit += own,
+                    _ => {}
+                }
+            }
+        }
+        if let Some((busy, total)) = std::fs::read_to_string("/proc/stat").ok().and_then(|stat| {
+            let line = stat.lines().next()?;
+            let ticks: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|n| n.parse().ok())
+                .collect();
+            // user nice system idle iowait irq softirq steal …
+            let total: u64 = ticks.iter().take(8).sum();
+            let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+            Some((total - idle.min(total), total))
+        }) {
+            cpu.busy = busy;
+            cpu.total = total;
+        }
+        cpu
+    }
+
+    /// What was used from `self` to `later`.
+    fn since(self, later: Cpu) -> CpuUsed {
+        let time =
+            |a: u64, b: u64| Duration::from_millis(b.saturating_sub(a) * 1000 / TICKS_PER_SECOND);
+        let total = later.total.saturating_sub(self.total);
+        CpuUsed {
+            bench: time(self.process, later.process),
+            postgres: time(self.postgres, later.postgres),
+            rabbit: time(self.rabbit, later.rabbit),
+            busy: if total == 0 {
+                f64::NAN
+            } else {
+                later.busy.saturating_sub(self.busy) as f64 / total as f64
+            },
+        }
+    }
+}
+
+/// CPU used during a run.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CpuUsed {
+    /// The bench process.
+    pub(crate) bench: Duration,
+    /// PostgreSQL's processes.
+    pub(crate) postgres: Duration,
+    /// RabbitMQ's (`beam.smp`).
+    pub(crate) rabbit: Duration,
+    /// Share of the machine's CPU time busy (every process).
+    pub(crate) busy: f64,
+}
+
+/// Time the consumer's deliveries spent in each phase, summed over all
+/// of them (nanoseconds), and how many committed.
+#[derive(Debug, Default)]
+pub(crate) struct Phases {
+    begin: AtomicU64,
+    receive: AtomicU64,
+    handler: AtomicU64,
+    commit: AtomicU64,
+    committed: AtomicUsize,
+    duplicates: AtomicUsize,
+    /// Woken when `committed` reaches the backlog's size.
+    all_committed: tokio::sync::Notify,
+    target: AtomicUsize,
+}
+
+/// [`Phases`] of one run, in milliseconds per event.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PhaseTotals {
+    pub(crate) begin: f64,
+    pub(crate) receive: f64,
+    pub(crate) handler: f64,
+    pub(crate) commit: f64,
+    /// A worker's time outside the four (waiting for its next delivery,
+    /// decoding, acking): `concurrency × elapsed` minus the four.
+    pub(crate) other: f64,
+}
+
+fn add(counter: &AtomicU64, since: Instant) {
+    let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    counter.fetch_add(ns, Ordering::Relaxed);
+}
+
+impl Phases {
+    fn totals(&self, events: usize, workers: usize, elapsed: Duration) -> PhaseTotals {
+        let per_event = |ns: u64| ns as f64 / 1e6 / events.max(1) as f64;
+        let begin = per_event(AtomicU64::load(&self.begin, Ordering::Relaxed));
+        let receive = per_event(AtomicU64::load(&self.receive, Ordering::Relaxed));
+        let handler = per_event(AtomicU64::load(&self.handler, Ordering::Relaxed));
+        let commit = per_event(AtomicU64::load(&self.commit, Ordering::Relaxed));
+        let worker_ms = elapsed.as_secs_f64() * 1e3 * workers as f64 / events.max(1) as f64;
+        PhaseTotals {
+            begin,
+            receive,
+            handler,
+            commit,
+            other: worker_ms - begin - receive - handler - commit,
+        }
+    }
+}
+
+/// [`PgInboxDatabase`], timed per phase and counting commits; delegates
+/// every call.
+struct Timed {
+    db: PgInboxDatabase,
+    phases: Arc<Phases>,
+}
+
+impl InboxDatabase for Timed {
+    type Tx = PgTransaction;
+    type Error = outbox::postgres::Error;
+
+    async fn begin(&self) -> Result<PgTransaction, Self::Error> {
+        let started = Instant::now();
+        let tx = self.db.begin().await;
+        add(&self.phases.begin, started);
+        tx
+    }
+
+    async fn receive(
+        &self,
+        tx: &mut PgTransaction,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<InboxOutcome, Self::Error> {
+        let started = Instant::now();
+        let outcome = self.db.receive(tx, consumer, event_id).await;
+        add(&self.phases.receive, started);
+        if let Ok(InboxOutcome::Duplicate) = outcome {
+            self.phases.duplicates.fetch_add(1, Ordering::Relaxed);
+        }
+        outcome
+    }
+
+    async fn commit(&self, tx: PgTransaction) -> Result<(), Self::Error> {
+        let started = Instant::now();
+        let committed = self.db.commit(tx).await;
+        add(&self.phases.commit, started);
+        if committed.is_ok() {
+            let n = self.phases.committed.fetch_add(1, Ordering::Relaxed) + 1;
+            if n == AtomicUsize::load(&self.phases.target, Ordering::Relaxed) {
+                self.phases.all_committed.notify_one();
+            }
+        }
+        committed
+    }
+
+    async fn rollback(&self, tx: PgTransaction) -> Result<(), Self::Error> {
+        self.db.rollback(tx).await
+    }
+
+    async fn record_dead_letter(&self, letter: &DeadLetter) -> Result<(), Self::Error> {
+        self.db.record_dead_letter(letter).await
+    }
+}
+
+/// The handler: one `w5_applied` row per event, from its payload.
+struct ApplyOrder {
+    sql: String,
+    phases: Arc<Phases>,
+}
+
+#[derive(serde::Deserialize)]
+struct Order {
+    order_id: String,
+    total_cents: i64,
+}
+
+impl EventHandler<PgTransaction> for ApplyOrder {
+    async fn handle(
+        &self,
+        tx: &mut PgTransaction,
+        event: &IncomingEvent,
+    ) -> Result<(), HandlerError> {
+        let started = Instant::now();
+        let order: Order = event.payload_as().map_err(HandlerError::permanent)?;
+        Prepared(
+            diesel::sql_query(self.sql.as_str())
+                .bind::<diesel::sql_types::Uuid, _>(event.id)
+                .bind::<Text, _>(order.order_id.as_str())
+                .bind::<BigInt, _>(order.total_cents),
+        )
+        .execute(&mut **tx)
+        .await?;
+        add(&self.phases.handler, started);
+        Ok(())
+    }
+}
+
+/// The inbox consumer applying the backlog with `concurrency` workers.
+pub(crate) async fn consumer(env: &Env, rig: &Rig, concurrency: usize) -> Result<Apply, BoxError> {
+    rig.fill(env).await?;
+    let pool = outbox::postgres::pool(&database_url(), concurrency)?;
+    // Connections open before the clock starts, as a running service's
+    // pool would have them.
+    let mut warm = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        warm.push(pool.get().await?);
+    }
+    drop(warm);
+    let phases = Arc::new(Phases::default());
+    phases.target.store(rig.events(), Ordering::Relaxed);
+    let db = Timed {
+        db: PgInboxDatabase::new(pool, PgInbox::new(&env.schema)?),
+        phases: Arc::clone(&phases),
+    };
+    let handler = ApplyOrder {
+        sql: rig.applied_sql.clone(),
+        phases: Arc::clone(&phases),
+    };
+    let consumer = InboxConsumer::builder(amqp_url(), rig.queue.as_str(), CONSUMER, db, handler)
+        .prefetch(PREFETCH)
+        .concurrency(concurrency)
+        .build()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let cpu = Cpu::now();
+    let started = Instant::now();
+    let running = tokio::spawn(consumer.run(async {
+        let _ = stopped.await;
+    }));
+    let all = tokio::time::timeout(RUN_TIMEOUT, phases.all_committed.notified()).await;
+    let elapsed = started.elapsed();
+    let cpu = cpu.since(Cpu::now());
+    let _ = stop.send(());
+    running.await??;
+    if all.is_err() {
+        println!(
+            "  (W5 consumer, concurrency {concurrency}: {} of {} committed after {})",
+            AtomicUsize::load(&phases.committed, Ordering::Relaxed),
+            rig.events(),
+            setup::secs(RUN_TIMEOUT)
+        );
+    }
+    let (missing, duplicates) = check_applied(env, rig).await?;
+    let left = rig.declare_passive().await?.message_count() as usize;
+    Ok(Apply {
+        events: rig.events(),
+        elapsed,
+        missing,
+        duplicates: duplicates + AtomicUsize::load(&phases.duplicates, Ordering::Relaxed),
+        left,
+        cpu,
+        phases: Some(phases.totals(rig.events(), concurrency, elapsed)),
+    })
+}
+
+/// (events of the backlog without a `w5_applied` row, rows beyond one per
+/// event).
+async fn check_applied(env: &Env, rig: &Rig) -> Result<(usize, usize), BoxError> {
+    #[derive(diesel::QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Uuid)]
+        event_id: Uuid,
+    }
+    let rows: Vec<Row> =
+        diesel::sql_query(format!("SELECT event_id FROM {}", env.table("w5_applied")))
+            .load(&mut env.conn().await?)
+            .await?;
+    let applied: HashSet<Uuid> = rows.iter().map(|r| r.event_id).collect();
+    Ok((
+        rig.expected.difference(&applied).count(),
+        rows.len() - applied.len() + applied.difference(&rig.expected).count(),
+    ))
+}
+
+/// The broker ceiling: raw lapin consuming the backlog (its own
+/// connection, opened inside the clock as the consumer's is), the same
+/// prefetch, one channel (as the consumer), deliveries handed round-robin
+/// to `concurrency` tasks that each ack theirs one by one (as the
+/// consumer's workers do). No decoding, no database.
+pub(crate) async fn broker(env: &Env, rig: &Rig, concurrency: usize) -> Result<Apply, BoxError> {
+    rig.fill(env).await?;
+    let cpu = Cpu::now();
+    let started = Instant::now();
+    let connection =
+        outbox_testkit::amqp::connect(&amqp_url(), &format!("{}.w5.raw", env.schema)).await;
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            rig.queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let (acked_tx, mut acked_rx) = tokio::sync::mpsc::unbounded_channel::<Uuid>();
+    let mut workers = Vec::with_capacity(concurrency);
+    let mut queues = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        let (tx, mut rx) =
+            tokio::sync::mpsc::channel::<lapin::message::Delivery>(usize::from(PREFETCH));
+        queues.push(tx);
+        let acked = acked_tx.clone();
+        workers.push(tokio::spawn(async move {
+            while let Some(delivery) = rx.recv().await {
+                delivery.acker.ack(BasicAckOptions::default()).await?;
+                let id = delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .and_then(|id| Uuid::parse_str(id.as_str()).ok())
+                    .unwrap_or_default();
+                if acked.send(id).is_err() {
+                    break;
+                }
+            }
+            Ok::<(), BoxError>(())
+        }));
+    }
+    drop(acked_tx);
+    let dispatch = tokio::spawn(async move {
+        let mut n = 0usize;
+        while let Some(Ok(delivery)) = consumer.next().await {
+            let Some(queue) = queues.get(n % queues.len()) else {
+                break;
+            };
+            n += 1;
+            if queue.send(delivery).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = HashSet::with_capacity(rig.events());
+    let mut duplicates = 0;
+    let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
+    while seen.len() < rig.events() {
+        match tokio::time::timeout_at(deadline, acked_rx.recv()).await {
+            Ok(Some(id)) => {
+                if !seen.insert(id) {
+                    duplicates += 1;
+                }
+            }
+            _ => break,
+        }
+    }
+    let elapsed = started.elapsed();
+    let cpu = cpu.since(Cpu::now());
+    let _ = channel.close(200, "done".into()).await;
+    dispatch.abort();
+    for worker in workers {
+        if let Ok(Err(err)) = worker.await {
+            return Err(err);
+        }
+    }
+    let _ = connection.close(200, "done".into()).await;
+    let left = rig.declare_passive().await?.message_count() as usize;
+    Ok(Apply {
+        events: rig.events(),
+        elapsed,
+        missing: rig.expected.difference(&seen).count(),
+        duplicates,
+        left,
+        cpu,
+        phases: None,
+    })
+}
+
+/// The database ceiling: the backlog's events split over `concurrency`
+/// writers (direct connections, opened before the clock), each committing
+/// one transaction per event with the same two inserts as the consumer
+/// (the library's inbox `INSERT` and the handler's, both prepared). No
+/// broker. The queue is filled anyway (and purged by the next fill), so
+/// each run starts from the same broker and table state.
+pub(crate) async fn database(env: &Env, rig: &Rig, concurrency: usize) -> Result<Apply, BoxError> {
+    rig.fill(env).await?;
+    let mut conns = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        conns.push(env.conn().await?);
+    }
+    let work: Arc<Vec<(Uuid, Order)>> = Arc::new(
+        rig.envelopes
+            .iter()
+            .map(|e| Ok((e.id, serde_json::from_str(&e.payload)?)))
+            .collect::<Result<_, serde_json::Error>>()?,
+    );
+    let cpu = Cpu::now();
+    let started = Instant::now();
+    let mut writers = Vec::with_capacity(concurrency);
+    for (index, mut conn) in conns.into_iter().enumerate() {
+        let work = Arc::clone(&work);
+        let (inbox_sql, applied_sql) = (rig.inbox_sql.clone(), rig.applied_sql.clone());
+        writers.push(tokio::spawn(async move {
+            for (id, order) in work.iter().skip(index).step_by(concurrency) {
+                apply_by_hand(&mut conn, &inbox_sql, &applied_sql, *id, order).await?;
+            }
+            Ok::<(), BoxError>(())
+        }));
+    }
+    for writer in writers {
+        writer.await??;
+    }
+    let elapsed = started.elapsed();
+    let cpu = cpu.since(Cpu::now());
+    let (missing, duplicates) = check_applied(env, rig).await?;
+    Ok(Apply {
+        events: rig.events(),
+        elapsed,
+        missing,
+        duplicates,
+        left: 0,
+        cpu,
+        phases: None,
+    })
+}
+
+/// One event's transaction in the database ceiling.
+async fn apply_by_hand(
+    conn: &mut AsyncPgConnection,
+    inbox_sql: &str,
+    applied_sql: &str,
+    id: Uuid,
+    order: &Order,
+) -> Result<(), BoxError> {
+    conn.transaction::<_, BoxError, _>(async |conn| {
+        let inserted = Prepared(
+            diesel::sql_query(inbox_sql)
+                .bind::<Text, _>(CEILING_CONSUMER)
+                .bind::<diesel::sql_types::Uuid, _>(id),
+        )
+        .execute(conn)
+        .await?;
+        if inserted == 1 {
+            Prepared(
+                diesel::sql_query(applied_sql)
+                    .bind::<diesel::sql_types::Uuid, _>(id)
+                    .bind::<Text, _>(order.order_id.as_str())
+                    .bind::<BigInt, _>(order.total_cents),
+            )
+            .execute(conn)
+            .await?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Drops the handler's table (the schema goes at the end of the run too;
+/// this keeps later workloads' `VACUUM`s and checkpoints free of it).
+pub(crate) async fn cleanup(env: &Env) {
+    let mut conn = match env.conn().await {
+        Ok(conn) => conn,
+        Err(_) => return,
+    };
+    let _ = conn
+        .batch_execute(&format!("DROP TABLE IF EXISTS {}", env.table("w5_applied")))
+        .await;
+}
