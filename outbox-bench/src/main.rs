@@ -455,8 +455,17 @@ async fn w5_consume(env: &Env, p: &Params) -> Result<serde_json::Value, BoxError
         consume::PREFETCH
     );
     println!(
-        "  {:<26} {:>9} {:>9} {:>9} {:>6} {:>6} {:>8} {:>5}",
-        "events/s", "consumer", "broker", "database", "ratio", "busy", "missing", "dup"
+        "  {:<18} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8} {:>6} {:>8} {:>5}",
+        "events/s",
+        "consumer",
+        "broker",
+        "database",
+        "by hand",
+        "ratio",
+        "vs hand",
+        "busy",
+        "missing",
+        "dup"
     );
     let rig = consume::Rig::new(env, &events).await?;
     let result = w5_rows(env, p, &rig).await;
@@ -469,39 +478,40 @@ async fn w5_rows(env: &Env, p: &Params, rig: &consume::Rig) -> Result<serde_json
     let mut out = serde_json::Map::new();
     let mut profile = Vec::new();
     for concurrency in consume::CONCURRENCY {
-        let (mut brokers, mut databases, mut consumers) = (Vec::new(), Vec::new(), Vec::new());
-        // Alternating, so drift on the machine hits the three alike.
+        let mut runs: [Vec<consume::Apply>; 4] = Default::default();
+        // Alternating, so drift on the machine hits the four alike.
         for _ in 0..p.w5_rounds.max(1) {
-            brokers.push(consume::broker(env, rig, concurrency).await?);
-            databases.push(consume::database(env, rig, concurrency).await?);
-            consumers.push(consume::consumer(env, rig, concurrency).await?);
+            runs[0].push(consume::broker(env, rig, concurrency).await?);
+            runs[1].push(consume::database(env, rig, concurrency).await?);
+            runs[2].push(consume::hand_written(env, rig, concurrency).await?);
+            runs[3].push(consume::consumer(env, rig, concurrency).await?);
         }
-        let broker = consume::median(&brokers);
-        let database = consume::median(&databases);
-        let consumer = consume::median(&consumers);
+        let [broker, database, by_hand, consumer] = runs.map(|r| consume::median(&r));
         let ceiling = broker.rate().min(database.rate());
+        let all = [&broker, &database, &by_hand, &consumer];
         println!(
-            "  {:<26} {:>9.0} {:>9.0} {:>9.0} {:>6.2} {:>5.0}% {:>8} {:>5}",
+            "  {:<18} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>6.2} {:>8.2} {:>5.0}% {:>8} {:>5}",
             format!("concurrency {concurrency}"),
             consumer.rate(),
             broker.rate(),
             database.rate(),
+            by_hand.rate(),
             consumer.rate() / ceiling,
+            consumer.rate() / by_hand.rate(),
             consumer.cpu.busy * 100.0,
-            consumer.missing + broker.missing + database.missing,
-            consumer.duplicates + broker.duplicates + database.duplicates,
+            all.iter().map(|a| a.missing).sum::<usize>(),
+            all.iter().map(|a| a.duplicates).sum::<usize>(),
         );
-        if consumer.left + broker.left > 0 {
-            println!(
-                "    ({} messages left unacked in the queue after the runs)",
-                consumer.left + broker.left
-            );
+        let left: usize = all.iter().map(|a| a.left).sum();
+        if left > 0 {
+            println!("    ({left} messages left unacked in the queue after the runs)");
         }
         profile.push((
             concurrency,
             consumer.clone(),
             broker.clone(),
             database.clone(),
+            by_hand.clone(),
         ));
         let run = |a: &consume::Apply| {
             let [bench, postgres, rabbit] = a.cpu_us();
@@ -521,7 +531,9 @@ async fn w5_rows(env: &Env, p: &Params, rig: &consume::Rig) -> Result<serde_json
                 "consumer": run(&consumer),
                 "broker": run(&broker),
                 "database": run(&database),
+                "by_hand": run(&by_hand),
                 "ratio": consumer.rate() / ceiling,
+                "ratio_vs_by_hand": consumer.rate() / by_hand.rate(),
                 "phases_ms_per_event": {
                     "begin": phases.begin,
                     "inbox_insert": phases.receive,
@@ -533,36 +545,39 @@ async fn w5_rows(env: &Env, p: &Params, rig: &consume::Rig) -> Result<serde_json
         );
     }
     println!(
-        "  ratio: consumer / the lower ceiling, target >= 0.8; {} round(s) of the three, \
-         alternating, medians; busy: the whole machine during the consumer's run",
+        "  ratio: consumer / the lower ceiling, target >= 0.8; by hand: raw lapin + the database \
+         ceiling's transaction per delivery, then the ack (the same work without the library); \
+         {} round(s) of the four, alternating, medians; busy: the whole machine during the \
+         consumer's run",
         p.w5_rounds.max(1)
     );
     println!("  CPU us per event, bench / PostgreSQL / RabbitMQ (all their clients count):");
     println!(
-        "  {:<26} {:>18} {:>18} {:>18}",
-        "", "consumer", "broker", "database"
+        "  {:<18} {:>18} {:>18} {:>18} {:>18}",
+        "", "consumer", "broker", "database", "by hand"
     );
     let cpu = |a: &consume::Apply| {
         let [bench, postgres, rabbit] = a.cpu_us();
         format!("{bench:.0} / {postgres:.0} / {rabbit:.0}")
     };
-    for (concurrency, consumer, broker, database) in &profile {
+    for (concurrency, consumer, broker, database, by_hand) in &profile {
         println!(
-            "  {:<26} {:>18} {:>18} {:>18}",
+            "  {:<18} {:>18} {:>18} {:>18} {:>18}",
             format!("concurrency {concurrency}"),
             cpu(consumer),
             cpu(broker),
-            cpu(database)
+            cpu(database),
+            cpu(by_hand)
         );
     }
     println!(
         "  a consumer worker's time, ms per event (begin: pool + BEGIN; other: waiting for its \
          next delivery, decoding, acking):"
     );
-    for (concurrency, consumer, _, _) in &profile {
+    for (concurrency, consumer, ..) in &profile {
         let ph = consumer.phases.unwrap_or_default();
         println!(
-            "  {:<26} begin {:.3}  inbox {:.3}  handler {:.3}  commit {:.3}  other {:.3}",
+            "  {:<18} begin {:.3}  inbox {:.3}  handler {:.3}  commit {:.3}  other {:.3}",
             format!("concurrency {concurrency}"),
             ph.begin,
             ph.receive,
