@@ -133,6 +133,23 @@ impl Rig {
         self.envelopes.len()
     }
 
+    /// How unevenly the consumer's hash of aggregates spreads the backlog
+    /// over `workers`: the busiest worker's events over the mean. Each
+    /// worker handles its own share in turn, so a run lasts as long as the
+    /// busiest one's share takes and the others idle for the rest.
+    pub(crate) fn spread(&self, workers: usize) -> f64 {
+        let mut counts = vec![0usize; workers.max(1)];
+        for e in &self.envelopes {
+            if let Some(count) =
+                counts.get_mut(worker_for(&e.aggregate_type, &e.aggregate_id, workers))
+            {
+                *count += 1;
+            }
+        }
+        let max = counts.iter().copied().max().unwrap_or(0);
+        max as f64 * counts.len() as f64 / self.events().max(1) as f64
+    }
+
     /// Empties the inbox, the handler's table and the queue, waits until
     /// no consumer of an earlier run is left on the queue, then publishes
     /// the backlog (relay wire format, confirmed) and checks it is all in
@@ -230,6 +247,9 @@ pub(crate) struct Apply {
     pub(crate) cpu: CpuUsed,
     /// Per-phase time of the consumer's deliveries (consumer runs only).
     pub(crate) phases: Option<PhaseTotals>,
+    /// The raw consumers' time per delivery, ms per event summed over
+    /// their tasks: waiting for it, its transaction (by hand only), its ack.
+    pub(crate) raw_phases: Option<[f64; 3]>,
 }
 
 impl Apply {
@@ -562,6 +582,7 @@ pub(crate) async fn consumer(env: &Env, rig: &Rig, concurrency: usize) -> Result
         left,
         cpu,
         phases: Some(phases.totals(rig.events(), concurrency, elapsed)),
+        raw_phases: None,
     })
 }
 
@@ -607,14 +628,27 @@ pub(crate) async fn hand_written(
     raw(env, rig, concurrency, true).await
 }
 
-/// The worker of a delivery: by a hash of its `aggregate_id` header.
-fn worker_of(delivery: &lapin::message::Delivery, workers: usize) -> usize {
+/// The worker of an aggregate, as the consumer picks it (a hash of its
+/// type and id: outbox-lapin's `consumer/dispatch.rs`).
+fn worker_for(aggregate_type: &str, aggregate_id: &str, workers: usize) -> usize {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    if let Some(headers) = delivery.properties.headers() {
-        wire::header_str(headers, "aggregate_id").hash(&mut hasher);
-    }
+    aggregate_type.hash(&mut hasher);
+    aggregate_id.hash(&mut hasher);
     usize::try_from(hasher.finish() % workers.max(1) as u64).unwrap_or(0)
+}
+
+/// The worker of a delivery: [`worker_for`] its aggregate headers.
+fn worker_of(delivery: &lapin::message::Delivery, workers: usize) -> usize {
+    let header = |key: &str| {
+        delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|headers| wire::header_str(headers, key))
+            .unwrap_or("")
+    };
+    worker_for(header("aggregate_type"), header("aggregate_id"), workers)
 }
 
 async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Apply, BoxError> {
@@ -642,14 +676,23 @@ async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Ap
     let (acked_tx, mut acked_rx) = tokio::sync::mpsc::unbounded_channel::<Uuid>();
     let mut workers = Vec::with_capacity(concurrency);
     let mut queues = Vec::with_capacity(concurrency);
+    // Waiting for a delivery, its transaction, its ack (ns, all tasks).
+    let timers: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
     for mut conn in conns {
+        let timers = Arc::clone(&timers);
         let (tx, mut rx) =
             tokio::sync::mpsc::channel::<lapin::message::Delivery>(usize::from(PREFETCH));
         queues.push(tx);
         let acked = acked_tx.clone();
         let (inbox_sql, applied_sql) = (rig.inbox_sql.clone(), rig.applied_sql.clone());
         workers.push(tokio::spawn(async move {
-            while let Some(delivery) = rx.recv().await {
+            let [waiting, transaction, acking] = &*timers;
+            loop {
+                let phase = Instant::now();
+                let Some(delivery) = rx.recv().await else {
+                    break;
+                };
+                add(waiting, phase);
                 let id = delivery
                     .properties
                     .message_id()
@@ -657,10 +700,14 @@ async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Ap
                     .and_then(|id| Uuid::parse_str(id.as_str()).ok())
                     .unwrap_or_default();
                 if let Some(conn) = conn.as_mut() {
+                    let phase = Instant::now();
                     let order: Order = serde_json::from_slice(&delivery.data)?;
                     apply_by_hand(conn, &inbox_sql, &applied_sql, id, &order).await?;
+                    add(transaction, phase);
                 }
+                let phase = Instant::now();
                 delivery.acker.ack(BasicAckOptions::default()).await?;
+                add(acking, phase);
                 if acked.send(id).is_err() {
                     break;
                 }
@@ -715,6 +762,9 @@ async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Ap
         left,
         cpu,
         phases: None,
+        raw_phases: Some(timers.each_ref().map(|t| {
+            AtomicU64::load(t, Ordering::Relaxed) as f64 / 1e6 / rig.events().max(1) as f64
+        })),
     })
 }
 
@@ -763,6 +813,7 @@ pub(crate) async fn database(env: &Env, rig: &Rig, concurrency: usize) -> Result
         left: 0,
         cpu,
         phases: None,
+        raw_phases: None,
     })
 }
 

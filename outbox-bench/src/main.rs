@@ -136,7 +136,7 @@ async fn run() -> Result<(), BoxError> {
             w3_secs: 3,
             w4_rows: 100_000,
             w4_heads: 200,
-            w5_events: (200, 10),
+            w5_events: (2000, 1),
             w5_rounds: 1,
         }
     } else {
@@ -534,6 +534,7 @@ async fn w5_rows(env: &Env, p: &Params, rig: &consume::Rig) -> Result<serde_json
                 "by_hand": run(&by_hand),
                 "ratio": consumer.rate() / ceiling,
                 "ratio_vs_by_hand": consumer.rate() / by_hand.rate(),
+                "busiest_worker_share_over_mean": rig.spread(concurrency),
                 "phases_ms_per_event": {
                     "begin": phases.begin,
                     "inbox_insert": phases.receive,
@@ -584,6 +585,22 @@ async fn w5_rows(env: &Env, p: &Params, rig: &consume::Rig) -> Result<serde_json
             ph.handler,
             ph.commit,
             ph.other
+        );
+    }
+    println!(
+        "  by hand and broker ceiling, ms per event summed over their tasks: waiting for a \
+         delivery / transaction / ack; and the busiest task's share of the backlog over the \
+         mean (tasks and the consumer's workers get whole aggregates: the run lasts as long \
+         as the busiest takes):"
+    );
+    for (concurrency, _, broker, _, by_hand) in &profile {
+        let [wait, tx, ack] = by_hand.raw_phases.unwrap_or_default();
+        let [b_wait, _, b_ack] = broker.raw_phases.unwrap_or_default();
+        println!(
+            "  {:<18} by hand {wait:.3} / {tx:.3} / {ack:.3}   broker {b_wait:.3} / - / {b_ack:.3}   \
+             busiest {:.2}x",
+            format!("concurrency {concurrency}"),
+            rig.spread(*concurrency)
         );
     }
     out.insert("events".into(), json!(rig.events()));
