@@ -248,8 +248,9 @@ pub(crate) struct Apply {
     /// Per-phase time of the consumer's deliveries (consumer runs only).
     pub(crate) phases: Option<PhaseTotals>,
     /// The raw consumers' time per delivery, ms per event summed over
-    /// their tasks: waiting for it, its transaction (by hand only), its ack.
-    pub(crate) raw_phases: Option<[f64; 3]>,
+    /// their tasks: waiting for it; `BEGIN`, inbox insert, handler insert
+    /// and `COMMIT` (by hand only); its ack.
+    pub(crate) raw_phases: Option<[f64; 6]>,
 }
 
 impl Apply {
@@ -677,7 +678,7 @@ async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Ap
     let mut workers = Vec::with_capacity(concurrency);
     let mut queues = Vec::with_capacity(concurrency);
     // Waiting for a delivery, its transaction, its ack (ns, all tasks).
-    let timers: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
+    let timers: Arc<[AtomicU64; 6]> = Arc::new(Default::default());
     for mut conn in conns {
         let timers = Arc::clone(&timers);
         let (tx, mut rx) =
@@ -686,7 +687,7 @@ async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Ap
         let acked = acked_tx.clone();
         let (inbox_sql, applied_sql) = (rig.inbox_sql.clone(), rig.applied_sql.clone());
         workers.push(tokio::spawn(async move {
-            let [waiting, transaction, acking] = &*timers;
+            let [waiting, statements @ .., acking] = &*timers;
             loop {
                 let phase = Instant::now();
                 let Some(delivery) = rx.recv().await else {
@@ -700,10 +701,9 @@ async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Ap
                     .and_then(|id| Uuid::parse_str(id.as_str()).ok())
                     .unwrap_or_default();
                 if let Some(conn) = conn.as_mut() {
-                    let phase = Instant::now();
                     let order: Order = serde_json::from_slice(&delivery.data)?;
-                    apply_by_hand(conn, &inbox_sql, &applied_sql, id, &order).await?;
-                    add(transaction, phase);
+                    apply_by_hand(conn, &inbox_sql, &applied_sql, id, &order, Some(statements))
+                        .await?;
                 }
                 let phase = Instant::now();
                 delivery.acker.ack(BasicAckOptions::default()).await?;
@@ -794,7 +794,7 @@ pub(crate) async fn database(env: &Env, rig: &Rig, concurrency: usize) -> Result
         let (inbox_sql, applied_sql) = (rig.inbox_sql.clone(), rig.applied_sql.clone());
         writers.push(tokio::spawn(async move {
             for (id, order) in work.iter().skip(index).step_by(concurrency) {
-                apply_by_hand(&mut conn, &inbox_sql, &applied_sql, *id, order).await?;
+                apply_by_hand(&mut conn, &inbox_sql, &applied_sql, *id, order, None).await?;
             }
             Ok::<(), BoxError>(())
         }));
@@ -817,15 +817,27 @@ pub(crate) async fn database(env: &Env, rig: &Rig, concurrency: usize) -> Result
     })
 }
 
-/// One event's transaction in the database ceiling.
+/// One event's transaction in the database ceiling; with `timers`, its
+/// phases are added to them as the consumer's are timed: `BEGIN`, the
+/// inbox insert, the handler's insert, `COMMIT` (ns).
 async fn apply_by_hand(
     conn: &mut AsyncPgConnection,
     inbox_sql: &str,
     applied_sql: &str,
     id: Uuid,
     order: &Order,
+    timers: Option<&[AtomicU64]>,
 ) -> Result<(), BoxError> {
+    let time = |phase: usize, since: Instant| {
+        if let Some(timer) = timers.and_then(|t| t.get(phase)) {
+            add(timer, since);
+        }
+        Instant::now()
+    };
+    let begun = Instant::now();
+    let mut committing = begun;
     conn.transaction::<_, BoxError, _>(async |conn| {
+        let inserting = time(0, begun);
         let inserted = Prepared(
             diesel::sql_query(inbox_sql)
                 .bind::<Text, _>(CEILING_CONSUMER)
@@ -833,6 +845,7 @@ async fn apply_by_hand(
         )
         .execute(conn)
         .await?;
+        let handling = time(1, inserting);
         if inserted == 1 {
             Prepared(
                 diesel::sql_query(applied_sql)
@@ -843,9 +856,12 @@ async fn apply_by_hand(
             .execute(conn)
             .await?;
         }
+        committing = time(2, handling);
         Ok(())
     })
-    .await
+    .await?;
+    time(3, committing);
+    Ok(())
 }
 
 /// Drops the handler's table (the schema goes at the end of the run too;

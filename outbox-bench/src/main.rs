@@ -63,12 +63,18 @@
 //!   of the same messages, same prefetch, one channel, acks from as many
 //!   tasks; no database) and the database's (the same two inserts per
 //!   transaction, prepared, committed by as many concurrent writers; no
-//!   broker). The ratio is against the lower of the two. Also: the bench
-//!   process's CPU per event, how busy the whole machine was (on 2 cores
-//!   the database, the broker and the bench share them), every event
-//!   applied once (the rows' event ids checked against the backlog's),
-//!   and where a delivery's time goes (begin, inbox insert, handler,
-//!   commit, the rest: waiting, decoding, acking).
+//!   broker). The ratio is against the lower of the two. A fourth run,
+//!   "by hand", does the consumer's work without the library (raw lapin,
+//!   the database ceiling's transaction per delivery, then the ack; tasks
+//!   get whole aggregates by the consumer's own hash): on a machine where
+//!   the broker and the database share the cores, neither ceiling alone
+//!   is reachable, and consumer / by hand is the library's own cost. Also:
+//!   CPU per event of the bench, PostgreSQL and RabbitMQ (`/proc`), how
+//!   busy the whole machine was, every event applied once (the rows'
+//!   event ids checked against the backlog's), where a delivery's time
+//!   goes for the consumer and by hand (begin, inbox insert, handler,
+//!   commit, the rest: waiting for a delivery, decoding, acking), and how
+//!   unevenly the aggregates hash over the workers.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod backend;
@@ -95,8 +101,9 @@ const W1_SLICES: u32 = 10;
 /// alternating, and reports the medians.
 const W2_ROUNDS: usize = 3;
 
-/// W5 runs the broker ceiling, the database ceiling and the consumer this
-/// many times each per concurrency, alternating, and reports the medians.
+/// W5 runs the broker ceiling, the database ceiling, the hand-written
+/// consumer and the consumer this many times each per concurrency,
+/// alternating, and reports the medians.
 const W5_ROUNDS: usize = 3;
 
 struct Params {
@@ -535,6 +542,9 @@ async fn w5_rows(env: &Env, p: &Params, rig: &consume::Rig) -> Result<serde_json
                 "ratio": consumer.rate() / ceiling,
                 "ratio_vs_by_hand": consumer.rate() / by_hand.rate(),
                 "busiest_worker_share_over_mean": rig.spread(concurrency),
+                "by_hand_phases_ms_per_event": by_hand.raw_phases.map(|[w, b, i, h, c, a]| json!({
+                    "wait": w, "begin": b, "inbox_insert": i, "handler": h, "commit": c, "ack": a,
+                })),
                 "phases_ms_per_event": {
                     "begin": phases.begin,
                     "inbox_insert": phases.receive,
@@ -588,17 +598,15 @@ async fn w5_rows(env: &Env, p: &Params, rig: &consume::Rig) -> Result<serde_json
         );
     }
     println!(
-        "  by hand and broker ceiling, ms per event summed over their tasks: waiting for a \
-         delivery / transaction / ack; and the busiest task's share of the backlog over the \
-         mean (tasks and the consumer's workers get whole aggregates: the run lasts as long \
-         as the busiest takes):"
+        "  by hand, the same phases: wait (for a delivery), begin, inbox, handler, commit, ack; \
+         and the busiest worker's share of the backlog over the mean (workers get whole \
+         aggregates: a run lasts as long as the busiest takes):"
     );
-    for (concurrency, _, broker, _, by_hand) in &profile {
-        let [wait, tx, ack] = by_hand.raw_phases.unwrap_or_default();
-        let [b_wait, _, b_ack] = broker.raw_phases.unwrap_or_default();
+    for (concurrency, _, _, _, by_hand) in &profile {
+        let [wait, begin, inbox, handler, commit, ack] = by_hand.raw_phases.unwrap_or_default();
         println!(
-            "  {:<18} by hand {wait:.3} / {tx:.3} / {ack:.3}   broker {b_wait:.3} / - / {b_ack:.3}   \
-             busiest {:.2}x",
+            "  {:<18} wait {wait:.3}  begin {begin:.3}  inbox {inbox:.3}  handler {handler:.3}  \
+             commit {commit:.3}  ack {ack:.3}   busiest {:.2}x",
             format!("concurrency {concurrency}"),
             rig.spread(*concurrency)
         );
