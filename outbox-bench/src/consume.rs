@@ -245,6 +245,9 @@ pub(crate) struct Apply {
     pub(crate) left: usize,
     /// CPU used during the run.
     pub(crate) cpu: CpuUsed,
+    /// From the run's start to the first delivery in a worker's hands
+    /// (connecting, subscribing; consumer and raw runs).
+    pub(crate) startup: Duration,
     /// Per-phase time of the consumer's deliveries (consumer runs only).
     pub(crate) phases: Option<PhaseTotals>,
     /// The raw consumers' time per delivery, ms per event summed over
@@ -404,6 +407,8 @@ pub(crate) struct Phases {
     /// Woken when `committed` reaches the backlog's size.
     all_committed: tokio::sync::Notify,
     target: AtomicUsize,
+    /// When the first delivery reached a worker (its `begin`).
+    first: std::sync::OnceLock<Instant>,
 }
 
 /// [`Phases`] of one run, in milliseconds per event.
@@ -414,8 +419,16 @@ pub(crate) struct PhaseTotals {
     pub(crate) handler: f64,
     pub(crate) commit: f64,
     /// A worker's time outside the four (waiting for its next delivery,
-    /// decoding, acking): `concurrency × elapsed` minus the four.
+    /// decoding, acking, idle at the end while the busiest worker
+    /// finishes): `concurrency × (elapsed − startup)` minus the four.
     pub(crate) other: f64,
+}
+
+/// A worker's time per event outside `phases` (ms): `workers` × the run
+/// after its first delivery, per event, minus the phases.
+pub(crate) fn other_ms(a: &Apply, workers: usize, phases: &[f64]) -> f64 {
+    let run = a.elapsed.saturating_sub(a.startup).as_secs_f64() * 1e3;
+    run * workers as f64 / a.events.max(1) as f64 - phases.iter().sum::<f64>()
 }
 
 fn add(counter: &AtomicU64, since: Instant) {
@@ -424,7 +437,16 @@ fn add(counter: &AtomicU64, since: Instant) {
 }
 
 impl Phases {
-    fn totals(&self, events: usize, workers: usize, elapsed: Duration) -> PhaseTotals {
+    /// Per event; `startup` (connecting, subscribing, until the first
+    /// delivery) is no worker's time.
+    fn totals(
+        &self,
+        events: usize,
+        workers: usize,
+        elapsed: Duration,
+        startup: Duration,
+    ) -> PhaseTotals {
+        let elapsed = elapsed.saturating_sub(startup);
         let per_event = |ns: u64| ns as f64 / 1e6 / events.max(1) as f64;
         let begin = per_event(AtomicU64::load(&self.begin, Ordering::Relaxed));
         let receive = per_event(AtomicU64::load(&self.receive, Ordering::Relaxed));
@@ -454,6 +476,7 @@ impl InboxDatabase for Timed {
 
     async fn begin(&self) -> Result<PgTransaction, Self::Error> {
         let started = Instant::now();
+        self.phases.first.get_or_init(|| started);
         let tx = self.db.begin().await;
         add(&self.phases.begin, started);
         tx
@@ -575,6 +598,10 @@ pub(crate) async fn consumer(env: &Env, rig: &Rig, concurrency: usize) -> Result
     }
     let (missing, duplicates) = check_applied(env, rig).await?;
     let left = rig.declare_passive().await?.message_count() as usize;
+    let startup = phases
+        .first
+        .get()
+        .map_or(Duration::ZERO, |t| t.saturating_duration_since(started));
     Ok(Apply {
         events: rig.events(),
         elapsed,
@@ -582,7 +609,8 @@ pub(crate) async fn consumer(env: &Env, rig: &Rig, concurrency: usize) -> Result
         duplicates: duplicates + AtomicUsize::load(&phases.duplicates, Ordering::Relaxed),
         left,
         cpu,
-        phases: Some(phases.totals(rig.events(), concurrency, elapsed)),
+        startup,
+        phases: Some(phases.totals(rig.events(), concurrency, elapsed, startup)),
         raw_phases: None,
     })
 }
@@ -677,6 +705,7 @@ async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Ap
     let (acked_tx, mut acked_rx) = tokio::sync::mpsc::unbounded_channel::<Uuid>();
     let mut workers = Vec::with_capacity(concurrency);
     let mut queues = Vec::with_capacity(concurrency);
+    let first = Arc::new(std::sync::OnceLock::<Instant>::new());
     // Waiting for a delivery, its transaction, its ack (ns, all tasks).
     let timers: Arc<[AtomicU64; 6]> = Arc::new(Default::default());
     for mut conn in conns {
@@ -716,8 +745,10 @@ async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Ap
         }));
     }
     drop(acked_tx);
+    let first_delivery = Arc::clone(&first);
     let dispatch = tokio::spawn(async move {
         while let Some(Ok(delivery)) = consumer.next().await {
+            first_delivery.get_or_init(Instant::now);
             let Some(queue) = queues.get(worker_of(&delivery, queues.len())) else {
                 break;
             };
@@ -761,6 +792,9 @@ async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Ap
         duplicates: duplicates + applied_twice,
         left,
         cpu,
+        startup: first
+            .get()
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(started)),
         phases: None,
         raw_phases: Some(timers.each_ref().map(|t| {
             AtomicU64::load(t, Ordering::Relaxed) as f64 / 1e6 / rig.events().max(1) as f64
@@ -812,6 +846,7 @@ pub(crate) async fn database(env: &Env, rig: &Rig, concurrency: usize) -> Result
         duplicates,
         left: 0,
         cpu,
+        startup: Duration::ZERO,
         phases: None,
         raw_phases: None,
     })

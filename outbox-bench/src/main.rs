@@ -544,7 +544,12 @@ async fn w5_rows(env: &Env, p: &Params, rig: &consume::Rig) -> Result<serde_json
                 "busiest_worker_share_over_mean": rig.spread(concurrency),
                 "by_hand_phases_ms_per_event": by_hand.raw_phases.map(|[w, b, i, h, c, a]| json!({
                     "wait": w, "begin": b, "inbox_insert": i, "handler": h, "commit": c, "ack": a,
+                    "other": consume::other_ms(&by_hand, concurrency, &[b, i, h, c]),
                 })),
+                "startup_ms": {
+                    "consumer": consumer.startup.as_secs_f64() * 1e3,
+                    "by_hand": by_hand.startup.as_secs_f64() * 1e3,
+                },
                 "phases_ms_per_event": {
                     "begin": phases.begin,
                     "inbox_insert": phases.receive,
@@ -598,16 +603,21 @@ async fn w5_rows(env: &Env, p: &Params, rig: &consume::Rig) -> Result<serde_json
         );
     }
     println!(
-        "  by hand, the same phases: wait (for a delivery), begin, inbox, handler, commit, ack; \
-         and the busiest worker's share of the backlog over the mean (workers get whole \
-         aggregates: a run lasts as long as the busiest takes):"
+        "  by hand, the same: begin, inbox, handler, commit, other (of which waiting for a \
+         delivery, and acking); startup: until the first delivery, both; busiest: the busiest \
+         worker's share of the backlog over the mean (workers get whole aggregates: a run lasts \
+         as long as the busiest takes, the others idle in \"other\"):"
     );
-    for (concurrency, _, _, _, by_hand) in &profile {
+    for (concurrency, consumer, _, _, by_hand) in &profile {
         let [wait, begin, inbox, handler, commit, ack] = by_hand.raw_phases.unwrap_or_default();
+        let other = consume::other_ms(by_hand, *concurrency, &[begin, inbox, handler, commit]);
         println!(
-            "  {:<18} wait {wait:.3}  begin {begin:.3}  inbox {inbox:.3}  handler {handler:.3}  \
-             commit {commit:.3}  ack {ack:.3}   busiest {:.2}x",
+            "  {:<18} begin {begin:.3}  inbox {inbox:.3}  handler {handler:.3}  commit {commit:.3}  \
+             other {other:.3} (wait {wait:.3}, ack {ack:.3})   startup {:.0} / {:.0} ms   \
+             busiest {:.2}x",
             format!("concurrency {concurrency}"),
+            consumer.startup.as_secs_f64() * 1e3,
+            by_hand.startup.as_secs_f64() * 1e3,
             rig.spread(*concurrency)
         );
     }
