@@ -628,7 +628,7 @@ impl drain::Relays for Rig {
 
     fn cpu_db(&self) -> cpu::Db {
         match self.backend {
-            Backend::Mysql => cpu::Db::MariaDb,
+            Backend::Mysql => cpu::Db::Mariadb,
             _ => cpu::Db::InProcess,
         }
     }

@@ -42,7 +42,7 @@ pub(crate) enum Db {
     /// The PostgreSQL backends whose `application_name` is this.
     Postgres { application_name: String },
     /// The whole MariaDB server process.
-    MariaDb,
+    Mariadb,
     /// Inside the bench process (SQLite): no separate figure.
     InProcess,
     /// The drain touches no database (the raw ceilings).
@@ -56,7 +56,7 @@ impl Db {
             Db::Postgres { .. } => {
                 "PostgreSQL backends of the relay pool (pg_stat_activity by application_name)"
             }
-            Db::MariaDb => "the whole mariadbd process (also counts other clients)",
+            Db::Mariadb => "the whole mariadbd process (also counts other clients)",
             Db::InProcess => "in the bench process (SQLite runs inside it)",
             Db::None => "none",
         }
@@ -104,7 +104,7 @@ impl Meter {
         let process = ticks("self").unwrap_or(0).saturating_sub(self.process);
         let db = match self.db {
             Db::InProcess | Db::None => None,
-            Db::Postgres { .. } | Db::MariaDb => {
+            Db::Postgres { .. } | Db::Mariadb => {
                 let end = db_ticks(&self.db).await?;
                 let used: u64 = end
                     .iter()
@@ -196,7 +196,7 @@ async fn db_ticks(db: &Db) -> Result<Vec<(u32, u64)>, BoxError> {
                 })
                 .collect()
         }
-        Db::MariaDb => std::fs::read_dir("/proc")?
+        Db::Mariadb => std::fs::read_dir("/proc")?
             .filter_map(|entry| {
                 let entry = entry.ok()?;
                 let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
