@@ -162,7 +162,11 @@ fn clock_ticks_per_second() -> u64 {
 /// `utime + stime` of `/proc/<pid>/stat` in clock ticks (`None` when the
 /// process is gone or unreadable).
 fn ticks(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// `utime + stime` of the text of a `/proc/<pid>/stat`.
+fn parse_ticks(stat: &str) -> Option<u64> {
     // The command name (field 2) is in parentheses and may hold spaces:
     // count fields after its closing one. Field 3 (state) is index 0,
     // so utime (14) and stime (15) are 11 and 12.
@@ -208,4 +212,27 @@ async fn db_ticks(db: &Db) -> Result<Vec<(u32, u64)>, BoxError> {
             })
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ticks;
+
+    #[test]
+    fn utime_and_stime_are_read_after_a_command_name_with_spaces_and_parentheses() {
+        // Fields 14 (utime) = 1234 and 15 (stime) = 56.
+        let stat = "4242 (tokio (w) 1) S 1 4242 4242 0 -1 4194560 900 0 0 0 1234 56 0 0 20 0 \
+                    6 0 1000 2000000 500 18446744073709551615";
+        assert_eq!(parse_ticks(stat), Some(1290));
+    }
+
+    #[test]
+    fn a_truncated_line_is_no_figure() {
+        assert_eq!(parse_ticks("4242 (postgres) S 1 4242"), None);
+    }
+
+    #[test]
+    fn this_process_has_a_reading() {
+        assert!(super::ticks("self").is_some());
+    }
 }
