@@ -13,15 +13,17 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use diesel::sql_types::{Integer, Text};
-use diesel_async::RunQueryDsl;
 use outbox_core::testing::{InMemoryInbox, InboxTx};
 use outbox_core::{EventEnvelope, InboxDatabase, InboxOutcome};
 use outbox_diesel::{PgInbox, PgInboxDatabase, PgTransaction};
+use outbox_lapin::consumer_metrics::{
+    BATCH_FAILURES_TOTAL, BATCH_SIZE, DUPLICATES_TOTAL, PROCESSED_TOTAL,
+};
 use outbox_lapin::wire::{header_i64, header_str};
 use outbox_lapin::{
     ATTEMPT_HEADER, DEAD_REASON_HEADER, Error, EventHandler, HandlerError, InboxConsumer,
@@ -106,6 +108,7 @@ impl Env {
             #[diesel(sql_type = Integer)]
             n: i32,
         }
+        use diesel_async::RunQueryDsl;
         let sql = self.schema.sql(&format!(
             "SELECT n FROM {{schema}}.effects WHERE aggregate = '{aggregate}' ORDER BY id"
         ));
@@ -130,6 +133,9 @@ struct Effects {
     delay: Duration,
     calls: Arc<Mutex<HashMap<Uuid, usize>>>,
     behave: Arc<Behave>,
+    /// This event's call also runs a failing statement and ignores its
+    /// error (PostgreSQL then aborts the transaction), and returns `Ok`.
+    swallow: Option<Uuid>,
 }
 
 impl Effects {
@@ -139,6 +145,7 @@ impl Effects {
             delay: Duration::ZERO,
             calls: Arc::default(),
             behave: Arc::new(|_, _| Ok(())),
+            swallow: None,
         }
     }
 
@@ -157,6 +164,8 @@ impl EventHandler<PgTransaction> for Effects {
         tx: &mut PgTransaction,
         event: &IncomingEvent,
     ) -> Result<(), HandlerError> {
+        // Here only: its `load` would shadow `AtomicU64::load` on an `Arc`.
+        use diesel_async::RunQueryDsl;
         let call = {
             let mut calls = self.calls.lock().unwrap();
             let call = calls.entry(event.id).or_default();
@@ -181,6 +190,10 @@ impl EventHandler<PgTransaction> for Effects {
         .bind::<Integer, _>(payload.n)
         .execute(&mut **tx)
         .await?;
+        if self.swallow == Some(event.id) {
+            let failed = diesel::sql_query("SELECT 1/0").execute(&mut **tx).await;
+            assert!(failed.is_err(), "division by zero fails");
+        }
         (self.behave)(event, call)
     }
 }
@@ -218,8 +231,120 @@ fn events(n: u32) -> Vec<EventEnvelope> {
         .collect()
 }
 
+/// Counters and histogram samples set through the `metrics` facade, by name
+/// and `consumer` label: a recorder of this test binary's own, installed
+/// once (consumer names are unique per test, so tests do not mix).
+#[derive(Default)]
+struct Recorded {
+    counters: Mutex<HashMap<(String, String), Arc<AtomicU64>>>,
+    histograms: Mutex<HashMap<(String, String), Arc<Samples>>>,
+}
+
+#[derive(Default)]
+struct Samples(Mutex<Vec<f64>>);
+
+impl metrics::HistogramFn for Samples {
+    fn record(&self, value: f64) {
+        self.0.lock().unwrap().push(value);
+    }
+}
+
+impl Recorded {
+    fn installed() -> &'static Recorded {
+        static RECORDED: std::sync::OnceLock<&'static Recorded> = std::sync::OnceLock::new();
+        RECORDED.get_or_init(|| {
+            let recorded: &'static Recorded = Box::leak(Box::default());
+            metrics::set_global_recorder(Recorder(recorded))
+                .expect("no other metrics recorder in this test binary");
+            recorded
+        })
+    }
+
+    fn counter(&self, name: &str, consumer: &str) -> u64 {
+        self.counters
+            .lock()
+            .unwrap()
+            .get(&(name.to_owned(), consumer.to_owned()))
+            .map_or(0, |value| value.load(Ordering::Relaxed))
+    }
+
+    fn samples(&self, name: &str, consumer: &str) -> Vec<f64> {
+        self.histograms
+            .lock()
+            .unwrap()
+            .get(&(name.to_owned(), consumer.to_owned()))
+            .map(|samples| samples.0.lock().unwrap().clone())
+            .unwrap_or_default()
+    }
+}
+
+fn key_of(key: &metrics::Key) -> (String, String) {
+    let consumer = key
+        .labels()
+        .find(|label| label.key() == "consumer")
+        .map(|label| label.value().to_owned())
+        .unwrap_or_default();
+    (key.name().to_owned(), consumer)
+}
+
+struct Recorder(&'static Recorded);
+
+impl metrics::Recorder for Recorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let value = self
+            .0
+            .counters
+            .lock()
+            .unwrap()
+            .entry(key_of(key))
+            .or_default()
+            .clone();
+        metrics::Counter::from_arc(value)
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        let samples = self
+            .0
+            .histograms
+            .lock()
+            .unwrap()
+            .entry(key_of(key))
+            .or_default()
+            .clone();
+        metrics::Histogram::from_arc(samples)
+    }
+}
+
 #[tokio::test]
 async fn a_batch_applies_its_events_in_one_transaction_in_order() {
+    let recorded = Recorded::installed();
     let env = Env::new("one_tx").await;
     let sent = events(10);
     // All waiting before the consumer starts: they arrive together.
@@ -247,10 +372,15 @@ async fn a_batch_applies_its_events_in_one_transaction_in_order() {
     assert_eq!(env.order_of("o-1").await, [1, 2, 3, 4, 5]);
     assert_eq!(env.order_of("o-2").await, [1, 2, 3, 4, 5]);
     assert_eq!(env.broker.ready(env.broker.queue()).await, 0, "all acked");
+    let consumer = env.broker.consumer_name();
+    assert_eq!(recorded.samples(BATCH_SIZE, &consumer), [10.0]);
+    assert_eq!(recorded.counter(PROCESSED_TOTAL, &consumer), 10);
+    assert_eq!(recorded.counter(BATCH_FAILURES_TOTAL, &consumer), 0);
 }
 
 #[tokio::test]
 async fn duplicates_in_a_batch_and_in_the_inbox_are_skipped() {
+    let recorded = Recorded::installed();
     let env = Env::new("duplicates").await;
     let handler = Effects::new(&env);
     let consumer_name = env.broker.consumer_name();
@@ -294,10 +424,13 @@ async fn duplicates_in_a_batch_and_in_the_inbox_are_skipped() {
         0,
         "every copy acked (an unacked one is back in the queue after the stop)"
     );
+    assert_eq!(recorded.counter(PROCESSED_TOTAL, &consumer_name), 2);
+    assert_eq!(recorded.counter(DUPLICATES_TOTAL, &consumer_name), 2);
 }
 
 #[tokio::test]
 async fn a_poison_event_fails_alone_and_the_rest_of_its_batch_is_applied() {
+    let recorded = Recorded::installed();
     let env = Env::new("poison").await;
     let sent = events(5);
     let poison = sent[2].id;
@@ -349,6 +482,138 @@ async fn a_poison_event_fails_alone_and_the_rest_of_its_batch_is_applied() {
         "dead-lettered on its last attempt"
     );
     assert_eq!(env.broker.ready(env.broker.queue()).await, 0);
+    let consumer = env.broker.consumer_name();
+    assert_eq!(recorded.counter(BATCH_FAILURES_TOTAL, &consumer), 1);
+    assert_eq!(
+        recorded.samples(BATCH_SIZE, &consumer),
+        [5.0, 1.0],
+        "then its retry alone"
+    );
+}
+
+#[tokio::test]
+async fn a_panic_in_a_batch_rolls_it_back_and_each_event_is_applied_once() {
+    let env = Env::new("panic").await;
+    let sent = events(6);
+    let panics = sent[1].id;
+    for event in &sent {
+        env.broker.publish(event).await;
+    }
+    let mut handler = Effects::new(&env);
+    handler.behave = Arc::new(move |event, call| {
+        assert!(!(event.id == panics && call == 1), "panicking on purpose");
+        Ok(())
+    });
+    let consumer = env
+        .broker
+        .consumer(env.db.clone(), handler.clone())
+        .prefetch(6)
+        .batch(6, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let running = Running::start(consumer);
+    env.wait_effects(6).await;
+    env.broker.wait_ready(env.broker.queue(), 0).await;
+    running.stop().await;
+
+    for event in &sent {
+        assert_eq!(env.effects(event.id).await, 1, "{}", event.id);
+    }
+    assert_eq!(handler.calls(panics), 2, "the panic, then alone");
+    assert_eq!(handler.calls(sent[0].id), 2, "rolled back once, then alone");
+    assert_eq!(handler.calls(sent[2].id), 1, "never reached in the batch");
+    assert_eq!(env.transactions().await, 6, "replayed one at a time");
+    assert_eq!(
+        env.broker.ready(env.broker.dlq()).await,
+        0,
+        "no dead letter"
+    );
+    assert_eq!(env.broker.ready(env.broker.queue()).await, 0);
+}
+
+#[tokio::test]
+async fn a_handler_that_swallows_a_failed_statement_last_in_a_batch_loses_nothing() {
+    // Its `Ok` leaves PostgreSQL's transaction aborted: the batch's commit
+    // must fail (a real COMMIT of a healthy transaction, or an error),
+    // never ack the others with their effects rolled back.
+    let env = Env::new("swallow").await;
+    let sent = events(4);
+    let swallows = sent[3].id;
+    for event in &sent {
+        env.broker.publish(event).await;
+    }
+    let mut handler = Effects::new(&env);
+    handler.swallow = Some(swallows);
+    let consumer = env
+        .broker
+        .consumer(env.db.clone(), handler.clone())
+        .prefetch(4)
+        .batch(4, Duration::from_secs(1))
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let running = Running::start(consumer);
+    let dead = env.broker.dead_letters(1).await;
+    env.wait_effects(3).await;
+    running.stop().await;
+
+    for event in &sent {
+        let expected = i64::from(event.id != swallows);
+        assert_eq!(env.effects(event.id).await, expected, "{}", event.id);
+    }
+    assert_eq!(
+        dead[0].properties.message_id().as_ref().unwrap().as_str(),
+        swallows.to_string()
+    );
+    assert_eq!(handler.calls(swallows), 2, "in the batch, then alone");
+    assert_eq!(env.broker.ready(env.broker.queue()).await, 0);
+}
+
+#[tokio::test]
+async fn batches_with_concurrency_keep_each_aggregate_in_order() {
+    let env = Env::new("concurrency").await;
+    let aggregates = ["o-1", "o-2", "o-3", "o-4", "o-5", "o-6"];
+    let mut sent = Vec::new();
+    for n in 1..=8 {
+        for aggregate in aggregates {
+            sent.push(placed(aggregate, n));
+        }
+    }
+    for event in &sent {
+        env.broker.publish(event).await;
+    }
+    let handler = Effects::new(&env);
+    let consumer = env
+        .broker
+        .consumer(env.db.clone(), handler.clone())
+        .concurrency(3)
+        .prefetch(48)
+        .batch(8, Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let running = Running::start(consumer);
+    env.wait_effects(48).await;
+    env.broker.wait_ready(env.broker.queue(), 0).await;
+    running.stop().await;
+
+    for event in &sent {
+        assert_eq!(env.effects(event.id).await, 1, "{}", event.id);
+    }
+    for aggregate in aggregates {
+        assert_eq!(
+            env.order_of(aggregate).await,
+            (1..=8).collect::<Vec<_>>(),
+            "{aggregate}"
+        );
+    }
+    assert!(
+        env.transactions().await < 48,
+        "batched: {} transactions for 48 events",
+        env.transactions().await
+    );
+    // Individual acks: a `multiple` ack from one worker would have acked
+    // another's tags, and their own acks then closed the channel.
+    assert_eq!(env.broker.ready(env.broker.queue()).await, 0, "all acked");
 }
 
 #[tokio::test]
@@ -376,7 +641,7 @@ async fn shutdown_mid_batch_rolls_back_and_loses_nothing() {
     let running = Running::start(consumer);
     eventually("the batch's first handler call finished")
         .within(WAIT)
-        .until(|| async { AtomicBool::load(&started, Ordering::SeqCst) })
+        .until(|| async { started.load(Ordering::SeqCst) })
         .await;
     running.stop().await;
 
