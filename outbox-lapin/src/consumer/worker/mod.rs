@@ -192,7 +192,7 @@ where
         }
     }
 
-    /// Decodes `job`'s routing key, correlation id and attempt.
+    /// Reads `job`'s original routing key, correlation id and attempt.
     fn prepare(&self, job: Job) -> Prepared {
         let Job {
             delivery,
