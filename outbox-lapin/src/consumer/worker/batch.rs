@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::ack::{ack, requeue};
-use super::{HandlerFailure, Job, Prepared, Ready, Shared, admit, database, stopping};
+use super::{Job, Prepared, Ready, Shared, admit, database, stopping};
 use crate::consumer::{Batching, EventHandler, HandlerError, metric_names};
 
 /// Runs one worker in batch mode until its queue closes.
@@ -173,9 +173,9 @@ where
         }
     }
 
-    /// One transaction: each event's inbox entry and handler call, in
-    /// order, then one commit. Rolls back on the first failure, and before
-    /// the next event once shutdown began.
+    /// One transaction: the events' inbox entries, then the handler for
+    /// each first-timer, in order, then one commit. Rolls back on the first
+    /// failure, and before the next handler call once shutdown began.
     async fn try_batch(
         &self,
         batch: &[Ready],
@@ -187,23 +187,52 @@ where
             .await
             .map_err(database("begin a transaction"))
             .map_err(Unfinished::Failed)?;
+        // A redelivery beside its original is never sent to the database:
+        // it is acked after the commit with the original.
         let mut seen = HashSet::with_capacity(batch.len());
+        let mut events = Vec::with_capacity(batch.len());
         let mut done = Committed {
             processed: 0,
             duplicates: 0,
         };
         for ready in batch {
-            let event = &ready.event;
+            if seen.insert(ready.event.id) {
+                events.push(ready);
+            } else {
+                done.duplicates += 1;
+                tracing::info!(
+                    parent: &self.span(ready),
+                    "the same event twice in one batch: applied once, both deliveries acknowledged"
+                );
+            }
+        }
+        // Every inbox entry first, in one call (one statement where the
+        // database allows: one round trip per batch, not per event).
+        let ids: Vec<_> = events.iter().map(|ready| ready.event.id).collect();
+        let outcomes = match db.receive_all(&mut tx, &self.settings.name, &ids).await {
+            Ok(outcomes) if outcomes.len() == ids.len() => outcomes,
+            Ok(outcomes) => {
+                self.discard(tx).await;
+                return Err(Unfinished::Failed(HandlerError::new(format!(
+                    "the inbox answered for {} of {} events",
+                    outcomes.len(),
+                    ids.len()
+                ))));
+            }
+            Err(error) => {
+                self.discard(tx).await;
+                return Err(Unfinished::Failed(database("record the inbox entries")(
+                    error,
+                )));
+            }
+        };
+        for (ready, outcome) in events.into_iter().zip(outcomes) {
             let span = self.span(ready);
-            if !seen.insert(event.id) {
-                // A redelivery beside its original: never sent to the
-                // database (two inbox inserts of one key in one
-                // transaction are back-end specific), acked after the
-                // commit with the original.
+            if outcome == InboxOutcome::Duplicate {
                 done.duplicates += 1;
                 tracing::info!(
                     parent: &span,
-                    "the same event twice in one batch: applied once, both deliveries acknowledged"
+                    "already processed: acknowledged without running the handler"
                 );
                 continue;
             }
@@ -211,39 +240,20 @@ where
                 self.discard(tx).await;
                 return Err(Unfinished::Stopped);
             }
-            let step = async {
-                match db.receive(&mut tx, &self.settings.name, event.id).await {
-                    Ok(InboxOutcome::FirstTime) => self
-                        .call_handler(&mut tx, event)
-                        .await
-                        .map(|()| InboxOutcome::FirstTime),
-                    Ok(InboxOutcome::Duplicate) => {
-                        tracing::info!(
-                            "already processed: acknowledged without running the handler"
-                        );
-                        Ok(InboxOutcome::Duplicate)
-                    }
-                    Err(error) => Err(HandlerFailure {
-                        error: database("record the inbox entry")(error),
-                        panicked: false,
-                    }),
+            let handled = self
+                .call_handler(&mut tx, &ready.event)
+                .instrument(span)
+                .await;
+            if let Err(failure) = handled {
+                if failure.panicked {
+                    // Possibly mid-statement: dropped, which rolls back.
+                    drop(tx);
+                } else {
+                    self.discard(tx).await;
                 }
+                return Err(Unfinished::Failed(failure.error));
             }
-            .instrument(span)
-            .await;
-            match step {
-                Ok(InboxOutcome::FirstTime) => done.processed += 1,
-                Ok(InboxOutcome::Duplicate) => done.duplicates += 1,
-                Err(failure) => {
-                    if failure.panicked {
-                        // Possibly mid-statement: dropped, which rolls back.
-                        drop(tx);
-                    } else {
-                        self.discard(tx).await;
-                    }
-                    return Err(Unfinished::Failed(failure.error));
-                }
-            }
+            done.processed += 1;
         }
         db.commit(tx)
             .await
