@@ -23,7 +23,10 @@ use crate::{Error, PgTransaction, Result};
 /// [`receive`](InboxStore::receive) runs `INSERT … ON CONFLICT DO NOTHING`
 /// inside the consumer's transaction: one row inserted means first time, none
 /// means duplicate. If the consumer's transaction rolls back, so does the
-/// entry, and a redelivery is first-time again.
+/// entry, and a redelivery is first-time again. A batch consumer's entries
+/// ([`PgInboxDatabase`]'s `receive_all`) go in one statement,
+/// `INSERT … SELECT unnest(…) ON CONFLICT DO NOTHING RETURNING event_id`:
+/// the ids returned are first time.
 ///
 /// **Retention**: keep inbox rows at least as long as the broker may
 /// redeliver a message (the longest a message can sit unacknowledged or in a
