@@ -4,7 +4,8 @@
 //! duplicates inside a batch and against the inbox are skipped, a poison
 //! event in a batch leaves the others applied and is retried and
 //! dead-lettered as without batching, shutdown mid-batch loses nothing, and
-//! a lone message on an idle queue waits at most `max_wait`.
+//! a lone message on an idle queue waits at most `max_wait`; a consumer
+//! dropped mid-batch (not shut down) loses nothing either.
 //!
 //! Each test migrates its own schema and declares its own exchange and
 //! queues; both are dropped when it ends, also when it fails.
@@ -742,4 +743,60 @@ fn batch_settings_are_checked_at_build() {
         .batch(10, Duration::ZERO)
         .build()
         .expect("prefetch = max_deliveries x concurrency is enough");
+}
+
+#[tokio::test]
+async fn a_consumer_dropped_mid_batch_loses_nothing() {
+    // Cancelled, not shut down: the `run` future dropped while a batch's
+    // transaction is open (the task aborted, as when a runtime shuts down).
+    let env = Env::new("dropped").await;
+    let sent = events(5);
+    for event in &sent {
+        env.broker.publish(event).await;
+    }
+    let started = Arc::new(AtomicBool::new(false));
+    let mut slow = Effects::new(&env);
+    slow.delay = Duration::from_millis(300);
+    let seen = started.clone();
+    slow.behave = Arc::new(move |_, _| {
+        seen.store(true, Ordering::SeqCst);
+        Ok(())
+    });
+    let consumer = env
+        .broker
+        .consumer(env.db.clone(), slow.clone())
+        .prefetch(5)
+        .batch(5, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let running = Running::start(consumer);
+    eventually("the batch's first handler call finished")
+        .within(WAIT)
+        .until(|| async { started.load(Ordering::SeqCst) })
+        .await;
+    running.task.abort();
+    let _ = running.task.await;
+
+    // The broker has the five back once the dropped consumer's connection
+    // is gone; the transaction was rolled back.
+    env.broker.wait_ready(env.broker.queue(), 5).await;
+    assert_eq!(
+        env.count("SELECT count(*) AS n FROM {schema}.effects")
+            .await,
+        0
+    );
+    let handler = Effects::new(&env);
+    let consumer = env
+        .broker
+        .consumer(env.db.clone(), handler)
+        .prefetch(5)
+        .batch(5, Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let running = Running::start(consumer);
+    env.wait_effects(5).await;
+    running.stop().await;
+    for event in &sent {
+        assert_eq!(env.effects(event.id).await, 1);
+    }
 }
