@@ -8,7 +8,9 @@
 /// Counter: events handled for the first time and committed (then acked).
 pub const PROCESSED_TOTAL: &str = "outbox_consumer_processed_total";
 /// Counter: deliveries the inbox recognised as already processed (acked
-/// without running the handler).
+/// without running the handler); in [batch
+/// mode](crate::InboxConsumerBuilder::batch), also a second copy of an
+/// event in the same batch.
 pub const DUPLICATES_TOTAL: &str = "outbox_consumer_duplicates_total";
 /// Counter: failed deliveries republished for another attempt.
 pub const RETRIED_TOTAL: &str = "outbox_consumer_retried_total";
