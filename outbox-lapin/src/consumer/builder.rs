@@ -152,8 +152,10 @@ where
     }
 
     /// Batch mode: each worker applies up to `max_deliveries` deliveries in
-    /// **one** database transaction (one inbox entry and one handler call
-    /// per event, one commit), then acks them. Off by default: one
+    /// **one** database transaction (the inbox entries of all of them in
+    /// one [`receive_all`](InboxDatabase::receive_all) call, then one
+    /// handler call per event seen for the first time, one commit), then
+    /// acks them. Off by default: one
     /// transaction per delivery.
     ///
     /// **When**: the consumer must go faster than the database commits.

@@ -181,7 +181,9 @@ use crate::QueueTopology;
 /// Off by default. With [`batch(max_deliveries, max_wait)`](InboxConsumerBuilder::batch)
 /// each worker applies the deliveries waiting for it, up to
 /// `max_deliveries` (waiting at most `max_wait` after the first for more),
-/// in **one** transaction: per event the inbox entry and the handler call,
+/// in **one** transaction: the inbox entries of all its events (one
+/// [`receive_all`](InboxDatabase::receive_all) call, one statement on
+/// PostgreSQL), then the handler for each event seen for the first time,
 /// in queue order, then one commit, then an individual ack per delivery.
 /// Use it when the consumer must apply events faster than the database
 /// commits transactions. An event already in the inbox is skipped as

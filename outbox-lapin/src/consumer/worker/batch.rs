@@ -1,8 +1,8 @@
 //! Batch mode ([`InboxConsumerBuilder::batch`](crate::InboxConsumerBuilder::batch)):
 //! a worker gathers the deliveries waiting for it (up to `max_deliveries`,
 //! waiting at most `max_wait` after the first), applies them in one
-//! transaction (one inbox entry and one handler call per event, one
-//! commit), then acks each. Any failure rolls the whole transaction back
+//! transaction (the inbox entries of all of them in one `receive_all`
+//! call, then a handler call per first-timer, one commit), then acks each. Any failure rolls the whole transaction back
 //! and the deliveries go one at a time through the worker's usual path
 //! ([`Shared::apply`]), so each gets exactly the handling it would have had
 //! without batching.
