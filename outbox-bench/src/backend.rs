@@ -38,10 +38,11 @@ use outbox_testkit::names;
 use serde_json::json;
 use uuid::Uuid;
 
+use crate::cpu;
 use crate::drain::{self, Drain};
 use crate::latency::{self, Latency, Mode};
 use crate::setup::{self, BoxError, Bus, OrderPlaced, Prepared, now_ns};
-use crate::{Params, W1_SLICES, W2_ROUNDS};
+use crate::{Params, W1_SLICES};
 
 /// A back end the bench runs on (`--backend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -445,8 +446,13 @@ impl Rig {
 
     /// A connected publisher to the run's exchange.
     async fn publisher(&self, name: &str) -> Result<LapinPublisher, BoxError> {
+        self.publisher_to(&self.bus, name).await
+    }
+
+    /// A connected publisher to `bus`'s exchange.
+    async fn publisher_to(&self, bus: &Bus, name: &str) -> Result<LapinPublisher, BoxError> {
         let publisher = LapinPublisher::builder(setup::amqp_url())
-            .exchange(&self.bus.exchange)
+            .exchange(&bus.exchange)
             .declare_exchange(false)
             .connection_name(format!("{}.{name}", self.bus.queue))
             .build()?;
@@ -615,9 +621,35 @@ async fn commit_ms(rig: &Rig) -> Result<f64, BoxError> {
     Ok(ms)
 }
 
-/// The relay draining `events` (as PostgreSQL's `drain::relay`).
+impl drain::Relays for Rig {
+    fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
+    fn cpu_db(&self) -> cpu::Db {
+        match self.backend {
+            Backend::Mysql => cpu::Db::Mariadb,
+            _ => cpu::Db::InProcess,
+        }
+    }
+
+    async fn drain(
+        &self,
+        bus: &Bus,
+        events: &[OrderPlaced],
+        order: DeliveryOrder,
+        relays: usize,
+        batch_size: usize,
+        keep_sent: bool,
+    ) -> Result<Drain, BoxError> {
+        w2_relay(self, bus, events, order, relays, batch_size, keep_sent).await
+    }
+}
+
+/// The relay draining `events` into `bus` (as PostgreSQL's `drain::relay`).
 async fn w2_relay(
     rig: &Rig,
+    bus: &Bus,
     events: &[OrderPlaced],
     order: DeliveryOrder,
     relays: usize,
@@ -625,14 +657,16 @@ async fn w2_relay(
     keep_sent: bool,
 ) -> Result<Drain, BoxError> {
     rig.reset().await?;
+    bus.purge().await?;
     rig.backlog(events).await?;
     let expected = rig.conn().await?.ids().await?;
-    let mut rx = rig.bus.consume().await?;
+    let mut rx = bus.consume().await?;
     rig.set_delivery_order(order).await?;
     let mut publishers = Vec::new();
     for n in 0..relays {
-        publishers.push(rig.publisher(&format!("relay{n}")).await?);
+        publishers.push(rig.publisher_to(bus, &format!("relay{n}")).await?);
     }
+    let meter = cpu::Meter::start(&drain::Relays::cpu_db(rig)).await?;
     let started = Instant::now();
     let mut running = Vec::new();
     for publisher in publishers {
@@ -646,7 +680,8 @@ async fn w2_relay(
             .await?,
         );
     }
-    let drain = drain::receive_all(&mut rx, &expected, started).await;
+    let mut drain = drain::receive_all(&mut rx, &expected, started).await;
+    drain.cpu = meter.stop().await?;
     for (handle, _) in &running {
         handle.shutdown();
     }
@@ -860,48 +895,7 @@ async fn workloads(
 
     let mut w2 = serde_json::Map::new();
     if run("w2") {
-        let (aggs, per) = p.drain_events;
-        let spread = setup::interleaved(aggs, per);
-        let hot = setup::interleaved(p.hot.0, p.hot.1);
-        println!(
-            "\nW2 drain on {name}: {} events ({aggs} aggregates x {per}), batch 100",
-            spread.len()
-        );
-        println!(
-            "  {:<42} {:>10} {:>8} {:>8} {:>8} {:>6}",
-            "", "events/s", "time", "vs raw", "missing", "dup"
-        );
-        let mut raws = Vec::new();
-        let mut ordered = Vec::new();
-        for _ in 0..W2_ROUNDS {
-            raws.push(drain::raw(&rig.bus, &spread, 100).await?);
-            ordered.push(w2_relay(rig, &spread, DeliveryOrder::PerAggregate, 1, 100, true).await?);
-        }
-        let raw = drain::median(&raws);
-        let ordered = drain::median(&ordered);
-        drain::report(
-            &mut w2,
-            "raw publish-with-confirms (ceiling)",
-            None,
-            &raw,
-            raw.rate(),
-        );
-        w2.insert("raw_per_s".into(), json!(raw.rate()));
-        drain::report(
-            &mut w2,
-            "relay, ordered, 1 relay",
-            Some("ordered_1"),
-            &ordered,
-            raw.rate(),
-        );
-        for (label, key, events, order, relays, keep_sent) in drain::variants(&spread, &hot) {
-            let d = w2_relay(rig, events, order, relays, 100, keep_sent).await?;
-            drain::report(&mut w2, label, Some(key), &d, raw.rate());
-        }
-        println!(
-            "  ceiling and ordered 1 relay: median of {W2_ROUNDS} alternating drains each; \
-             target: relay ordered 1 relay >= 0.90 of raw, no missing, no duplicates"
-        );
+        drain::w2(rig, Some(name), p.drain_events, p.hot, &mut w2).await?;
     }
 
     let mut w3 = serde_json::Map::new();

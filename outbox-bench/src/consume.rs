@@ -497,6 +497,29 @@ impl InboxDatabase for Timed {
         outcome
     }
 
+    /// Forwarded so that a batch-mode consumer keeps `PgInboxDatabase`'s
+    /// one-statement version (timed as the inbox insert).
+    async fn receive_all(
+        &self,
+        tx: &mut PgTransaction,
+        consumer: &str,
+        event_ids: &[Uuid],
+    ) -> Result<Vec<InboxOutcome>, Self::Error> {
+        let started = Instant::now();
+        let outcomes = self.db.receive_all(tx, consumer, event_ids).await;
+        add(&self.phases.receive, started);
+        if let Ok(outcomes) = &outcomes {
+            let duplicates = outcomes
+                .iter()
+                .filter(|o| **o == InboxOutcome::Duplicate)
+                .count();
+            self.phases
+                .duplicates
+                .fetch_add(duplicates, Ordering::Relaxed);
+        }
+        outcomes
+    }
+
     async fn commit(&self, tx: PgTransaction) -> Result<(), Self::Error> {
         let started = Instant::now();
         let committed = self.db.commit(tx).await;

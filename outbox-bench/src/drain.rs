@@ -1,24 +1,52 @@
 //! W2: draining a committed backlog through the relay, against raw
-//! publish-with-confirms of the same messages.
+//! publish-with-confirms of the same messages ([`raw`](crate::raw)), with
+//! the CPU each drain cost ([`cpu`](crate::cpu)).
+//!
+//! [`w2`] runs the whole workload for every back end; each back end gives
+//! its relay drains through [`Relays`].
+//!
+//! How the figures are taken, so that ratios compare like with like on a
+//! noisy shared machine:
+//! 1. a first pass drains the backlog with each raw strategy in turns,
+//!    three times each; the fastest median is the run's ceiling strategy;
+//! 2. the ceiling strategy and the headline relay variants (ordered 1
+//!    relay, unordered 1 relay, ordered 2 relays) then alternate, raw,
+//!    relay, raw, relay, …, [`rounds`] drains of each relay variant, and the
+//!    medians are compared: drift on the machine hits both sides alike. The
+//!    ceiling is the median of those paired raw drains only (the first
+//!    pass's winner is biased upwards: it won by being fast once);
+//! 3. the stop-and-wait strategy (the bench's ceiling before) drains once
+//!    per round too, and every relay row shows its ratio to it as a second
+//!    column, so older figures stay comparable;
+//! 4. the hot backlog (few aggregates, many events each, ordered) has its
+//!    own ceiling, one sequential stream per aggregate, alternated with the
+//!    hot relay drain;
+//! 5. ordered 1 relay against a quorum queue, alternated with the ceiling
+//!    strategy on the same quorum queue.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use outbox::DeliveryOrder;
+use outbox::Relay;
 use outbox::postgres::PgOutboxStore;
-use outbox::rabbitmq::{LapinPublisher, wire};
-use outbox::{DeliveryOrder, EventEnvelope, Relay};
+use outbox::rabbitmq::LapinPublisher;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::cpu::{self, Cpu};
+use crate::raw::{self, Strategy};
 use crate::setup::{self, BoxError, Bus, Env, OrderPlaced};
 
-/// One drain: how long until a consumer had every event.
+/// One drain: how long until a consumer had every event, and the CPU it
+/// used.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Drain {
     pub(crate) events: usize,
     pub(crate) elapsed: Duration,
     pub(crate) missing: usize,
     pub(crate) duplicates: usize,
+    pub(crate) cpu: Cpu,
 }
 
 impl Drain {
@@ -37,6 +65,7 @@ pub(crate) fn median(drains: &[Drain]) -> Drain {
         elapsed: Duration::ZERO,
         missing: 0,
         duplicates: 0,
+        cpu: Cpu::default(),
     });
     median.missing = drains.iter().map(|d| d.missing).sum();
     median.duplicates = drains.iter().map(|d| d.duplicates).sum();
@@ -71,12 +100,15 @@ pub(crate) async fn receive_all(
         elapsed,
         missing: expected.difference(&seen).count(),
         duplicates,
+        cpu: Cpu::default(),
     }
 }
 
-/// The relay (outbox-diesel store + LapinPublisher) draining `events`.
+/// The relay (outbox-diesel store + LapinPublisher) draining `events` to
+/// `bus` (the run's own or the quorum one).
 pub(crate) async fn relay(
     env: &Env,
+    bus: &Bus,
     events: &[OrderPlaced],
     order: DeliveryOrder,
     relays: usize,
@@ -84,6 +116,7 @@ pub(crate) async fn relay(
     keep_sent: bool,
 ) -> Result<Drain, BoxError> {
     env.reset().await?;
+    bus.purge().await?;
     env.backlog(events).await?;
     #[derive(diesel::QueryableByName)]
     struct Id {
@@ -98,7 +131,7 @@ pub(crate) async fn relay(
             .into_iter()
             .map(|r| r.id)
             .collect();
-    let mut rx = env.consume().await?;
+    let mut rx = bus.consume().await?;
     let mut handles = Vec::new();
     let mut tasks = Vec::new();
     let mut relays_built = Vec::new();
@@ -109,7 +142,7 @@ pub(crate) async fn relay(
             .build()?;
         store.set_delivery_order(order).await?;
         let publisher = LapinPublisher::builder(crate::setup::amqp_url())
-            .exchange(&env.exchange)
+            .exchange(&bus.exchange)
             .declare_exchange(false)
             .connection_name(format!("{}.relay{n}", env.schema))
             .build()?;
@@ -121,11 +154,13 @@ pub(crate) async fn relay(
         handles.push(relay.handle());
         relays_built.push(relay);
     }
+    let meter = cpu::Meter::start(&env.cpu_db()).await?;
     let started = Instant::now();
     for relay in relays_built {
         tasks.push(tokio::spawn(relay.run()));
     }
-    let drain = receive_all(&mut rx, &expected, started).await;
+    let mut drain = receive_all(&mut rx, &expected, started).await;
+    drain.cpu = meter.stop().await?;
     for handle in &handles {
         handle.shutdown();
     }
@@ -135,132 +170,394 @@ pub(crate) async fn relay(
     Ok(drain)
 }
 
-/// The ceiling: the same messages published with raw lapin on one
-/// confirm-mode channel, `batch_size` pipelined then all confirms awaited.
-/// Only the queue is emptied first: the ceiling touches no database, so it
-/// is the same for every back end.
-pub(crate) async fn raw(
-    env: &Bus,
-    events: &[OrderPlaced],
-    batch_size: usize,
-) -> Result<Drain, BoxError> {
-    env.purge().await?;
-    let envelopes: Vec<EventEnvelope> = events
+/// A back end's relay drains, for [`w2`].
+pub(crate) trait Relays {
+    /// The run's exchange and queue.
+    fn bus(&self) -> &Bus;
+
+    /// Where the back end's database spends its CPU.
+    fn cpu_db(&self) -> cpu::Db;
+
+    /// The relay draining `events` into `bus` (the run's own, or the quorum
+    /// one): `relays` relays, batches of `batch_size`, sent rows kept or
+    /// deleted; the CPU measured as [`cpu`] says.
+    async fn drain(
+        &self,
+        bus: &Bus,
+        events: &[OrderPlaced],
+        order: DeliveryOrder,
+        relays: usize,
+        batch_size: usize,
+        keep_sent: bool,
+    ) -> Result<Drain, BoxError>;
+}
+
+impl Relays for Env {
+    fn bus(&self) -> &Bus {
+        self
+    }
+
+    fn cpu_db(&self) -> cpu::Db {
+        Env::cpu_db(self)
+    }
+
+    async fn drain(
+        &self,
+        bus: &Bus,
+        events: &[OrderPlaced],
+        order: DeliveryOrder,
+        relays: usize,
+        batch_size: usize,
+        keep_sent: bool,
+    ) -> Result<Drain, BoxError> {
+        relay(self, bus, events, order, relays, batch_size, keep_sent).await
+    }
+}
+
+/// Paired drains per headline relay variant: 5, or 2 with `--quick`.
+pub(crate) fn rounds() -> usize {
+    if std::env::args().any(|a| a == "--quick") {
+        2
+    } else {
+        5
+    }
+}
+
+/// Drains of each raw strategy in the first pass that chooses the best: 3,
+/// or 2 with `--quick`.
+fn first_rounds() -> usize {
+    if std::env::args().any(|a| a == "--quick") {
+        2
+    } else {
+        3
+    }
+}
+
+/// Paired drains of the hot backlog and of the quorum queue: 3, or 1 with
+/// `--quick` (each drain is long, and they are not the headline).
+fn side_rounds() -> usize {
+    if std::env::args().any(|a| a == "--quick") {
+        1
+    } else {
+        3
+    }
+}
+
+/// A relay variant: its label, its key in the JSON, delivery order,
+/// relays and whether sent rows are kept.
+type Variant = (&'static str, &'static str, DeliveryOrder, usize, bool);
+
+/// The headline variants, alternated with the ceiling.
+const HEADLINE: [Variant; 3] = [
+    (
+        "relay, ordered, 1 relay",
+        "ordered_1",
+        DeliveryOrder::PerAggregate,
+        1,
+        true,
+    ),
+    (
+        "relay, unordered, 1 relay",
+        "unordered_1",
+        DeliveryOrder::Unordered,
+        1,
+        true,
+    ),
+    (
+        "relay, ordered, 2 relays",
+        "ordered_2",
+        DeliveryOrder::PerAggregate,
+        2,
+        true,
+    ),
+];
+
+/// The variants drained once each after the headline ones.
+const OTHERS: [Variant; 2] = [
+    (
+        "relay, unordered, 2 relays",
+        "unordered_2",
+        DeliveryOrder::Unordered,
+        2,
+        true,
+    ),
+    (
+        "relay, ordered, 1 relay, delete on publish",
+        "ordered_1_delete",
+        DeliveryOrder::PerAggregate,
+        1,
+        false,
+    ),
+];
+
+/// W2 on a back end: prints its table and fills `w2` (the JSON). `spread`
+/// and `hot` are (aggregates, events per aggregate); `name` is the back end
+/// in the heading (`None` for PostgreSQL, whose heading is unchanged).
+pub(crate) async fn w2<R: Relays>(
+    r: &R,
+    name: Option<&str>,
+    spread: (usize, usize),
+    hot: (usize, usize),
+    w2: &mut serde_json::Map<String, Value>,
+) -> Result<(), BoxError> {
+    let rounds = rounds();
+    let side = side_rounds();
+    let (aggs, per) = spread;
+    let spread = setup::interleaved(aggs, per);
+    let hot_events = setup::interleaved(hot.0, hot.1);
+    let db = r.cpu_db();
+    let on = name.map(|n| format!(" on {n}")).unwrap_or_default();
+    println!(
+        "\nW2 drain{on}: {} events ({aggs} aggregates x {per}), relay batch 100",
+        spread.len()
+    );
+    println!(
+        "  CPU µs/event: \"proc\" = this process (relay or raw publisher, and the consumer; \
+         /proc/self/stat); \"db\" = {}",
+        db.describe()
+    );
+    header();
+
+    // 1. A first pass of every raw strategy, in turns; the fastest median
+    // is the ceiling's strategy.
+    let mut first_drains: Vec<Vec<Drain>> = raw::SPREAD.iter().map(|_| Vec::new()).collect();
+    for _ in 0..first_rounds() {
+        for (n, strategy) in raw::SPREAD.into_iter().enumerate() {
+            first_drains[n].push(raw::drain(r.bus(), &spread, strategy).await?);
+        }
+    }
+    let first: Vec<(Strategy, Drain, usize)> = raw::SPREAD
+        .into_iter()
+        .zip(&first_drains)
+        .map(|(s, drains)| (s, median(drains), drains.len()))
+        .collect();
+    let best = first
         .iter()
-        .map(EventEnvelope::from_event)
-        .collect::<Result<_, _>>()?;
-    let expected: HashSet<Uuid> = envelopes.iter().map(|e| e.id).collect();
-    let mut rx = env.consume().await?;
-    let channel = env.amqp().create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    let started = Instant::now();
-    for chunk in envelopes.chunks(batch_size) {
-        let mut confirms = Vec::with_capacity(chunk.len());
-        for envelope in chunk {
-            confirms.push(
-                channel
-                    .basic_publish(
-                        env.exchange.as_str().into(),
-                        envelope.event_type.as_str().into(),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            ..Default::default()
-                        },
-                        envelope.payload.as_bytes(),
-                        wire::properties(envelope, "/bench"),
-                    )
+        .max_by(|a, b| a.1.rate().total_cmp(&b.1.rate()))
+        .map_or(raw::STOP_AND_WAIT, |(s, ..)| *s);
+
+    // 2. and 3. The ceiling alternated with each headline variant; one
+    // stop-and-wait drain per round.
+    let mut ceiling_drains = Vec::new();
+    let mut stop_and_wait: Vec<Drain> = raw::SPREAD
+        .iter()
+        .position(|s| *s == raw::STOP_AND_WAIT)
+        .map(|n| first_drains[n].clone())
+        .unwrap_or_default();
+    let mut relay_drains: Vec<Vec<Drain>> = HEADLINE.iter().map(|_| Vec::new()).collect();
+    for _ in 0..rounds {
+        for (n, &(_, _, order, relays, keep_sent)) in HEADLINE.iter().enumerate() {
+            ceiling_drains.push(raw::drain(r.bus(), &spread, best).await?);
+            relay_drains[n].push(
+                r.drain(r.bus(), &spread, order, relays, 100, keep_sent)
                     .await?,
             );
         }
-        for confirm in confirms {
-            confirm.await?;
+        if best != raw::STOP_AND_WAIT {
+            stop_and_wait.push(raw::drain(r.bus(), &spread, raw::STOP_AND_WAIT).await?);
         }
     }
-    Ok(receive_all(&mut rx, &expected, started).await)
-}
+    if best == raw::STOP_AND_WAIT {
+        stop_and_wait.extend(ceiling_drains.iter().copied());
+    }
+    let ceiling = median(&ceiling_drains);
+    let saw = median(&stop_and_wait);
+    let columns = Columns {
+        best: ceiling.rate(),
+        stop_and_wait: saw.rate(),
+    };
 
-/// A W2 relay variant after the headline one: its label, its key in the
-/// JSON, its backlog, delivery order, relays and whether sent rows are kept.
-pub(crate) type Variant<'a> = (
-    &'static str,
-    &'static str,
-    &'a [OrderPlaced],
-    DeliveryOrder,
-    usize,
-    bool,
-);
+    let mut strategies = serde_json::Map::new();
+    let mut overtaken = Vec::new();
+    for (strategy, d, n) in &first {
+        let (d, drains, label) = if *strategy == best {
+            (
+                ceiling,
+                ceiling_drains.len(),
+                format!("{} (best)", strategy.label()),
+            )
+        } else if *strategy == raw::STOP_AND_WAIT {
+            (saw, stop_and_wait.len(), strategy.label())
+        } else {
+            (*d, *n, strategy.label())
+        };
+        if *strategy != best && d.rate() > ceiling.rate() {
+            overtaken.push(strategy.label());
+        }
+        strategies.insert(strategy.key(), row(&label, &d, drains, columns));
+    }
+    w2.insert("raw_per_s".into(), json!(saw.rate()));
+    w2.insert("raw_best_per_s".into(), json!(ceiling.rate()));
+    w2.insert("raw_best".into(), json!(best.key()));
+    w2.insert("raw_strategies".into(), Value::Object(strategies));
+    w2.insert("cpu_db_measured".into(), json!(db.describe()));
 
-/// The W2 relay variants every back end runs after the ordered single
-/// relay, on the `spread` and `hot` backlogs.
-pub(crate) fn variants<'a>(spread: &'a [OrderPlaced], hot: &'a [OrderPlaced]) -> [Variant<'a>; 5] {
-    [
-        (
-            "relay, unordered, 1 relay",
-            "unordered_1",
-            spread,
-            DeliveryOrder::Unordered,
-            1,
-            true,
-        ),
-        (
-            "relay, ordered, 2 relays",
-            "ordered_2",
-            spread,
-            DeliveryOrder::PerAggregate,
-            2,
-            true,
-        ),
-        (
-            "relay, unordered, 2 relays",
-            "unordered_2",
-            spread,
-            DeliveryOrder::Unordered,
-            2,
-            true,
-        ),
-        (
-            "relay, ordered, 1 relay, delete on publish",
-            "ordered_1_delete",
-            spread,
-            DeliveryOrder::PerAggregate,
-            1,
-            false,
-        ),
-        (
-            "hot: relay, ordered, 1 relay (20 aggregates)",
-            "hot_ordered_1",
-            hot,
-            DeliveryOrder::PerAggregate,
-            1,
-            true,
-        ),
-    ]
-}
-
-/// Prints one W2 row against `ceiling` and records it under `key` in `w2`
-/// (the raw ceiling itself is recorded by its caller as `raw_per_s`).
-pub(crate) fn report(
-    w2: &mut serde_json::Map<String, serde_json::Value>,
-    name: &str,
-    key: Option<&str>,
-    d: &Drain,
-    ceiling: f64,
-) {
-    println!(
-        "  {:<42} {:>10.0} {:>8} {:>8.2} {:>8} {:>6}",
-        name,
-        d.rate(),
-        setup::secs(d.elapsed),
-        d.rate() / ceiling,
-        d.missing,
-        d.duplicates
-    );
-    if let Some(key) = key {
+    for (n, (label, key, ..)) in HEADLINE.iter().enumerate() {
+        let d = median(&relay_drains[n]);
         w2.insert(
-            key.into(),
-            serde_json::json!({"per_s": d.rate(), "ratio": d.rate() / ceiling, "missing": d.missing, "duplicates": d.duplicates}),
+            (*key).into(),
+            row(label, &d, relay_drains[n].len(), columns),
         );
     }
+    for (label, key, order, relays, keep_sent) in OTHERS {
+        let d = r
+            .drain(r.bus(), &spread, order, relays, 100, keep_sent)
+            .await?;
+        w2.insert(key.into(), row(label, &d, 1, columns));
+    }
+    println!(
+        "  the best strategy: fastest median of a first pass of {} drains each, in turns; the \
+         ceiling: median of its {} drains alternated with the relay (the other strategies: \
+         their first pass; stop-and-wait: also one drain per round); headline relay rows: median \
+         of {rounds} each",
+        first_rounds(),
+        ceiling_drains.len()
+    );
+    if !overtaken.is_empty() {
+        println!(
+            "  note: faster than the ceiling's paired median here: {} (the machine drifted, \
+             or the first pass chose on noise: the ceiling may be understated)",
+            overtaken.join("; ")
+        );
+    }
+    println!(
+        "  targets: ordered 1 relay >= 0.75 of the best raw, unordered >= 0.85, ordered 2 relays \
+         >= 0.8; no missing, no duplicates"
+    );
+
+    // 4. The hot backlog against sequential streams, alternated.
+    println!(
+        "\n  hot backlog: {} events ({} aggregates x {}, ordered); its ceiling is raw publishing of \
+         {} sequential streams (each waits for its confirm before its next message); \"vs best\" is \
+         against that, \"vs s&w\" against the stop-and-wait figure above",
+        hot_events.len(),
+        hot.0,
+        hot.1,
+        hot.0
+    );
+    let mut streams = Vec::new();
+    let mut hot_relay = Vec::new();
+    for _ in 0..side {
+        streams.push(raw::drain(r.bus(), &hot_events, Strategy::Streams).await?);
+        hot_relay.push(
+            r.drain(
+                r.bus(),
+                &hot_events,
+                DeliveryOrder::PerAggregate,
+                1,
+                100,
+                true,
+            )
+            .await?,
+        );
+    }
+    let streams = median(&streams);
+    let hot_columns = Columns {
+        best: streams.rate(),
+        stop_and_wait: saw.rate(),
+    };
+    let streams_row = row(
+        &format!("raw: {} sequential streams (hot ceiling)", hot.0),
+        &streams,
+        side,
+        hot_columns,
+    );
+    w2.insert("hot_raw_streams".into(), streams_row);
+    w2.insert("hot_raw_streams_per_s".into(), json!(streams.rate()));
+    w2.insert(
+        "hot_ordered_1".into(),
+        row(
+            &format!("hot: relay, ordered, 1 relay ({} aggregates)", hot.0),
+            &median(&hot_relay),
+            side,
+            hot_columns,
+        ),
+    );
+    println!("  target: hot relay >= 0.8 of its ceiling");
+
+    // 5. A quorum queue: its own exchange and queue, deleted when dropped.
+    let quorum = Bus::quorum(&outbox_testkit::names::unique("bench", "quorum")).await;
+    println!(
+        "\n  quorum queue (x-queue-type=quorum): ordered 1 relay against the best strategy above \
+         on the same quorum queue, alternated; \"vs s&w\" is against the classic queue's"
+    );
+    let mut quorum_raw = Vec::new();
+    let mut quorum_relay = Vec::new();
+    for _ in 0..side {
+        quorum_raw.push(raw::drain(&quorum, &spread, best).await?);
+        quorum_relay.push(
+            r.drain(&quorum, &spread, DeliveryOrder::PerAggregate, 1, 100, true)
+                .await?,
+        );
+    }
+    let quorum_raw = median(&quorum_raw);
+    let quorum_columns = Columns {
+        best: quorum_raw.rate(),
+        stop_and_wait: saw.rate(),
+    };
+    let quorum_raw_row = row(
+        &format!("quorum {}", best.label()),
+        &quorum_raw,
+        side,
+        quorum_columns,
+    );
+    let quorum_relay_row = row(
+        "quorum: relay, ordered, 1 relay",
+        &median(&quorum_relay),
+        side,
+        quorum_columns,
+    );
+    w2.insert(
+        "quorum".into(),
+        json!({
+            "raw_best_per_s": quorum_raw.rate(),
+            "raw_best": best.key(),
+            "raw": quorum_raw_row,
+            "ordered_1": quorum_relay_row,
+        }),
+    );
+    Ok(())
+}
+
+/// The two ceilings every row is compared with.
+#[derive(Debug, Clone, Copy)]
+struct Columns {
+    best: f64,
+    stop_and_wait: f64,
+}
+
+fn header() {
+    println!(
+        "  {:<46} {:>9} {:>7} {:>7} {:>7} {:>7} {:>4} {:>6} {:>6} {:>6}",
+        "", "events/s", "time", "vs best", "vs s&w", "missing", "dup", "drains", "proc", "db"
+    );
+}
+
+/// Prints one W2 row (`drains` drains, `d` their median) against the
+/// ceilings and returns its JSON.
+fn row(label: &str, d: &Drain, drains: usize, c: Columns) -> Value {
+    let (process, db) = d.cpu.per_event_us(d.events);
+    let db_text = db.map_or_else(|| "-".to_owned(), |db| format!("{db:.0}"));
+    println!(
+        "  {:<46} {:>9.0} {:>7} {:>7.2} {:>7.2} {:>7} {:>4} {:>6} {:>6.0} {:>6}",
+        label,
+        d.rate(),
+        setup::secs(d.elapsed),
+        d.rate() / c.best,
+        d.rate() / c.stop_and_wait,
+        d.missing,
+        d.duplicates,
+        drains,
+        process,
+        db_text
+    );
+    json!({
+        "per_s": d.rate(),
+        "ratio": d.rate() / c.best,
+        "ratio_stop_and_wait": d.rate() / c.stop_and_wait,
+        "missing": d.missing,
+        "duplicates": d.duplicates,
+        "drains": drains,
+        "cpu_us_per_event": {"process": process, "db": db},
+    })
 }

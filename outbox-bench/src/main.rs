@@ -39,8 +39,17 @@
 //!   1 and 8 writers, against the order alone and the same outbox row
 //!   hand-written in SQL; and `record_all` of 100 events (rows/s).
 //! - **W2 drain**: a committed backlog (2,000 aggregates × 10 events,
-//!   interleaved; and a hot 20 × 1,000) drained by the relay to a durable
-//!   queue, against raw lapin publish-with-confirms of the same messages.
+//!   interleaved) drained by the relay to a durable queue, against raw lapin
+//!   publish-with-confirms of the same messages with several strategies
+//!   (stop-and-wait batches, 2 and 4 channels of overlapping batches, a
+//!   sliding window of 256 and 1,024 unconfirmed; module `raw`): the best
+//!   of the run is the ceiling, the stop-and-wait one a second column. The
+//!   ceiling and the headline relay variants alternate, 5 drains each, and
+//!   the medians are compared (module `drain`). A hot backlog (20 × 1,000,
+//!   ordered) against 20 sequential raw streams; ordered 1 relay against a
+//!   quorum queue with the best raw strategy on the same queue. Every drain
+//!   shows its CPU per event, the bench process's and the database's
+//!   (module `cpu`).
 //! - **W3 latency**: 100 events/s; receive time − a stamp taken just
 //!   before COMMIT; per wakeup mode, against the naive floor (commit, then
 //!   publish inline with a confirm), which runs interleaved with the
@@ -80,14 +89,15 @@
 mod backend;
 mod claim;
 mod consume;
+mod cpu;
 mod drain;
 mod latency;
+mod raw;
 mod record;
 mod setup;
 
 use std::time::Duration;
 
-use outbox::DeliveryOrder;
 use serde_json::json;
 
 use backend::Backend;
@@ -96,10 +106,6 @@ use setup::{BoxError, Env};
 /// W1 runs its variants in turns of this many slices each (see
 /// `record::run_interleaved`).
 const W1_SLICES: u32 = 10;
-
-/// W2 drains the ceiling and the ordered single relay this many times each,
-/// alternating, and reports the medians.
-const W2_ROUNDS: usize = 3;
 
 /// W5 runs the broker ceiling, the database ceiling, the hand-written
 /// consumer and the consumer this many times each per concurrency,
@@ -268,52 +274,7 @@ async fn workloads(
 
     let mut w2 = serde_json::Map::new();
     if run("w2") {
-        let (aggs, per) = p.drain_events;
-        let spread = setup::interleaved(aggs, per);
-        let hot = setup::interleaved(p.hot.0, p.hot.1);
-        println!(
-            "\nW2 drain: {} events ({aggs} aggregates x {per}), batch 100",
-            spread.len()
-        );
-        println!(
-            "  {:<42} {:>10} {:>8} {:>8} {:>8} {:>6}",
-            "", "events/s", "time", "vs raw", "missing", "dup"
-        );
-        // The ceiling and the headline variant alternate, W2_ROUNDS drains
-        // each, and their median drains are compared, so drift on the
-        // machine hits both alike.
-        let mut raws = Vec::new();
-        let mut ordered = Vec::new();
-        for _ in 0..W2_ROUNDS {
-            raws.push(drain::raw(env, &spread, 100).await?);
-            ordered
-                .push(drain::relay(env, &spread, DeliveryOrder::PerAggregate, 1, 100, true).await?);
-        }
-        let raw = drain::median(&raws);
-        let ordered = drain::median(&ordered);
-        drain::report(
-            &mut w2,
-            "raw publish-with-confirms (ceiling)",
-            None,
-            &raw,
-            raw.rate(),
-        );
-        w2.insert("raw_per_s".into(), json!(raw.rate()));
-        drain::report(
-            &mut w2,
-            "relay, ordered, 1 relay",
-            Some("ordered_1"),
-            &ordered,
-            raw.rate(),
-        );
-        for (label, key, events, order, relays, keep_sent) in drain::variants(&spread, &hot) {
-            let d = drain::relay(env, events, order, relays, 100, keep_sent).await?;
-            drain::report(&mut w2, label, Some(key), &d, raw.rate());
-        }
-        println!(
-            "  ceiling and ordered 1 relay: median of {W2_ROUNDS} alternating drains each; \
-             target: relay ordered 1 relay >= 0.90 of raw, no missing, no duplicates"
-        );
+        drain::w2(env, None, p.drain_events, p.hot, &mut w2).await?;
     }
 
     let mut w3 = serde_json::Map::new();

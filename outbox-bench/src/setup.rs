@@ -12,7 +12,7 @@ use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::StreamExt;
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions, QueuePurgeOptions};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Connection};
 use outbox::DomainEvent;
 use outbox_testkit::amqp::TestBroker;
@@ -51,9 +51,36 @@ pub(crate) struct Bus {
 impl Bus {
     /// The exchange and queue of the run `name`.
     pub(crate) async fn new(name: &str) -> Bus {
+        Bus::declare(name, FieldTable::default()).await
+    }
+
+    /// As [`Bus::new`], with a quorum queue (`x-queue-type=quorum`, what
+    /// production setups use for durability: replicated, every message
+    /// written through Raft before the confirm) instead of a classic one.
+    pub(crate) async fn quorum(name: &str) -> Bus {
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            ShortString::from("x-queue-type"),
+            AMQPValue::LongString(LongString::from("quorum")),
+        );
+        Bus::declare(name, arguments).await
+    }
+
+    /// A durable topic exchange and a durable queue declared with
+    /// `arguments`, bound with `#`.
+    async fn declare(name: &str, arguments: FieldTable) -> Bus {
         let broker = TestBroker::new(name).await;
         let exchange = broker.topic_exchange(&broker.named("events")).await;
-        let queue = broker.queue(&broker.named("all")).await;
+        let queue = broker
+            .queue_with(
+                &broker.named("all"),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                arguments,
+            )
+            .await;
         broker.bind(&queue, &exchange, "#").await;
         Bus {
             channel: broker.channel().clone(),
@@ -180,10 +207,19 @@ impl Env {
         .await?;
         let bus = Bus::new(&schema).await;
         Ok(Env {
-            pool: outbox::postgres::pool(&database_url(), 12)?,
+            // Named after the run, so W2 finds the relays' backends in
+            // `pg_stat_activity` to count their CPU.
+            pool: outbox::postgres::pool(&crate::cpu::url_with_application_name(&schema), 12)?,
             schema,
             bus,
         })
+    }
+
+    /// Where the run's PostgreSQL spends CPU: the backends of [`Env::pool`].
+    pub(crate) fn cpu_db(&self) -> crate::cpu::Db {
+        crate::cpu::Db::Postgres {
+            application_name: self.schema.clone(),
+        }
     }
 
     pub(crate) fn table(&self, table: &str) -> String {

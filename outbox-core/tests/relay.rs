@@ -706,6 +706,53 @@ fn invalid_settings_are_rejected_at_build() {
     assert!(build(|b| b.retry(RetryPolicy::default().max_attempts(0))).is_err());
     let err = build(|b| b.batch_size(0)).unwrap_err().to_string();
     assert!(err.contains("batch_size"), "{err}");
+    assert!(build(|b| b.batch_size(50).max_batch_size(50)).is_ok());
+    assert!(build(|b| b.batch_size(50).max_batch_size(10_000)).is_ok());
+    assert!(build(|b| b.batch_size(50).max_batch_size(49)).is_err());
+    assert!(build(|b| b.max_batch_size(10_001)).is_err());
+    let err = build(|b| b.max_batch_size(1)).unwrap_err().to_string();
+    assert!(err.contains("max_batch_size"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn claims_grow_while_a_backlog_lasts_and_shrink_when_it_is_drained() {
+    let store = InMemoryStore::new();
+    for n in 0..200 {
+        record(&store, &format!("a{n}"), n);
+    }
+    let publisher = RecordingPublisher::new();
+    let sizes = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&sizes);
+    publisher.set_delay(move |batch| {
+        seen.lock().unwrap().push(batch.len());
+        Duration::ZERO
+    });
+    let relay = Relay::builder(store.clone(), publisher.clone())
+        .batch_size(10)
+        .max_batch_size(40)
+        .concurrency(1)
+        .poll_interval(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    run_until(relay, &store, all_sent).await.unwrap();
+    // 10, 20, then 40 while full; the last claim finds the 10 left.
+    assert_eq!(*sizes.lock().unwrap(), [10, 20, 40, 40, 40, 40, 10]);
+    assert_eq!(publisher.published_ids().len(), 200);
+
+    // Drained: a lone event is claimed by a claim of `batch_size`.
+    sizes.lock().unwrap().clear();
+    for n in 0..15 {
+        record(&store, &format!("b{n}"), n);
+    }
+    let relay = Relay::builder(store.clone(), publisher.clone())
+        .batch_size(10)
+        .max_batch_size(40)
+        .concurrency(1)
+        .poll_interval(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    run_until(relay, &store, all_sent).await.unwrap();
+    assert_eq!(*sizes.lock().unwrap(), [10, 5]);
 }
 
 fn random_failures_case(

@@ -1,9 +1,11 @@
 //! [`PgInbox`]: consumer-side deduplication on PostgreSQL.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use diesel::sql_types::{BigInt, Text, Timestamptz};
+use diesel::QueryableByName;
+use diesel::sql_types::{Array, BigInt, Text, Timestamptz};
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_core::admin::DeadLetter;
@@ -21,7 +23,10 @@ use crate::{Error, PgTransaction, Result};
 /// [`receive`](InboxStore::receive) runs `INSERT … ON CONFLICT DO NOTHING`
 /// inside the consumer's transaction: one row inserted means first time, none
 /// means duplicate. If the consumer's transaction rolls back, so does the
-/// entry, and a redelivery is first-time again.
+/// entry, and a redelivery is first-time again. A batch consumer's entries
+/// ([`PgInboxDatabase`]'s `receive_all`) go in one statement,
+/// `INSERT … SELECT unnest(…) ON CONFLICT DO NOTHING RETURNING event_id`:
+/// the ids returned are first time.
 ///
 /// **Retention**: keep inbox rows at least as long as the broker may
 /// redeliver a message (the longest a message can sit unacknowledged or in a
@@ -140,6 +145,43 @@ impl PgInbox {
     }
 }
 
+impl PgInbox {
+    /// [`InboxDatabase::receive_all`] in one statement
+    /// (`INSERT … SELECT unnest(…) ON CONFLICT DO NOTHING RETURNING`): the
+    /// ids it returns were inserted (first time), the others are
+    /// duplicates; an id given twice is a duplicate the second time.
+    async fn receive_all(
+        &self,
+        conn: &mut AsyncPgConnection,
+        consumer: &str,
+        event_ids: &[Uuid],
+    ) -> Result<Vec<InboxOutcome>> {
+        #[derive(QueryableByName)]
+        struct Inserted {
+            #[diesel(sql_type = diesel::sql_types::Uuid)]
+            event_id: Uuid,
+        }
+        in_transaction(conn)?;
+        let inserted: Vec<Inserted> = diesel::sql_query(&self.sql.inbox.insert_all)
+            .bind::<Text, _>(consumer)
+            .bind::<Array<diesel::sql_types::Uuid>, _>(event_ids)
+            .prepared(self.prepare)
+            .load(conn)
+            .await?;
+        let mut first: HashSet<Uuid> = inserted.into_iter().map(|row| row.event_id).collect();
+        Ok(event_ids
+            .iter()
+            .map(|event_id| {
+                if first.remove(event_id) {
+                    InboxOutcome::FirstTime
+                } else {
+                    InboxOutcome::Duplicate
+                }
+            })
+            .collect())
+    }
+}
+
 impl InboxStore for PgInbox {
     type Connection = AsyncPgConnection;
     type Error = Error;
@@ -208,6 +250,18 @@ impl InboxDatabase for PgInboxDatabase {
         let received = InboxStore::receive(&self.inbox, &mut **tx, consumer, event_id).await;
         // A read-only answer (a standby, a fenced old primary): the
         // consumer's rollback then closes the connection, not pools it.
+        tx.note(&received);
+        received
+    }
+
+    /// One statement for all of them (see [`PgInbox`]).
+    async fn receive_all(
+        &self,
+        tx: &mut PgTransaction,
+        consumer: &str,
+        event_ids: &[Uuid],
+    ) -> Result<Vec<InboxOutcome>> {
+        let received = self.inbox.receive_all(tx, consumer, event_ids).await;
         tx.note(&received);
         received
     }

@@ -230,3 +230,53 @@ async fn purge_deletes_only_old_entries_in_chunks() {
         );
     }
 }
+
+#[tokio::test]
+async fn receive_all_records_several_entries_in_one_statement() {
+    use outbox_core::InboxDatabase;
+    use outbox_diesel::PgInboxDatabase;
+
+    let db = TestDb::new("inbox_all").await;
+    let database = PgInboxDatabase::new(db.pool.clone(), PgInbox::new(&db.schema).unwrap());
+    let known = Uuid::now_v7();
+    let mut tx = database.begin().await.unwrap();
+    database.receive(&mut tx, "loyalty", known).await.unwrap();
+    database.commit(tx).await.unwrap();
+
+    let (new, twice) = (Uuid::now_v7(), Uuid::now_v7());
+    let ids = [new, known, twice, twice];
+    let mut tx = database.begin().await.unwrap();
+    let outcomes = database
+        .receive_all(&mut tx, "loyalty", &ids)
+        .await
+        .unwrap();
+    use InboxOutcome::{Duplicate, FirstTime};
+    assert_eq!(outcomes, [FirstTime, Duplicate, FirstTime, Duplicate]);
+    // Rolled back: nothing kept, and first time again.
+    database.rollback(tx).await.unwrap();
+    assert_eq!(db.count("inbox_events", ""), 1);
+    let mut tx = database.begin().await.unwrap();
+    let outcomes = database
+        .receive_all(&mut tx, "loyalty", &ids[..3])
+        .await
+        .unwrap();
+    assert_eq!(outcomes, [FirstTime, Duplicate, FirstTime]);
+    database.commit(tx).await.unwrap();
+    assert_eq!(db.count("inbox_events", ""), 3);
+    // Another consumer: all first time; none at all: nothing to do.
+    let mut tx = database.begin().await.unwrap();
+    let outcomes = database
+        .receive_all(&mut tx, "shipping", &ids[..2])
+        .await
+        .unwrap();
+    assert_eq!(outcomes, [FirstTime, FirstTime]);
+    assert!(
+        database
+            .receive_all(&mut tx, "shipping", &[])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    database.commit(tx).await.unwrap();
+    assert_eq!(db.count("inbox_events", ""), 5);
+}

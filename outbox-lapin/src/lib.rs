@@ -33,6 +33,17 @@
 //! new outbox events: those inherit `causation_id` = the incoming event id,
 //! and its correlation id and trace context.
 //!
+//! Each delivery is one transaction (inbox entry, handler, commit) and then
+//! an ack, so a consumer applies at most about as many events per second as
+//! its database commits transactions, whatever its concurrency. Past that,
+//! turn on [batch mode](InboxConsumerBuilder::batch)
+//! (`.batch(max_deliveries, max_wait)`): a worker applies the deliveries
+//! waiting for it in one transaction and acks them after the commit, each
+//! event still deduplicated by the inbox. Handlers must then not assume one
+//! transaction per event, and a failure in a batch costs a rollback and a
+//! replay of its deliveries one at a time (which gives the failing one its
+//! usual retry or dead letter).
+//!
 //! # RabbitMQ cluster
 //! Give the publisher and the consumer every node's URL: a comma-separated
 //! string (`AMQP_URL=amqp://…@rabbit-1/%2f,amqp://…@rabbit-2/%2f`), a
@@ -83,6 +94,8 @@
 //! | undecodable message | – | dead-lettered at once with the reason, and recorded |
 //! | dead-letter replay killed half way | – | nothing lost: a message is acked in the dead-letter queue only after its copy is confirmed in its queue; one caught in between is in both, the inbox drops the duplicate |
 //! | crash between commit and ack | – | redelivered, detected as duplicate |
+//! | failure in a [batch](InboxConsumerBuilder::batch) (handler error or panic, inbox, commit) | – | the batch's transaction rolled back; its deliveries applied again one at a time, each as without batching (no attempt spent for the batch) |
+//! | shutdown with a batch open | – | rolled back before its next event; its deliveries returned to the queue unacked |
 //!
 //! Delivery is at least once; with the inbox, effects are exactly once.
 //! Keep inbox rows at least as long as the broker may redeliver a message

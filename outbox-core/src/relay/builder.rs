@@ -11,6 +11,7 @@ use crate::{Error, OutboxStore, Publisher, Relay, RelayHandle, RetryPolicy, Unro
 /// | setting | default | meaning |
 /// |---|---|---|
 /// | [`batch_size`](Self::batch_size) | 100 | events claimed and published per batch |
+/// | [`max_batch_size`](Self::max_batch_size) | 4 × `batch_size` | what claims grow to, doubling, while each comes back full (a backlog) |
 /// | [`concurrency`](Self::concurrency) | 2 | batches in flight at once (one publishing while another claims or marks) |
 /// | [`poll_interval`](Self::poll_interval) | 1 s | fallback polling when no wakeup arrives: each loop polls once per interval, the loops spread evenly over it |
 /// | [`stats_interval`](Self::stats_interval) | 10 s | how often backlog/dead gauges are refreshed |
@@ -53,9 +54,31 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
         self
     }
 
-    /// Events claimed per batch (1..=10 000). Default 100.
+    /// Events claimed per batch (1..=10 000). Default 100. While claims
+    /// come back full, each loop's next claim doubles, up to
+    /// [`max_batch_size`](Self::max_batch_size); a claim that comes back
+    /// short sets it back to `batch_size`.
     pub fn batch_size(mut self, n: usize) -> Self {
         self.settings.batch_size = n;
+        self
+    }
+
+    /// The largest claim (`batch_size`..=10 000). Default 4 × `batch_size`
+    /// (at most 10 000); `max_batch_size(batch_size)` keeps every claim at
+    /// `batch_size`.
+    ///
+    /// A relay draining a backlog spends most of a batch's time on fixed
+    /// costs (the claim's and the mark's round trips and plans, the
+    /// commit's flush, a confirm round trip) rather than per event, so
+    /// larger claims move more events per second; when the backlog is
+    /// gone, claims come back short and small again, so an event recorded
+    /// on a quiet outbox does not wait behind a large batch. Measured by
+    /// the benchmark (W2), see the README's Performance section. A larger
+    /// batch holds its events (and, in per-aggregate order, their
+    /// aggregates) longer, and a broker stall leaves more of them waiting
+    /// for their confirms.
+    pub fn max_batch_size(mut self, n: usize) -> Self {
+        self.settings.max_batch_size = Some(n);
         self
     }
 
@@ -173,6 +196,14 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
         if !(1..=10_000).contains(&self.settings.batch_size) {
             return Err(Error::Config(format!(
                 "relay batch_size must be between 1 and 10000, got {}",
+                self.settings.batch_size
+            )));
+        }
+        if let Some(max) = self.settings.max_batch_size
+            && !(self.settings.batch_size..=super::settings::MAX_BATCH_SIZE).contains(&max)
+        {
+            return Err(Error::Config(format!(
+                "relay max_batch_size must be between batch_size ({}) and 10000, got {max}",
                 self.settings.batch_size
             )));
         }

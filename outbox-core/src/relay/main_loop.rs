@@ -40,6 +40,8 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         let mut follow_empty: Option<u64> = None;
         let mut chase_empty = true;
         let mut woken_by_empty = false;
+        // This loop's next claim: grows while claims come back full.
+        let mut limit = self.settings.batch_size;
         while !self.handle.is_shutdown() {
             if wait {
                 let batch_ended = async {
@@ -103,10 +105,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             let batch_ended = Box::pin(self.batch_done.notified());
             let empty_before = self.empty_claims.load(Ordering::SeqCst);
             let others_before = self.busy.fetch_add(1, Ordering::SeqCst) > 0;
-            let claimed = self
-                .store
-                .claim_for(&self.registration.name, self.settings.batch_size)
-                .await;
+            let claimed = self.store.claim_for(&self.registration.name, limit).await;
             let others_busy = others_before || self.busy.load(Ordering::SeqCst) > 1;
             if others_busy {
                 follow = Some(batch_ended);
@@ -127,6 +126,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     continue;
                 }
                 Ok(Claimed::Empty) => {
+                    limit = self.settings.batch_size;
                     self.busy.fetch_sub(1, Ordering::SeqCst);
                     // An empty claim may have locked rows for a moment
                     // (and released them): a loop whose claim skipped them
@@ -145,6 +145,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     continue;
                 }
                 Err(err) => {
+                    limit = self.settings.batch_size;
                     self.busy.fetch_sub(1, Ordering::SeqCst);
                     ::metrics::counter!(metric_names::STORE_ERRORS_TOTAL).increment(1);
                     let delay = claim_backoff.next_delay();
@@ -176,14 +177,17 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         self.sleep_unless_shutdown(delay).await;
                         ::metrics::gauge!(metric_names::PAUSED).set(0.0);
                         wait = false;
+                        limit = self.settings.batch_size;
                     } else {
                         pause.reset();
                         // A short batch means the backlog is drained: wait for
                         // news, unless a sent retry released events behind it.
-                        wait = claimed < self.settings.batch_size && report.sent_retries == 0;
+                        wait = claimed < limit && report.sent_retries == 0;
+                        limit = self.settings.next_limit(limit, claimed);
                     }
                 }
                 Some(Err(err)) => {
+                    limit = self.settings.batch_size;
                     ::metrics::counter!(metric_names::STORE_ERRORS_TOTAL).increment(1);
                     let delay = mark_backoff.next_delay();
                     error!(error = %err, retry_in = ?delay, "outbox relay: marking the batch failed; its events stay unsent and will be published again");

@@ -61,6 +61,29 @@ pub trait InboxDatabase: Send + Sync + 'static {
         event_id: Uuid,
     ) -> impl Future<Output = Result<InboxOutcome, Self::Error>> + Send;
 
+    /// Records in `tx` that `consumer` received each of `event_ids`,
+    /// answering for each in the same order; an id that appears twice is
+    /// `Duplicate` the second time. For consumers that apply several
+    /// events in one transaction (the RabbitMQ `InboxConsumer`'s batch
+    /// mode): a database that can record them in one statement overrides
+    /// it (`PgInboxDatabase` does: one round trip instead of one per
+    /// event). The default calls [`receive`](Self::receive) for each, in
+    /// order, and stops at the first error.
+    fn receive_all(
+        &self,
+        tx: &mut Self::Tx,
+        consumer: &str,
+        event_ids: &[Uuid],
+    ) -> impl Future<Output = Result<Vec<InboxOutcome>, Self::Error>> + Send {
+        async move {
+            let mut outcomes = Vec::with_capacity(event_ids.len());
+            for &event_id in event_ids {
+                outcomes.push(self.receive(tx, consumer, event_id).await?);
+            }
+            Ok(outcomes)
+        }
+    }
+
     /// Commits `tx`.
     fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Self::Error>> + Send;
 

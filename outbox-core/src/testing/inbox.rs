@@ -321,6 +321,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn receive_all_answers_each_id_in_order() {
+        let inbox = InMemoryInbox::new();
+        let (known, new, twice) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let mut tx = InboxDatabase::begin(&inbox).await.unwrap();
+        InboxDatabase::receive(&inbox, &mut tx, "a", known)
+            .await
+            .unwrap();
+        tx.commit();
+        let mut tx = InboxDatabase::begin(&inbox).await.unwrap();
+        let outcomes =
+            InboxDatabase::receive_all(&inbox, &mut tx, "a", &[known, new, twice, twice])
+                .await
+                .unwrap();
+        use InboxOutcome::{Duplicate, FirstTime};
+        assert_eq!(outcomes, [Duplicate, FirstTime, FirstTime, Duplicate]);
+        tx.commit();
+        assert_eq!(inbox.len(), 3);
+    }
+
+    #[tokio::test]
     async fn dead_letters_are_kept_in_order() {
         let inbox = InMemoryInbox::new();
         for reason in ["first", "second"] {

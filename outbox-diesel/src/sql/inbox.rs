@@ -8,6 +8,9 @@ pub(crate) struct InboxSql {
     /// Records a delivery (`$1` consumer, `$2` event id); one row
     /// inserted means first time, none a duplicate.
     pub(crate) insert: String,
+    /// Records several deliveries (`$1` consumer, `$2` the event ids);
+    /// returns the ids inserted (first time), the others are duplicates.
+    pub(crate) insert_all: String,
     /// Deletes up to `$2` entries received before `$1`.
     pub(crate) purge: String,
 }
@@ -18,6 +21,10 @@ impl InboxSql {
         InboxSql {
             insert: format!(
                 "INSERT INTO {t} (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+            ),
+            insert_all: format!(
+                "INSERT INTO {t} (consumer, event_id) SELECT $1, unnest($2::uuid[]) \
+                 ON CONFLICT DO NOTHING RETURNING event_id"
             ),
             purge: format!(
                 "DELETE FROM {t} WHERE ctid IN ( \

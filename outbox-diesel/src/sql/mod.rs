@@ -143,6 +143,7 @@ mod tests {
         for text in [
             &sql.record.insert_one,
             &sql.inbox.insert,
+            &sql.inbox.insert_all,
             &sql.dead_letters.insert,
             &sql.audit.begin,
             &sql.admin.show,

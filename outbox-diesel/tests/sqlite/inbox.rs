@@ -1,4 +1,5 @@
-//! The inbox on SQLite: first time, duplicate, refused outside a
+//! The inbox on SQLite: first time, duplicate (also several ids at once,
+//! as a batch consumer records them), refused outside a
 //! transaction (and after SQLite rolled it back), rolled back with the
 //! handler's transaction, purged in chunks; dead letters recorded.
 
@@ -173,4 +174,32 @@ async fn dead_letters_are_recorded() {
         .await,
         1
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn receive_all_answers_each_id_in_one_transaction() {
+    // The batch consumer's entries: the default `receive_all`, one insert
+    // per id, in order.
+    let (db, _conn) = migrated("inboxall").await;
+    let database =
+        SqliteInboxDatabase::new(sqlite::pool(&db.url(), 2).unwrap(), SqliteInbox::default());
+    let (known, new, twice) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+    let mut tx = database.begin().await.unwrap();
+    database.receive(&mut tx, "c", known).await.unwrap();
+    database.commit(tx).await.unwrap();
+    let mut tx = database.begin().await.unwrap();
+    let outcomes = database
+        .receive_all(&mut tx, "c", &[new, known, twice, twice])
+        .await
+        .unwrap();
+    use InboxOutcome::{Duplicate, FirstTime};
+    assert_eq!(outcomes, [FirstTime, Duplicate, FirstTime, Duplicate]);
+    database.commit(tx).await.unwrap();
+    let mut tx = database.begin().await.unwrap();
+    let outcomes = database
+        .receive_all(&mut tx, "c", &[new, twice])
+        .await
+        .unwrap();
+    assert_eq!(outcomes, [Duplicate, Duplicate], "both committed");
+    database.rollback(tx).await.unwrap();
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use outbox_core::InboxDatabase;
 
-use super::{EventHandler, InboxConsumer, Settings};
+use super::{Batching, EventHandler, InboxConsumer, Settings};
 use crate::topology::short_string;
 use crate::{AmqpUrls, Error, QueueTopology, Result};
 
@@ -22,6 +22,7 @@ use crate::{AmqpUrls, Error, QueueTopology, Result};
 /// | [`confirm_timeout`](Self::confirm_timeout) | 10 s |
 /// | [`reconnect_backoff`](Self::reconnect_backoff) | 100 ms, doubling up to 10 s |
 /// | [`declare`](Self::declare) | nothing: the queue and dead-letter exchange must exist |
+/// | [`batch`](Self::batch) | off: one transaction per delivery |
 #[must_use]
 pub struct InboxConsumerBuilder<D, H> {
     urls: AmqpUrls,
@@ -38,6 +39,7 @@ pub struct InboxConsumerBuilder<D, H> {
     reconnect_min: Duration,
     reconnect_max: Duration,
     topology: Option<QueueTopology>,
+    batch: Option<(usize, Duration)>,
 }
 
 impl<D, H> fmt::Debug for InboxConsumerBuilder<D, H> {
@@ -53,6 +55,7 @@ impl<D, H> fmt::Debug for InboxConsumerBuilder<D, H> {
             .field("dead_letter_exchange", &self.dead_letter_exchange)
             .field("confirm_timeout", &self.confirm_timeout)
             .field("topology", &self.topology)
+            .field("batch", &self.batch)
             .finish_non_exhaustive()
     }
 }
@@ -78,6 +81,7 @@ where
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(10),
             topology: None,
+            batch: None,
         }
     }
 
@@ -147,6 +151,77 @@ where
         self
     }
 
+    /// Batch mode: each worker applies up to `max_deliveries` deliveries in
+    /// **one** database transaction (the inbox entries of all of them in
+    /// one [`receive_all`](InboxDatabase::receive_all) call, then one
+    /// handler call per event seen for the first time, one commit), then
+    /// acks them. Off by default: one
+    /// transaction per delivery.
+    ///
+    /// **When**: the consumer must go faster than the database commits.
+    /// Without batching each delivery costs one commit (a WAL flush on
+    /// PostgreSQL), so a consumer tops out near the database's commit rate
+    /// whatever its concurrency; a batch of `n` shares one commit among
+    /// `n` events.
+    ///
+    /// **How a batch forms**: a worker takes the first delivery it is given
+    /// (waiting as long as the queue is idle), then every delivery already
+    /// waiting for it, up to `max_deliveries`; if it has fewer, it waits up
+    /// to `max_wait` after the first for more. So a lone message on an
+    /// idle queue is delayed by at most `max_wait`: keep it to a few
+    /// milliseconds (e.g. 5 ms). `Duration::ZERO` never waits: batches
+    /// then form only from a backlog, and a lone message is applied at
+    /// once. A batch of one delivery takes the usual path.
+    ///
+    /// **What handlers see**: the same [`EventHandler`] calls, in queue
+    /// order per aggregate, but several events share `tx`: a handler must
+    /// not assume one transaction per event (no `COMMIT`/`ROLLBACK` of its
+    /// own, no per-event `SET LOCAL`, no locks it expects released after
+    /// its event). It sees what earlier events of the batch wrote.
+    ///
+    /// **Duplicates**: an event already in the inbox is skipped and acked
+    /// as usual; the same event twice in one batch (a broker redelivery)
+    /// is applied once and both deliveries are acked.
+    ///
+    /// **Failures cost one wasted transaction**: when anything in the
+    /// batch fails (a handler error or panic, the inbox insert, the
+    /// commit, beginning the transaction), the whole transaction is rolled
+    /// back and the batch's deliveries are applied again one at a time,
+    /// each in its own transaction: the healthy ones are applied, and the
+    /// failing one gets exactly the retry, dead-letter and
+    /// database-unavailable handling it would have had without batching
+    /// (the failed batch spends no attempt). The handler calls made in the
+    /// rolled-back transaction run again, so effects outside the
+    /// transaction repeat more often than without batching. Counter
+    /// [`BATCH_FAILURES_TOTAL`](super::metric_names::BATCH_FAILURES_TOTAL)
+    /// counts them; a high rate means batching costs more than it saves.
+    ///
+    /// **Acks**: individual, after the commit. Never one `multiple` ack:
+    /// it would also ack every earlier delivery tag of the channel,
+    /// including deliveries other workers hold or are retrying, and a later
+    /// ack of those would then be an unknown tag, which closes the channel.
+    ///
+    /// **Prefetch**: [`build`](Self::build) requires
+    /// [`prefetch`](Self::prefetch) ≥ `max_deliveries` ×
+    /// [`concurrency`](Self::concurrency), else batches could never fill.
+    /// Twice that keeps the next batch arriving while one commits.
+    ///
+    /// **Shutdown**: a batch open when shutdown begins is rolled back
+    /// before its next event (so shutdown waits for at most one handler
+    /// call, not a whole batch) and its deliveries are returned to the
+    /// queue, unacked: nothing is lost. Dropping the [`run`](InboxConsumer::run)
+    /// future mid-batch drops the transaction (rolled back) and the
+    /// broker redelivers the unacked messages.
+    ///
+    /// Its transaction stays open for the whole batch: keep
+    /// `max_deliveries` × the handler's time well under the database's
+    /// `idle_in_transaction_session_timeout` and lock timeouts. Size the
+    /// pool as without batching: one connection per worker.
+    pub fn batch(mut self, max_deliveries: usize, max_wait: Duration) -> Self {
+        self.batch = Some((max_deliveries, max_wait));
+        self
+    }
+
     /// Checks the settings and builds the consumer. Nothing connects yet.
     ///
     /// # Errors
@@ -190,6 +265,30 @@ where
                 "reconnect_backoff needs 0 < min <= max (a zero wait would be a hot loop)".into(),
             );
         }
+        let batch = match self.batch {
+            None => None,
+            Some((0, _)) => {
+                return config("batch: max_deliveries must be at least 1".into());
+            }
+            Some((max_deliveries, max_wait)) => {
+                let needed = max_deliveries.saturating_mul(self.concurrency);
+                if usize::from(self.prefetch) < needed {
+                    return config(format!(
+                        "batch: prefetch ({}) is below max_deliveries ({max_deliveries}) x \
+                         concurrency ({}) = {needed}, so batches could never fill; raise \
+                         prefetch to at least {needed} (twice that keeps the next batch \
+                         arriving while one commits); prefetch is at most {}",
+                        self.prefetch,
+                        self.concurrency,
+                        u16::MAX
+                    ));
+                }
+                Some(Batching {
+                    max_deliveries,
+                    max_wait,
+                })
+            }
+        };
         if let Some(topology) = &self.topology {
             topology.validate()?;
             if topology.queue_name() != self.queue {
@@ -244,6 +343,7 @@ where
                 reconnect_min: self.reconnect_min,
                 reconnect_max: self.reconnect_max,
                 topology: self.topology,
+                batch,
             },
             db: self.db,
             handler: self.handler,

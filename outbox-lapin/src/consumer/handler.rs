@@ -23,6 +23,12 @@ pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError
 /// more than once: make them idempotent, or record an outbox event on `tx`
 /// instead and let the relay deliver it.
 ///
+/// In [batch mode](crate::InboxConsumerBuilder::batch) several events share
+/// `tx` (one call each, in queue order per aggregate, one commit): do not
+/// assume one transaction per event, and expect a call to be repeated when
+/// another event of its batch fails (the batch is rolled back and applied
+/// again one event at a time).
+///
 /// Events recorded on `tx` inherit `causation_id` = this event's id and its
 /// `correlation_id`, `traceparent` and `tracestate` (through
 /// [`outbox_core::context`]).

@@ -8,7 +8,9 @@
 /// Counter: events handled for the first time and committed (then acked).
 pub const PROCESSED_TOTAL: &str = "outbox_consumer_processed_total";
 /// Counter: deliveries the inbox recognised as already processed (acked
-/// without running the handler).
+/// without running the handler); in [batch
+/// mode](crate::InboxConsumerBuilder::batch), also a second copy of an
+/// event in the same batch.
 pub const DUPLICATES_TOTAL: &str = "outbox_consumer_duplicates_total";
 /// Counter: failed deliveries republished for another attempt.
 pub const RETRIED_TOTAL: &str = "outbox_consumer_retried_total";
@@ -29,11 +31,23 @@ pub const CONNECTION_LOST_TOTAL: &str = "outbox_consumer_connection_lost_total";
 /// [`QueueTopology`](crate::QueueTopology) with one, and dead-letters to
 /// that topology's exchange. A failed read keeps the last value.
 pub const DEAD_LETTERS: &str = "outbox_consumer_dead_letters";
+/// Histogram: deliveries a worker gathered into one transaction, in
+/// [batch mode](crate::InboxConsumerBuilder::batch) only (recorded for every
+/// batch, also one that then fails). Mostly well below the configured
+/// `max_deliveries` under load: raise `prefetch`, or lengthen `max_wait`;
+/// mostly 1: the consumer keeps up without batching.
+pub const BATCH_SIZE: &str = "outbox_consumer_batch_size";
+/// Counter: batches that did not commit (a handler error or panic, an inbox
+/// or database error, a failed commit) and whose deliveries were then
+/// applied one at a time, in [batch mode](crate::InboxConsumerBuilder::batch).
+/// Each cost one rolled-back transaction; the failing delivery's own retry
+/// or dead letter is counted by [`RETRIED_TOTAL`] or [`DEAD_LETTERED_TOTAL`].
+pub const BATCH_FAILURES_TOTAL: &str = "outbox_consumer_batch_failures_total";
 
 /// Registers descriptions of every metric above with the installed
 /// recorder. Optional; call it once after installing your recorder.
 pub fn describe() {
-    use ::metrics::{Unit, describe_counter, describe_gauge};
+    use ::metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         PROCESSED_TOTAL,
         "Events handled for the first time and committed by an inbox consumer"
@@ -62,5 +76,14 @@ pub fn describe() {
         DEAD_LETTERS,
         Unit::Count,
         "Messages waiting in an inbox consumer's dead-letter queue"
+    );
+    describe_histogram!(
+        BATCH_SIZE,
+        Unit::Count,
+        "Deliveries an inbox consumer's worker applied in one transaction (batch mode)"
+    );
+    describe_counter!(
+        BATCH_FAILURES_TOTAL,
+        "Batches an inbox consumer rolled back and applied again one delivery at a time"
     );
 }

@@ -10,7 +10,8 @@
 //!   declared, dead-letter exchange checked, subscription made);
 //! - `dispatch.rs`: deliveries decoded and handed to the worker of their
 //!   aggregate;
-//! - `worker/`: one delivery handled (inbox, handler, commit, ack);
+//! - `worker/`: one delivery handled (inbox, handler, commit, ack), or in
+//!   batch mode several in one transaction;
 //! - `handler.rs`, `builder.rs`: [`EventHandler`] and
 //!   [`InboxConsumerBuilder`];
 //! - `republish.rs`, `dead_letter.rs`: retries and dead letters republished
@@ -176,6 +177,25 @@ use crate::QueueTopology;
 /// order, different aggregates overlap. Acks are then individual and out of
 /// order (never `multiple`).
 ///
+/// # Batch mode
+/// Off by default. With [`batch(max_deliveries, max_wait)`](InboxConsumerBuilder::batch)
+/// each worker applies the deliveries waiting for it, up to
+/// `max_deliveries` (waiting at most `max_wait` after the first for more),
+/// in **one** transaction: the inbox entries of all its events (one
+/// [`receive_all`](InboxDatabase::receive_all) call, one statement on
+/// PostgreSQL), then the handler for each event seen for the first time,
+/// in queue order, then one commit, then an individual ack per delivery.
+/// Use it when the consumer must apply events faster than the database
+/// commits transactions. An event already in the inbox is skipped as
+/// above; the same event twice in one batch is applied once. Any failure
+/// (a handler error or panic, the inbox insert, the commit) rolls the whole
+/// batch back, and its deliveries then take the per-delivery path above one
+/// at a time, each in its own transaction: the healthy ones are applied,
+/// the failing one is retried or dead-lettered exactly as without
+/// batching. The cost of a failure is one wasted transaction (and the
+/// handler calls in it run again). Shutdown rolls an open batch back before
+/// its next event and returns its deliveries to the queue.
+///
 /// # Connection loss
 /// The consumer logs the loss, reconnects with a backoff (100 ms doubling to
 /// 10 s by default) and resumes. Unacked deliveries are redelivered by the
@@ -192,7 +212,9 @@ use crate::QueueTopology;
 /// it is handling (a pending retry delay is cut short), returns deliveries
 /// not yet started to the queue, closes the connection and returns. A
 /// handler that never returns holds shutdown up: bound slow work (HTTP
-/// calls, locks) with timeouts inside the handler.
+/// calls, locks) with timeouts inside the handler. In batch mode the
+/// worker does not finish its batch: it rolls it back before the next
+/// event and returns the batch's deliveries to the queue.
 ///
 /// # Inbox retention
 /// Keep inbox rows at least as long as the broker may deliver a message
@@ -207,7 +229,9 @@ use crate::QueueTopology;
 ///
 /// # Observability
 /// Each delivery runs in a `tracing` span `outbox.consume` (consumer, event
-/// id and type, aggregate, attempt). Counters are listed in [`metrics`], as
+/// id and type, aggregate, attempt); in batch mode those spans are inside
+/// one `outbox.consume_batch` span (consumer, deliveries) per batch, whose
+/// size is the histogram [`BATCH_SIZE`](metric_names::BATCH_SIZE). Counters are listed in [`metrics`], as
 /// is the gauge [`DEAD_LETTERS`](metric_names::DEAD_LETTERS): the depth of the
 /// dead-letter queue, read every 15 s when the consumer
 /// [declares](InboxConsumerBuilder::declare) a topology with one.
@@ -237,6 +261,19 @@ pub(crate) struct Settings {
     pub(crate) reconnect_min: Duration,
     pub(crate) reconnect_max: Duration,
     pub(crate) topology: Option<QueueTopology>,
+    /// Batch mode ([`InboxConsumerBuilder::batch`]); `None`: one delivery
+    /// per transaction.
+    pub(crate) batch: Option<Batching>,
+}
+
+/// How a worker gathers deliveries into one transaction in batch mode.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Batching {
+    /// At most this many deliveries per transaction.
+    pub(crate) max_deliveries: usize,
+    /// How long a worker waits for more after the first, when fewer than
+    /// `max_deliveries` are already in hand.
+    pub(crate) max_wait: Duration,
 }
 
 impl<D, H> fmt::Debug for InboxConsumer<D, H> {
@@ -252,6 +289,7 @@ impl<D, H> fmt::Debug for InboxConsumer<D, H> {
             .field("retry_delay", &s.retry_delay)
             .field("dead_letter_exchange", &s.dead_letter_exchange)
             .field("dead_letter_queue", &s.dead_letter_queue)
+            .field("batch", &s.batch)
             .finish_non_exhaustive()
     }
 }

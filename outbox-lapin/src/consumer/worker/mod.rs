@@ -3,6 +3,9 @@
 //!
 //! This file holds the worker's loop and one delivery's way through the
 //! inbox and the handler; the parts:
+//! - `batch.rs`: batch mode: deliveries gathered and applied in one
+//!   transaction, or one at a time through this file's path after a
+//!   failure;
 //! - `retry.rs`: a failed delivery retried or dead-lettered (republished,
 //!   confirmed, recorded), then settled;
 //! - `ack.rs`: acks and nacks, bounded;
@@ -10,6 +13,7 @@
 //!   headers events recorded by the handler inherit.
 
 mod ack;
+mod batch;
 mod headers;
 mod retry;
 
@@ -92,30 +96,73 @@ pub(super) async fn run<D, H>(
     D: InboxDatabase,
     H: EventHandler<D::Tx>,
 {
-    while let Some(job) = jobs.recv().await {
-        if !job.delivery.acker.usable() {
-            // Its channel is gone: the broker has requeued it already and
-            // redelivers it on the new connection.
-            tracing::debug!(
-                consumer = %shared.settings.name,
-                "skipping a delivery of a lost connection; the broker redelivers it"
-            );
-            continue;
-        }
-        if stopping(&stop) {
-            // Not started before shutdown: back to the queue, for the next
-            // consumer (the broker keeps its position when it can).
-            let requeue = BasicNackOptions {
-                requeue: true,
-                multiple: false,
-            };
-            if let Err(error) = job.delivery.acker.nack(requeue).await {
-                tracing::debug!(%error, "cannot requeue at shutdown; closing the channel does");
-            }
-            continue;
-        }
-        shared.process(job, &mut stop).await;
+    if let Some(batching) = shared.settings.batch {
+        return batch::run(&shared, jobs, stop, batching).await;
     }
+    while let Some(job) = jobs.recv().await {
+        if let Some(job) = admit(job, &stop, &shared.settings.name).await {
+            shared.process(job, &mut stop).await;
+        }
+    }
+}
+
+/// `job` if it is to be handled: `None` for a delivery of a lost
+/// connection (skipped) or one not started before shutdown (requeued).
+async fn admit(job: Job, stop: &watch::Receiver<bool>, consumer: &str) -> Option<Job> {
+    if !job.delivery.acker.usable() {
+        // Its channel is gone: the broker has requeued it already and
+        // redelivers it on the new connection.
+        tracing::debug!(
+            consumer,
+            "skipping a delivery of a lost connection; the broker redelivers it"
+        );
+        return None;
+    }
+    if stopping(stop) {
+        // Not started before shutdown: back to the queue, for the next
+        // consumer (the broker keeps its position when it can).
+        let requeue = BasicNackOptions {
+            requeue: true,
+            multiple: false,
+        };
+        if let Err(error) = job.delivery.acker.nack(requeue).await {
+            tracing::debug!(%error, "cannot requeue at shutdown; closing the channel does");
+        }
+        return None;
+    }
+    Some(job)
+}
+
+/// A decoded delivery, ready for the inbox and the handler.
+struct Ready {
+    delivery: Delivery,
+    event: IncomingEvent,
+    /// The routing key it first arrived with.
+    routing_key: String,
+    /// Which attempt this is (1-based).
+    attempt: i64,
+    republisher: Arc<Republisher>,
+}
+
+/// A job, decoded or not.
+enum Prepared {
+    Ready(Ready),
+    /// Not a valid event: dead-lettered without running the handler.
+    Undecodable {
+        delivery: Delivery,
+        routing_key: String,
+        error: DecodeError,
+        republisher: Arc<Republisher>,
+    },
+}
+
+/// Why the handler did not return `Ok`.
+struct HandlerFailure {
+    error: HandlerError,
+    /// It panicked: the connection may be mid-statement, so the
+    /// transaction is dropped (rolled back, the connection perhaps closed)
+    /// rather than rolled back explicitly.
+    panicked: bool,
 }
 
 impl<D, H> Shared<D, H>
@@ -124,6 +171,29 @@ where
     H: EventHandler<D::Tx>,
 {
     async fn process(&self, job: Job, stop: &mut watch::Receiver<bool>) {
+        let prepared = self.prepare(job);
+        self.process_prepared(prepared, stop).await;
+    }
+
+    /// A prepared delivery through its own transaction, or dead-lettered
+    /// if it is not an event.
+    async fn process_prepared(&self, prepared: Prepared, stop: &mut watch::Receiver<bool>) {
+        match prepared {
+            Prepared::Ready(ready) => self.apply(&ready, stop).await,
+            Prepared::Undecodable {
+                delivery,
+                routing_key,
+                error,
+                republisher,
+            } => {
+                self.undecodable(&delivery, &routing_key, &error, &republisher, stop)
+                    .await;
+            }
+        }
+    }
+
+    /// Reads `job`'s original routing key, correlation id and attempt.
+    fn prepare(&self, job: Job) -> Prepared {
         let Job {
             delivery,
             decoded,
@@ -148,41 +218,12 @@ where
         let mut event = match decoded {
             Ok(event) => event,
             Err(error) => {
-                let span = tracing::warn_span!(
-                    "outbox.consume",
-                    consumer = %self.settings.name,
-                    message_id = ?delivery.properties.message_id(),
-                    routing_key = %routing_key,
-                );
-                async {
-                    tracing::warn!(%error, "undecodable message: dead-lettering it");
-                    let reason = format!("cannot decode the message: {error}");
-                    // Unchanged but for the reason, and an unusable origin
-                    // header replaced.
-                    let mut replaced = Vec::new();
-                    if headers.contains_key(ORIGINAL_ROUTING_KEY_HEADER) {
-                        replaced = origin_headers(&delivery, &routing_key);
-                    }
-                    replaced.push((DEAD_REASON_HEADER, text(&reason)));
-                    replaced.push((QUEUE_HEADER, text(&self.settings.queue)));
-                    replaced.push((DEAD_LETTER_ID_HEADER, text(&Uuid::now_v7().to_string())));
-                    let properties = with_headers(&delivery.properties, replaced);
-                    let attempts = header_i64(headers, ATTEMPT_HEADER).unwrap_or(1);
-                    self.dead_letter(
-                        &delivery,
-                        &routing_key,
-                        properties,
-                        &reason,
-                        None,
-                        attempts,
-                        &republisher,
-                        stop,
-                    )
-                    .await;
-                }
-                .instrument(span)
-                .await;
-                return;
+                return Prepared::Undecodable {
+                    delivery,
+                    routing_key,
+                    error,
+                    republisher,
+                };
             }
         };
         event.routing_key.clone_from(&routing_key);
@@ -194,29 +235,102 @@ where
                 .insert(Headers::CORRELATION_ID, correlation.as_str());
         }
         let attempt = header_i64(headers, ATTEMPT_HEADER).unwrap_or(1).max(1);
-        let span = tracing::info_span!(
+        Prepared::Ready(Ready {
+            delivery,
+            event,
+            routing_key,
+            attempt,
+            republisher,
+        })
+    }
+
+    /// Dead-letters a message that is not a valid event.
+    async fn undecodable(
+        &self,
+        delivery: &Delivery,
+        routing_key: &str,
+        error: &DecodeError,
+        republisher: &Republisher,
+        stop: &mut watch::Receiver<bool>,
+    ) {
+        let empty = lapin::types::FieldTable::default();
+        let headers = delivery.properties.headers().as_ref().unwrap_or(&empty);
+        let span = tracing::warn_span!(
+            "outbox.consume",
+            consumer = %self.settings.name,
+            message_id = ?delivery.properties.message_id(),
+            routing_key = %routing_key,
+        );
+        async {
+            tracing::warn!(%error, "undecodable message: dead-lettering it");
+            let reason = format!("cannot decode the message: {error}");
+            // Unchanged but for the reason, and an unusable origin
+            // header replaced.
+            let mut replaced = Vec::new();
+            if headers.contains_key(ORIGINAL_ROUTING_KEY_HEADER) {
+                replaced = origin_headers(delivery, routing_key);
+            }
+            replaced.push((DEAD_REASON_HEADER, text(&reason)));
+            replaced.push((QUEUE_HEADER, text(&self.settings.queue)));
+            replaced.push((DEAD_LETTER_ID_HEADER, text(&Uuid::now_v7().to_string())));
+            let properties = with_headers(&delivery.properties, replaced);
+            let attempts = header_i64(headers, ATTEMPT_HEADER).unwrap_or(1);
+            self.dead_letter(
+                delivery,
+                routing_key,
+                properties,
+                &reason,
+                None,
+                attempts,
+                republisher,
+                stop,
+            )
+            .await;
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// The span of one event's handling: `outbox.consume`.
+    fn span(&self, ready: &Ready) -> tracing::Span {
+        let event = &ready.event;
+        tracing::info_span!(
             "outbox.consume",
             consumer = %self.settings.name,
             event_id = %event.id,
             event_type = %event.event_type,
             aggregate_type = %event.aggregate_type,
             aggregate_id = %event.aggregate_id,
+            attempt = ready.attempt,
+        )
+    }
+
+    /// One delivery in its own transaction: handled and acked, acked as a
+    /// duplicate, retried in place while the database is unavailable,
+    /// retried or dead-lettered after a failure.
+    async fn apply(&self, ready: &Ready, stop: &mut watch::Receiver<bool>) {
+        let Ready {
+            delivery,
+            event,
+            routing_key,
             attempt,
-        );
+            republisher,
+        } = ready;
+        let (attempt, span) = (*attempt, self.span(ready));
         async {
             loop {
-                match self.handle(&event).await {
+                match self.handle(event).await {
                     Ok(InboxOutcome::FirstTime) => {
                         self.count(metric_names::PROCESSED_TOTAL);
                         tracing::debug!("handled and committed");
-                        ack(&delivery).await;
+                        ack(delivery).await;
                     }
                     Ok(InboxOutcome::Duplicate) => {
                         self.count(metric_names::DUPLICATES_TOTAL);
                         tracing::info!(
                             "already processed: acknowledged without running the handler"
                         );
-                        ack(&delivery).await;
+                        ack(delivery).await;
                     }
                     Err(Failure::Unavailable(error)) => {
                         // A database outage is not the message's fault: wait
@@ -235,18 +349,18 @@ where
                             // requeued it and redelivers it.
                             tracing::debug!("delivery's channel closed during the outage");
                         } else if stopping(stop) {
-                            requeue(&delivery).await;
+                            requeue(delivery).await;
                         } else {
                             continue;
                         }
                     }
                     Err(Failure::Failed(error)) => {
                         let failure = Attempt {
-                            event: &event,
-                            routing_key: &routing_key,
+                            event,
+                            routing_key,
                             attempt,
                         };
-                        self.failed(&delivery, &failure, &error, &republisher, stop)
+                        self.failed(delivery, &failure, &error, republisher, stop)
                             .await;
                     }
                 }
@@ -284,39 +398,53 @@ where
             }
             return Ok(InboxOutcome::Duplicate);
         }
-        let handled = AssertUnwindSafe(context::scope(
-            inherited_headers(event),
-            self.handler.handle(&mut tx, event),
-        ))
-        .catch_unwind()
-        .await;
-        match handled {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
+        if let Err(failure) = self.call_handler(&mut tx, event).await {
+            if failure.panicked {
+                drop(tx);
+            } else if let Err(rollback) = db.rollback(tx).await {
                 // Rolled back, inbox entry included.
-                if let Err(rollback) = db.rollback(tx).await {
-                    tracing::debug!(error = %rollback, "rollback after a handler error failed");
-                }
-                return Err(Failure::Failed(error));
+                tracing::debug!(error = %rollback, "rollback after a handler error failed");
             }
-            // After a panic the connection may be mid-statement: `tx` is
-            // dropped on return, which rolls back (and may close it).
-            Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic payload".to_owned());
-                return Err(Failure::Failed(HandlerError::new(format!(
-                    "the handler panicked: {message}"
-                ))));
-            }
+            return Err(Failure::Failed(failure.error));
         }
         db.commit(tx)
             .await
             .map_err(database("commit"))
             .map_err(Failure::Failed)?;
         Ok(InboxOutcome::FirstTime)
+    }
+
+    /// The handler on `tx`, with the headers recorded events inherit; a
+    /// panic caught and returned as a failure.
+    async fn call_handler(
+        &self,
+        tx: &mut D::Tx,
+        event: &IncomingEvent,
+    ) -> Result<(), HandlerFailure> {
+        let handled = AssertUnwindSafe(context::scope(
+            inherited_headers(event),
+            self.handler.handle(tx, event),
+        ))
+        .catch_unwind()
+        .await;
+        match handled {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(HandlerFailure {
+                error,
+                panicked: false,
+            }),
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".to_owned());
+                Err(HandlerFailure {
+                    error: HandlerError::new(format!("the handler panicked: {message}")),
+                    panicked: true,
+                })
+            }
+        }
     }
 
     /// Waits the retry delay, cut short by shutdown.
