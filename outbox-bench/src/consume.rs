@@ -638,6 +638,78 @@ pub(crate) async fn consumer(env: &Env, rig: &Rig, concurrency: usize) -> Result
     })
 }
 
+/// The inbox consumer in batch mode (`InboxConsumerBuilder::batch`): up
+/// to `batch` deliveries applied in one transaction, with `concurrency`
+/// workers and a prefetch of twice `batch` × `concurrency` (the builder
+/// refuses less than once). The clock stops when a count of the handler's
+/// table, taken every 10 ms, finds every event (at most 10 ms late).
+pub(crate) async fn batched(
+    env: &Env,
+    rig: &Rig,
+    concurrency: usize,
+    batch: usize,
+) -> Result<Apply, BoxError> {
+    rig.fill(env).await?;
+    let pool = outbox::postgres::pool(&database_url(), concurrency)?;
+    let mut warm = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        warm.push(pool.get().await?);
+    }
+    drop(warm);
+    let db = PgInboxDatabase::new(pool, PgInbox::new(&env.schema)?);
+    let handler = ApplyOrder {
+        sql: rig.applied_sql.clone(),
+        phases: Arc::new(Phases::default()),
+    };
+    let prefetch = u16::try_from(2 * batch * concurrency).unwrap_or(u16::MAX);
+    let consumer = InboxConsumer::builder(amqp_url(), rig.queue.as_str(), CONSUMER, db, handler)
+        .prefetch(prefetch)
+        .concurrency(concurrency)
+        .batch(batch, Duration::from_millis(5))
+        .build()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let count = format!("SELECT count(*) AS n FROM {}", env.table("w5_applied"));
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut counting = env.conn().await?;
+    let cpu = Cpu::now();
+    let started = Instant::now();
+    let running = tokio::spawn(consumer.run(async {
+        let _ = stopped.await;
+    }));
+    let deadline = started + RUN_TIMEOUT;
+    loop {
+        let n = diesel::sql_query(&count)
+            .get_result::<Count>(&mut counting)
+            .await?
+            .n;
+        if n as usize >= rig.events() || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let elapsed = started.elapsed();
+    let cpu = cpu.since(Cpu::now());
+    let _ = stop.send(());
+    running.await??;
+    let (missing, duplicates) = check_applied(env, rig).await?;
+    let left = rig.declare_passive().await?.message_count() as usize;
+    Ok(Apply {
+        events: rig.events(),
+        elapsed,
+        missing,
+        duplicates,
+        left,
+        cpu,
+        startup: Duration::ZERO,
+        phases: None,
+        raw_phases: None,
+    })
+}
+
 /// (events of the backlog without a `w5_applied` row, rows beyond one per
 /// event).
 async fn check_applied(env: &Env, rig: &Rig) -> Result<(usize, usize), BoxError> {

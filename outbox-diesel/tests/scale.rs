@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{TestDb, moved};
+use common::{TestDb, moved, record};
 use diesel_async::AsyncConnection as _;
 use outbox_core::DeliveryOrder;
 use outbox_diesel::Error;
@@ -171,4 +171,54 @@ async fn claim_cost_does_not_grow_with_sent_rows() {
         i64::from(PENDING_ROWS)
     );
     println!("test took {:?}", started.elapsed());
+}
+
+/// A claim never JIT-compiles, whatever the server's JIT thresholds: its
+/// cost estimate grows with the table, and a compilation (0.1–3 s with a
+/// large backlog) costs far more than the claim's bounded index scans.
+#[tokio::test]
+async fn a_claim_runs_without_jit_even_where_every_query_would_be_compiled() {
+    let db = TestDb::new("scale_jit").await;
+    record(&db, &[("a".into(), 1), ("b".into(), 2)]).await;
+    let separator = if db.url.contains('?') { '&' } else { '?' };
+    // With these thresholds at 0, JIT compiles every statement it may.
+    let url = format!(
+        "{}{separator}options=-c%20jit_above_cost%3D0%20-c%20jit_inline_above_cost%3D0",
+        db.url
+    );
+    let mut conn = diesel_async::AsyncPgConnection::establish(&url)
+        .await
+        .unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Plan {
+        #[diesel(sql_type = diesel::sql_types::Json)]
+        #[diesel(column_name = "QUERY PLAN")]
+        plan: Value,
+    }
+    use diesel_async::RunQueryDsl;
+    let plain: Plan =
+        diesel::sql_query("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM pg_class")
+            .get_result(&mut conn)
+            .await
+            .unwrap();
+    if !plain.plan.to_string().contains("\"JIT\"") {
+        panic!(
+            "this PostgreSQL does not JIT-compile even with jit_above_cost = 0 (jit = off, or \
+             no LLVM: pg_jit_available()); the test cannot show that a claim turns it off: {}",
+            plain.plan
+        );
+    }
+    let pool = outbox_diesel::pool(&url, 2).unwrap();
+    let store = outbox_diesel::PgOutboxStore::builder(pool)
+        .schema(&db.schema)
+        .build()
+        .unwrap();
+    for order in [DeliveryOrder::PerAggregate, DeliveryOrder::Unordered] {
+        store.set_delivery_order(order).await.unwrap();
+        let plan = store.explain_claim(CLAIM).await.unwrap();
+        assert!(
+            !plan.to_string().contains("\"JIT\""),
+            "{order:?}: the claim was JIT-compiled: {plan:#}"
+        );
+    }
 }

@@ -743,6 +743,19 @@ fn batch_settings_are_checked_at_build() {
         .batch(10, Duration::ZERO)
         .build()
         .expect("prefetch = max_deliveries x concurrency is enough");
+    // `Duration::MAX` meant as "always fill" would overflow the worker's
+    // clock: refused at build, not a panic in a worker.
+    let error = builder()
+        .prefetch(40)
+        .batch(10, Duration::MAX)
+        .build()
+        .unwrap_err();
+    assert!(error.to_string().contains("max_wait"), "{error}");
+    builder()
+        .prefetch(40)
+        .batch(10, Duration::from_secs(60))
+        .build()
+        .expect("60 s is the longest max_wait");
 }
 
 #[tokio::test]

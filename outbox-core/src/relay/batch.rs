@@ -32,6 +32,18 @@ pub(super) struct BatchReport {
     /// Set when the broker is unavailable (connection lost, blocked, or a
     /// whole wave unconfirmed): the relay pauses.
     pub(super) connection_lost: Option<String>,
+    /// The claim lapsed before every event was published (the rest was
+    /// released): the batch was too large for its lease.
+    pub(super) lapsed: bool,
+}
+
+impl BatchReport {
+    /// Whether every event was published or failed on its own (none held
+    /// back by a breaker or an unroutable hold, none released because the
+    /// claim lapsed, no connection lost): the next claim may grow.
+    pub(super) fn settled(&self) -> bool {
+        !self.lapsed && self.held == 0 && self.connection_lost.is_none()
+    }
 }
 
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
@@ -80,6 +92,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                     warn!(
                         "outbox relay: claim lapsed before the batch was published; releasing the rest"
                     );
+                    report.lapsed = true;
                     break;
                 }
                 // Events whose destination stopped confirming lately wait
@@ -110,6 +123,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         warn!(
                             "outbox relay: claim lapsed before the batch was published; releasing the rest"
                         );
+                        report.lapsed = true;
                         break 'waves;
                     }
                     // A breaker an earlier call of this wave tripped holds
@@ -149,6 +163,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                             "outbox relay: claim lapsed while a suspect event waited to be \
                              published alone; releasing the rest"
                         );
+                        report.lapsed = true;
                         break 'waves;
                     };
                     let mut outcomes = outcomes.into_iter();

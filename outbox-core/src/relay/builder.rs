@@ -76,7 +76,14 @@ impl<S: OutboxStore, P: Publisher> RelayBuilder<S, P> {
     /// the benchmark (W2), see the README's Performance section. A larger
     /// batch holds its events (and, in per-aggregate order, their
     /// aggregates) longer, and a broker stall leaves more of them waiting
-    /// for their confirms.
+    /// for their confirms. So a claim grows only after a batch that came
+    /// back full, settled every event (none held back by a circuit
+    /// breaker or an unroutable hold, none released because its claim
+    /// lapsed, the connection not lost) and took at most a second; a batch
+    /// held back, lapsed or cut by a lost connection (and a pause) sets it
+    /// back to `batch_size`, a slower one keeps it where it is. A relay
+    /// holds up to `max_batch_size` × [`concurrency`](Self::concurrency)
+    /// events in memory.
     pub fn max_batch_size(mut self, n: usize) -> Self {
         self.settings.max_batch_size = Some(n);
         self

@@ -16,6 +16,10 @@ use crate::Backoff;
 use crate::failpoints;
 use crate::{Claim, Claimed, OutboxStore, Publisher};
 
+/// A batch that took longer than this to publish and mark does not make
+/// the next claim larger.
+const GROW_WITHIN: Duration = Duration::from_secs(1);
+
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     pub(super) async fn main_loop(&self, pause: &Pause, polls: PollGrid) {
         let mut wait = false;
@@ -80,6 +84,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             // claim nothing until a heartbeat finds the relay resumed
             // (batches in flight finish).
             if self.paused.load(Ordering::SeqCst) {
+                limit = self.settings.batch_size;
                 let resumed = self.resumed.notified();
                 if self.paused.load(Ordering::SeqCst) {
                     tokio::select! {
@@ -92,6 +97,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             }
             // A lost connection pauses every loop of the relay.
             if let Some(until) = pause.until() {
+                limit = self.settings.batch_size;
                 tokio::select! {
                     () = tokio::time::sleep_until(until) => {}
                     () = self.handle.shutdown_requested() => break,
@@ -118,6 +124,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             let claim = match claimed {
                 Ok(Claimed::Batch(claim)) => claim,
                 Ok(Claimed::Paused) => {
+                    limit = self.settings.batch_size;
                     // The claim read the pause (without waiting for a
                     // heartbeat) and took nothing; a heartbeat resumes.
                     self.busy.fetch_sub(1, Ordering::SeqCst);
@@ -163,7 +170,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 sent = tracing::field::Empty,
                 failed = tracing::field::Empty,
             );
+            let processing = std::time::Instant::now();
             let processed = self.process_with_grace(claim).instrument(span).await;
+            let took = processing.elapsed();
             self.busy.fetch_sub(1, Ordering::SeqCst);
             self.batch_done.notify_waiters();
             match processed {
@@ -183,7 +192,18 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         // A short batch means the backlog is drained: wait for
                         // news, unless a sent retry released events behind it.
                         wait = claimed < limit && report.sent_retries == 0;
-                        limit = self.settings.next_limit(limit, claimed);
+                        let next = self.settings.next_limit(limit, claimed);
+                        limit = if !report.settled() {
+                            // Held back or lapsed: a smaller claim.
+                            self.settings.batch_size
+                        } else if took > GROW_WITHIN {
+                            // Slow (large payloads, a slow broker): no
+                            // larger, so a claim's publishing stays well
+                            // within its lease and the confirm timeout.
+                            next.min(limit)
+                        } else {
+                            next
+                        };
                     }
                 }
                 Some(Err(err)) => {

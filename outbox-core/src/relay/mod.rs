@@ -206,6 +206,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         info!(
             relay = %self.registration.name,
             batch_size = self.settings.batch_size,
+            max_batch_size = self.settings.max_batch(),
             concurrency = self.settings.concurrency,
             "outbox relay started"
         );

@@ -23,8 +23,16 @@ use crate::schema::Schema;
 /// rescan it for every window row (measured: 2.7 s per claim); the hash
 /// only ever holds the few thousand rows the store lets that claim run
 /// with.
-pub(crate) const CLAIM_BEGIN: &str =
-    "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL work_mem = '64MB'";
+/// `jit` is off for the claim and the marks: their estimated cost grows
+/// with the table (about 365,000 with a 1,000,000-event backlog, above
+/// `jit_above_cost`, and above the inlining and optimizing thresholds past
+/// about 200,000), so with the server's default `jit = on` every claim of
+/// a large backlog compiled 88–141 functions, 0.1–3 s, for 1–4 ms of
+/// execution: the bench's drain of 1,000,000 events fell to a tenth of
+/// its 20,000-event rate (W6; 0.76 or better with `jit` off). Index scans
+/// bounded by a `LIMIT` never repay a compilation.
+pub(crate) const CLAIM_BEGIN: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; \
+     SET LOCAL work_mem = '64MB'; SET LOCAL jit = off";
 
 /// `explain_claim`'s statements for one claim statement: prepared under a
 /// session-level name (so that it runs with the generic plan, as the

@@ -2,7 +2,7 @@
 //!
 //! # Claim design
 //! A claim is **one short transaction that holds row locks** while the relay
-//! publishes: `BEGIN` → pick and lock up to `batch_size` rows with
+//! publishes: `BEGIN` → pick and lock up to the claim's limit (`batch_size`, growing to `max_batch_size` while a backlog lasts) rows with
 //! `FOR UPDATE SKIP LOCKED` → (publish, await confirms) → mark sent / failed
 //! in one statement each → `COMMIT`. One write per event; other relays skip
 //! the locked rows without waiting; a relay that dies loses its connection
@@ -24,7 +24,7 @@
 //! reads a window of the oldest claimable rows (`claim_window` × batch
 //! size): pending rows in `seq` order and retries that are due; flags each
 //! row blocked when an earlier event of its aggregate is dead, a retry, or
-//! held; locks the first `batch_size`
+//! held; locks the first (the claim's limit)
 //! unblocked rows no other relay holds (`FOR UPDATE SKIP LOCKED`); marks
 //! the blocked ones `held`; and returns the window with the locked rows.
 //! The store keeps, per aggregate, the locked rows before its first row that

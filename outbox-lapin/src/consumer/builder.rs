@@ -10,6 +10,9 @@ use super::{Batching, EventHandler, InboxConsumer, Settings};
 use crate::topology::short_string;
 use crate::{AmqpUrls, Error, QueueTopology, Result};
 
+/// The longest [`InboxConsumerBuilder::batch`] `max_wait`.
+const MAX_BATCH_WAIT: Duration = Duration::from_secs(60);
+
 /// Settings of an [`InboxConsumer`]; made by [`InboxConsumer::builder`].
 ///
 /// | setting | default |
@@ -217,6 +220,8 @@ where
     /// `max_deliveries` × the handler's time well under the database's
     /// `idle_in_transaction_session_timeout` and lock timeouts. Size the
     /// pool as without batching: one connection per worker.
+    ///
+    /// `max_wait` is at most 60 s ([`build`](Self::build) refuses more).
     pub fn batch(mut self, max_deliveries: usize, max_wait: Duration) -> Self {
         self.batch = Some((max_deliveries, max_wait));
         self
@@ -269,6 +274,13 @@ where
             None => None,
             Some((0, _)) => {
                 return config("batch: max_deliveries must be at least 1".into());
+            }
+            Some((_, max_wait)) if max_wait > MAX_BATCH_WAIT => {
+                return config(format!(
+                    "batch: max_wait ({max_wait:?}) is above {MAX_BATCH_WAIT:?}: a lone message \
+                     on a quiet queue waits that long; a few milliseconds is enough to fill \
+                     batches under load"
+                ));
             }
             Some((max_deliveries, max_wait)) => {
                 let needed = max_deliveries.saturating_mul(self.concurrency);
