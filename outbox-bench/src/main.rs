@@ -58,6 +58,13 @@
 //!   moves with whatever else the machine does); and a claim of 100 while
 //!   4 relays × 2 loops and a producer run, without and with 1,000 dead
 //!   heads of 100 events each (the producer also writing into them).
+//! - **W6 scale** (not in the default run: `-- --w6`, or `-- --only w6`;
+//!   PostgreSQL only): a backlog of 1,000,000 events (100,000 with
+//!   `--quick`), filled in SQL, drained by the ordered relay (1 relay, batch
+//!   100, sent rows kept) with no `VACUUM` but autovacuum's: the rate of
+//!   every tenth against a 20,000-event drain of the same run, the outbox
+//!   table's dead tuples, the claim's buffers and the bench's peak resident
+//!   memory as it goes. It takes 3–5 minutes at full size (see `scale`).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod backend;
@@ -67,6 +74,7 @@ mod drain;
 mod latency;
 mod raw;
 mod record;
+mod scale;
 mod setup;
 
 use std::time::Duration;
@@ -88,6 +96,8 @@ struct Params {
     w3_secs: u64,
     w4_rows: u64,
     w4_heads: u32,
+    /// W6's backlog.
+    w6_events: usize,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -113,6 +123,7 @@ async fn run() -> Result<(), BoxError> {
             w3_secs: 3,
             w4_rows: 100_000,
             w4_heads: 200,
+            w6_events: 100_000,
         }
     } else {
         Params {
@@ -123,6 +134,7 @@ async fn run() -> Result<(), BoxError> {
             w3_secs: 20,
             w4_rows: 1_000_000,
             w4_heads: 1_000,
+            w6_events: 1_000_000,
         }
     };
     let backends = Backend::from_args()?;
@@ -355,6 +367,16 @@ async fn workloads(
         });
     }
 
+    // W6 runs only when asked for: at full size it takes minutes and leaves
+    // the server a million rows' worth of WAL to checkpoint.
+    let mut w6 = json!(null);
+    let w6_asked = std::env::args().any(|a| a == "--w6")
+        || only.is_some_and(|o| o.split(',').any(|x| x == "w6"));
+    if w6_asked {
+        let scale = scale::run(env, p.w6_events).await?;
+        w6 = scale::report(&scale);
+    }
+
     Ok(json!({
         "cores": cores,
         "commit_ms": commit,
@@ -362,5 +384,6 @@ async fn workloads(
         "w2": w2,
         "w3": w3,
         "w4": w4,
+        "w6": w6,
     }))
 }
