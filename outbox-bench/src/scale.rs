@@ -21,8 +21,8 @@
 //! - **No `VACUUM`.** The table is analyzed after the fill (what
 //!   autovacuum's analyze, at 2 % of the table, would do before long) and a
 //!   `CHECKPOINT` writes the fill's pages out, so neither lands in the
-//!   drain; from there only autovacuum, with the migrations' settings (1 %
-//!   + 1,000 dead tuples), cleans the table. Whether the server runs
+//!   drain; from there only autovacuum, with the migrations' settings (at
+//!   1 % of the table plus 1,000 dead tuples), cleans the table. Whether the server runs
 //!   autovacuum at all is read (`SHOW autovacuum`) and printed: with it off,
 //!   the shipped settings do nothing and the figures are those of a table
 //!   never vacuumed.
@@ -66,6 +66,11 @@ const AGGREGATES: usize = 2_000;
 /// relay), and reports the rest missing.
 const STALL: Duration = Duration::from_secs(60);
 
+/// The large drain stops here, and reports how far it got: a drain that
+/// degrades (a claim that became 10 times dearer, say) would otherwise keep
+/// the run going for an hour.
+const BUDGET: Duration = Duration::from_secs(360);
+
 /// The state at one point of a drain: `drained` events received.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Sample {
@@ -93,6 +98,8 @@ pub(crate) struct DbSample {
     pub(crate) pending_scan_buffers: f64,
     /// The claim's server-side execution time, ms.
     pub(crate) claim_ms: f64,
+    /// Of which compiling it (JIT), ms; 0 when it was not compiled.
+    pub(crate) jit_ms: f64,
     /// The claim's whole plan, as `EXPLAIN (FORMAT JSON)` gives it.
     pub(crate) plan: serde_json::Value,
 }
@@ -109,6 +116,9 @@ pub(crate) struct Run {
     pub(crate) missing: usize,
     /// Ids received twice, or not in the backlog.
     pub(crate) duplicates: usize,
+    /// Whether the drain was stopped at [`BUDGET`] (the rest is then not
+    /// counted as missing).
+    pub(crate) over_budget: bool,
 }
 
 impl Run {
@@ -134,6 +144,8 @@ impl Run {
 pub(crate) struct Scale {
     /// The server's `autovacuum` setting.
     pub(crate) autovacuum: String,
+    /// `jit` and `jit_above_cost` as the run's sessions see them.
+    pub(crate) jit: (String, String),
     /// The three baseline drains' rates (two before, one after).
     pub(crate) baselines: Vec<f64>,
     /// Their median.
@@ -146,6 +158,7 @@ pub(crate) struct Scale {
 /// Runs W6: the baselines and the drain of `events`.
 pub(crate) async fn run(env: &Env, events: usize) -> Result<Scale, BoxError> {
     let autovacuum = show(env, "autovacuum").await?;
+    let jit = (show(env, "jit").await?, show(env, "jit_above_cost").await?);
     let mut small = Vec::new();
     for _ in 0..2 {
         small.push(drain(env, BASELINE_EVENTS, BASELINE_EVENTS, false).await?);
@@ -166,9 +179,15 @@ pub(crate) async fn run(env: &Env, events: usize) -> Result<Scale, BoxError> {
     }
     Ok(Scale {
         autovacuum,
+        jit,
         baseline: median.map_or(f64::NAN, Run::rate),
         baseline_peak_kb: median.map_or(0, |r| {
-            r.samples.iter().map(|s| s.peak_kb).max().unwrap_or(0)
+            r.samples
+                .iter()
+                .skip(1)
+                .map(|s| s.peak_kb)
+                .max()
+                .unwrap_or(0)
         }),
         baselines,
         large,
@@ -245,7 +264,14 @@ async fn drain(env: &Env, events: usize, step: usize, sample_db: bool) -> Result
     let task = tokio::spawn(relay.run());
     let mut received = 0;
     let mut duplicates = 0;
+    let mut over_budget = false;
     while !expected.is_empty() {
+        if sample_db && started.elapsed() > BUDGET {
+            over_budget = true;
+            let at = started.elapsed();
+            samples.push(sample_at(received, at, &mut samplers));
+            break;
+        }
         match tokio::time::timeout(STALL, rx.recv()).await {
             Ok(Some((id, _, _))) => {
                 if !expected.remove(&id) {
@@ -263,7 +289,9 @@ async fn drain(env: &Env, events: usize, step: usize, sample_db: bool) -> Result
         }
     }
     // Anything arriving shortly after is a duplicate.
-    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
+    while !over_budget
+        && let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await
+    {
         duplicates += 1;
     }
     handle.shutdown();
@@ -276,8 +304,9 @@ async fn drain(env: &Env, events: usize, step: usize, sample_db: bool) -> Result
         fill,
         rss_start_kb,
         samples,
-        missing: expected.len(),
+        missing: if over_budget { 0 } else { expected.len() },
         duplicates,
+        over_budget,
     })
 }
 
@@ -386,6 +415,7 @@ async fn db_sample(
         claim_buffers: buffers(top),
         pending_scan_buffers: index_buffers(top, "outbox_events_pending"),
         claim_ms: plan[0]["Execution Time"].as_f64().unwrap_or(f64::NAN),
+        jit_ms: plan[0]["JIT"]["Timing"]["Total"].as_f64().unwrap_or(0.0),
         plan,
     })
 }
@@ -460,8 +490,9 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
     let r = &s.large;
     println!(
         "\nW6 scale: {} events ({AGGREGATES} aggregates, interleaved) drained by the ordered relay \
-         (1 relay, batch 100, sent rows kept), no VACUUM; server autovacuum = {}",
-        r.events, s.autovacuum
+         (1 relay, batch 100, sent rows kept), no VACUUM; server autovacuum = {}, jit = {} \
+         (above cost {})",
+        r.events, s.autovacuum, s.jit.0, s.jit.1
     );
     if s.autovacuum != "on" {
         println!(
@@ -483,7 +514,7 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
         crate::setup::secs(r.fill)
     );
     println!(
-        "  {:<12} {:>9} {:>6} {:>10} {:>6} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8}",
+        "  {:<12} {:>9} {:>6} {:>10} {:>6} {:>8} {:>8} {:>9} {:>8} {:>7} {:>8} {:>8}",
         "drained",
         "events/s",
         "vs 20k",
@@ -493,6 +524,7 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
         "pend MB",
         "claim buf",
         "claim ms",
+        "jit ms",
         "RSS MB",
         "peak MB"
     );
@@ -506,7 +538,7 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
         );
         let db = sample.db.clone().unwrap_or_default();
         println!(
-            "  {:<12} {:>9.0} {:>6.2} {:>10} {:>6} {:>8.1} {:>8.1} {:>9.0} {:>8.2} {:>8.1} {:>8.1}",
+            "  {:<12} {:>9.0} {:>6.2} {:>10} {:>6} {:>8.1} {:>8.1} {:>9.0} {:>8.2} {:>7.1} {:>8.1} {:>8.1}",
             label,
             rate,
             rate / s.baseline,
@@ -516,6 +548,7 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
             db.pending_index_bytes as f64 / 1_048_576.0,
             db.claim_buffers,
             db.claim_ms,
+            db.jit_ms,
             mb(sample.rss_kb),
             mb(sample.peak_kb),
         );
@@ -532,6 +565,7 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
             "claim_buffers": db.claim_buffers,
             "pending_scan_buffers": db.pending_scan_buffers,
             "claim_ms": db.claim_ms,
+            "jit_ms": db.jit_ms,
             "rss_kb": sample.rss_kb,
             "peak_kb": sample.peak_kb,
         }));
@@ -559,7 +593,23 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
         r.rate(),
         r.rate() / s.baseline
     );
-    let peak = r.samples.iter().map(|x| x.peak_kb).max().unwrap_or(0);
+    // The start sample's peak is the process's before the drain (loading
+    // the expected ids): the drain's own peaks are those of the others.
+    let peak = r
+        .samples
+        .iter()
+        .skip(1)
+        .map(|x| x.peak_kb)
+        .max()
+        .unwrap_or(0);
+    if r.over_budget {
+        let drained = r.samples.last().map_or(0, |x| x.drained);
+        println!(
+            "  STOPPED after {}: {drained} of {} events drained in the time budget",
+            crate::setup::secs(BUDGET),
+            r.events
+        );
+    }
     // The sampled claims' plans, for reading where the buffers go: too
     // long for the JSON line.
     let plans: Vec<_> = r
@@ -599,6 +649,9 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
         "events": r.events,
         "aggregates": AGGREGATES,
         "server_autovacuum": s.autovacuum,
+        "jit": s.jit.0,
+        "jit_above_cost": s.jit.1,
+        "over_budget": r.over_budget,
         "baseline_events": BASELINE_EVENTS,
         "baseline_per_s": s.baseline,
         "baseline_drains_per_s": s.baselines,
