@@ -84,6 +84,13 @@
 //!   goes for the consumer and by hand (begin, inbox insert, handler,
 //!   commit, the rest: waiting for a delivery, decoding, acking), and how
 //!   unevenly the aggregates hash over the workers.
+//! - **W6 scale** (not in the default run: `-- --w6`, or `-- --only w6`;
+//!   PostgreSQL only): a backlog of 1,000,000 events (100,000 with
+//!   `--quick`), filled in SQL, drained by the ordered relay (1 relay, batch
+//!   100, sent rows kept) with no `VACUUM` but autovacuum's: the rate of
+//!   every tenth against a 20,000-event drain of the same run, the outbox
+//!   table's dead tuples, the claim's buffers and the bench's peak resident
+//!   memory as it goes. It takes 3–5 minutes at full size (see `scale`).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod backend;
@@ -94,6 +101,7 @@ mod drain;
 mod latency;
 mod raw;
 mod record;
+mod scale;
 mod setup;
 
 use std::time::Duration;
@@ -127,6 +135,8 @@ struct Params {
     w5_events: (usize, usize),
     /// W5's rounds per concurrency (see [`W5_ROUNDS`]).
     w5_rounds: usize,
+    /// W6's backlog.
+    w6_events: usize,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -154,6 +164,7 @@ async fn run() -> Result<(), BoxError> {
             w4_heads: 200,
             w5_events: (2000, 1),
             w5_rounds: 1,
+            w6_events: 100_000,
         }
     } else {
         Params {
@@ -166,6 +177,7 @@ async fn run() -> Result<(), BoxError> {
             w4_heads: 1_000,
             w5_events: (2000, 10),
             w5_rounds: W5_ROUNDS,
+            w6_events: 1_000_000,
         }
     };
     let backends = Backend::from_args()?;
@@ -403,6 +415,16 @@ async fn workloads(
         w5 = w5_consume(env, p).await?;
     }
 
+    // W6 runs only when asked for: at full size it takes minutes and leaves
+    // the server a million rows' worth of WAL to checkpoint.
+    let mut w6 = json!(null);
+    let w6_asked = std::env::args().any(|a| a == "--w6")
+        || only.is_some_and(|o| o.split(',').any(|x| x == "w6"));
+    if w6_asked {
+        let scale = scale::run(env, p.w6_events).await?;
+        w6 = scale::report(&scale);
+    }
+
     Ok(json!({
         "cores": cores,
         "commit_ms": commit,
@@ -411,6 +433,7 @@ async fn workloads(
         "w3": w3,
         "w4": w4,
         "w5": w5,
+        "w6": w6,
     }))
 }
 
