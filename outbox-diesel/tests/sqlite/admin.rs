@@ -755,6 +755,8 @@ async fn a_pause_stops_a_running_relay_at_its_next_claim_and_a_resume_delivers()
     let relay = Relay::builder(db.store(), publisher.clone())
         .name("r1")
         .batch_size(1)
+        // One event per claim: claims must not grow while the backlog lasts.
+        .max_batch_size(1)
         .concurrency(1)
         .poll_interval(Duration::from_millis(20))
         .stats_interval(Duration::from_secs(3600))
