@@ -1,6 +1,6 @@
 //! W2: draining a committed backlog through the relay, against raw
-//! publish-with-confirms of the same messages ([`raw`](crate::raw)), with
-//! the CPU each drain cost ([`cpu`](crate::cpu)).
+//! publish-with-confirms of the same messages ([`raw`]), with
+//! the CPU each drain cost ([`cpu`]).
 //!
 //! [`w2`] runs the whole workload for every back end; each back end gives
 //! its relay drains through [`Relays`].

@@ -53,7 +53,9 @@ use settings::Settings;
 ///
 /// One loop, driven by wakeups with a polling fallback:
 /// 1. **claim** up to `batch_size` events (the store decides what is
-///    claimable, honouring per-aggregate order and retry times);
+///    claimable, honouring per-aggregate order and retry times); while
+///    claims come back full, the next one doubles, up to
+///    [`max_batch_size`](RelayBuilder::max_batch_size);
 /// 2. **publish** them pipelined, in waves: in ordered mode the k-th event of
 ///    an aggregate goes out only after its (k-1)-th was confirmed, while
 ///    different aggregates share each wave; unordered, everything is one wave;
