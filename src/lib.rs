@@ -48,6 +48,7 @@
 //! | `rabbitmq` | no | `outbox::rabbitmq` (`outbox-lapin`): publisher with confirms, inbox consumer |
 //! | `test-util` | no | `outbox::testing`: in-memory store and recording publisher |
 //! | `failpoints` | no | named failpoints in the relay (`outbox::failpoints`) |
+//! | `opentelemetry` | no | trace context from and to OpenTelemetry spans (`tracing-opentelemetry`): see [`trace_context`] |
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub use outbox_core::*;

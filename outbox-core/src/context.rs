@@ -29,8 +29,9 @@
 //!
 //! The scope is a tokio task-local: `tokio::spawn` does not inherit it. Carry
 //! it into a spawned task with `context::scope(context::current(), fut)`.
-//! OpenTelemetry users put the current span's `traceparent` into the scope
-//! (this crate does not depend on OpenTelemetry).
+//! With the `opentelemetry` feature, an event recorded inside an
+//! OpenTelemetry span carries that span's trace context rather than the
+//! scope's (see [`trace_context`](crate::trace_context)).
 
 use std::future::Future;
 
@@ -58,10 +59,33 @@ fn current_opt() -> Option<Headers> {
     HEADERS.try_with(Clone::clone).ok()
 }
 
-/// Adds the current scope's headers to `headers` where not already set.
+/// At record: the current OpenTelemetry span's trace context (with the
+/// `opentelemetry` feature), then the current scope's headers where not
+/// already set; malformed trace context and uncarried baggage dropped
+/// ([`trace_context`](crate::trace_context)).
 pub(crate) fn apply(headers: &mut Headers) {
+    #[cfg(feature = "opentelemetry")]
+    let captured = crate::trace_context::capture(headers);
+    #[cfg(not(feature = "opentelemetry"))]
+    let captured = false;
     // `try_with` fails only outside a scope: then there is nothing to add.
-    let _ = HEADERS.try_with(|scoped| headers.merge_missing(scoped));
+    let _ = HEADERS.try_with(|scoped| {
+        if captured {
+            // The span's trace context replaces the scope's whole: a
+            // `tracestate` belongs with its `traceparent`.
+            for (key, value) in scoped.iter() {
+                if key != Headers::TRACEPARENT
+                    && key != Headers::TRACESTATE
+                    && headers.get(key).is_none()
+                {
+                    headers.insert(key, value);
+                }
+            }
+        } else {
+            headers.merge_missing(scoped);
+        }
+    });
+    crate::trace_context::sanitize(headers);
 }
 
 #[cfg(test)]

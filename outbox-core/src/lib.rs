@@ -75,6 +75,7 @@ mod status;
 mod store;
 #[cfg(feature = "test-util")]
 pub mod testing;
+pub mod trace_context;
 
 pub use backoff::Backoff;
 pub use envelope::{EventEnvelope, Headers, OutboxRecord};

@@ -26,6 +26,9 @@ impl Headers {
     pub const TRACEPARENT: &'static str = "traceparent";
     /// W3C trace context `tracestate`.
     pub const TRACESTATE: &'static str = "tracestate";
+    /// W3C baggage (carried only when opted in:
+    /// [`carry_baggage`](crate::trace_context::carry_baggage)).
+    pub const BAGGAGE: &'static str = "baggage";
     /// Groups every event caused, directly or not, by one request.
     pub const CORRELATION_ID: &'static str = "correlation_id";
     /// The id of the event (or command) that directly caused this one.
