@@ -12,15 +12,15 @@
 //!
 //! Settings come from `DATABASE_URL`, `AMQP_URL`, `BIND`, `EXCHANGE`,
 //! `QUEUE_PREFIX`, `ADMIN_TOKEN`, `ADMIN_READ_TOKEN` and `RUST_LOG` (see
-//! `ecommerce::config`). Ctrl-C or `SIGTERM` stops it gracefully.
+//! `ecommerce::config`); traces are exported by OTLP/HTTP when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set (see `ecommerce::telemetry`).
+//! Ctrl-C or `SIGTERM` stops it gracefully.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use ecommerce::config::Config;
 use ecommerce::shutdown::Shutdown;
-use ecommerce::{Role, error_chain};
-use tracing_subscriber::EnvFilter;
+use ecommerce::{Role, error_chain, telemetry};
 
 const USAGE: &str = "usage: ecommerce [all|api|relay|inventory|loyalty]  (default: all)
 
@@ -33,31 +33,37 @@ Environment:
   QUEUE_PREFIX  default ecommerce
   ADMIN_TOKEN   unset: no admin API; set: the admin API at /admin (operator bearer token)
   ADMIN_READ_TOKEN  unset; a read-only bearer token for the admin API
-  RUST_LOG      default info,lapin::returned_messages=error";
+  RUST_LOG      default info,lapin::returned_messages=error
+  OTEL_EXPORTER_OTLP_ENDPOINT  unset: no traces exported; set (e.g. http://127.0.0.1:4318):
+                spans exported by OTLP/HTTP, service OTEL_SERVICE_NAME (default ecommerce-<role>)";
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,lapin::returned_messages=error".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-
-    let role = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(role)) => role,
+fn main() -> ExitCode {
+    let args = parse_args(std::env::args().skip(1));
+    let role_name = match &args {
+        Ok(Some(role)) => role.as_str(),
+        _ => "all",
+    };
+    let tracing = telemetry::init_tracing(role_name);
+    let code = match args {
+        Ok(Some(role)) => run(role),
         Ok(None) => {
             print_usage();
-            return ExitCode::SUCCESS;
+            ExitCode::SUCCESS
         }
         Err(message) => {
             tracing::error!("{message}");
             print_usage();
-            return ExitCode::from(2);
+            ExitCode::from(2)
         }
     };
+    // After the runtime stopped: the last spans are exported by a blocking
+    // HTTP call.
+    tracing.shutdown();
+    code
+}
+
+/// Runs `role` on a tokio runtime until a signal stops it.
+fn run(role: Role) -> ExitCode {
     let config = match Config::from_env() {
         Ok(config) => config,
         Err(error) => {
@@ -65,10 +71,23 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-
-    let shutdown = Shutdown::new();
-    shutdown.trigger_on_signals();
-    match ecommerce::run(role, config, shutdown).await {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!(%error, "the tokio runtime could not start");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        let shutdown = Shutdown::new();
+        shutdown.trigger_on_signals();
+        ecommerce::run(role, config, shutdown).await
+    });
+    drop(runtime);
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(error = %error_chain(&error), "ecommerce stopped with an error");

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -23,6 +24,7 @@ use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::db::Database;
+use crate::telemetry;
 
 pub use error::{ApiError, ApiJson, ApiPath};
 pub use ops::Health;
@@ -50,7 +52,8 @@ pub struct AppState {
 /// Middleware, from the inside out (see the `outbox::axum` docs on layer
 /// order): a handler timeout (a `408` rolls back cleanly), the outbox
 /// layer, then for every route a body limit, panic catching (a `500`
-/// after the outbox layer rolled back) and request tracing.
+/// after the outbox layer rolled back) and request tracing (each request in
+/// a span continuing the caller's trace: [`telemetry::request_span`]).
 pub fn router<C: Database>(state: AppState, outbox: OutboxLayer, admin: Option<Router>) -> Router {
     let api = Router::new()
         .route(
@@ -80,7 +83,7 @@ pub fn router<C: Database>(state: AppState, outbox: OutboxLayer, admin: Option<R
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(CatchPanicLayer::custom(panicked))
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http().make_span_with(telemetry::request_span::<Body>))
         .with_state(state)
 }
 
