@@ -48,7 +48,44 @@
 //! | `rabbitmq` | no | `outbox::rabbitmq` (`outbox-lapin`): publisher with confirms, inbox consumer |
 //! | `test-util` | no | `outbox::testing`: in-memory store and recording publisher |
 //! | `failpoints` | no | named failpoints in the relay (`outbox::failpoints`) |
-//! | `opentelemetry` | no | trace context from and to OpenTelemetry spans (`tracing-opentelemetry`): see [`trace_context`] |
+//! | `opentelemetry` | no | trace context from and to OpenTelemetry spans (`tracing-opentelemetry`): one order is one trace, see [Tracing](#tracing) and [`trace_context`] |
+//!
+//! # Tracing
+//!
+//! With the `opentelemetry` feature, and a `tracing-opentelemetry` layer in
+//! the application's subscriber (the SDK and the exporter are the
+//! application's choice; this crate depends on the `opentelemetry` API
+//! crate only), one order is one trace. An event records the context of the
+//! span that raised it; the relay publishes it in a `publish` span whose
+//! parent is that context, and the inbox consumer handles it in a `process`
+//! span whose parent is the `publish` span (or a new trace linked to it, by
+//! a setting of the consumer), so the events a handler records continue the
+//! trace:
+//!
+//! ```text
+//! POST /orders                      the request's span (kind server), child of the caller's traceparent
+//! │  events.raise(OrderPlaced)      the event records this span's context (traceparent, tracestate)
+//! └─ publish shop.events            the relay, one span per message (producer), linked to its batch span;
+//!    │                              the message carries this span's context
+//!    └─ process shop.billing        the inbox consumer (consumer): the handler runs in it
+//!       │  record(PaymentRequested) the chained event records this span's context
+//!       └─ publish shop.events      the relay, the chained event
+//!          └─ process shop.payments …
+//! ```
+//!
+//! The relay's batch span is a trace of its own (a batch holds events of
+//! many traces), linked from each `publish` span. The spans follow the
+//! OpenTelemetry messaging conventions (`messaging.system = rabbitmq`,
+//! `messaging.destination.name`, `messaging.message.id` = the event id,
+//! `messaging.message.conversation_id` = the correlation id). The request's
+//! span is the application's: make it a child of the caller's context with
+//! `outbox::trace_context::set_parent` over the request's `traceparent`,
+//! `tracestate` and `baggage` headers (the example service's
+//! `telemetry::request_span` does, in a tower-http `TraceLayer`). W3C
+//! baggage is carried only when opted in (`trace_context::carry_baggage`,
+//! capped). Malformed trace headers are dropped with a warning, never
+//! forwarded. Without the feature nothing of OpenTelemetry is compiled: a
+//! request's valid `traceparent` is still carried as text.
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub use outbox_core::*;

@@ -1,6 +1,6 @@
 //! The example e-commerce service of the `outbox` workspace, built only on
 //! the `outbox` facade (features `derive`, `postgres`, `mysql`, `sqlite`,
-//! `axum`, `rabbitmq`). It runs on PostgreSQL, MariaDB or SQLite, chosen
+//! `axum`, `rabbitmq`, `opentelemetry`). It runs on PostgreSQL, MariaDB or SQLite, chosen
 //! by `DATABASE_URL` (`postgres://…`, `mysql://…`, `sqlite://path`): the
 //! routes and consumers are generic over [`db::Database`], and each back
 //! end's SQL lives in its own module (see [`db`] for why).
@@ -27,7 +27,7 @@
 //! Modules: [`config`] (environment), [`domain`] (rules and events, no I/O),
 //! [`db`] (schema, migrations, queries), [`routes`] (HTTP),
 //! [`consumers`] (event handlers), [`topology`] (RabbitMQ), [`telemetry`]
-//! (logs, metrics), [`shutdown`] (signals).
+//! (logs, traces, metrics), [`shutdown`] (signals).
 
 pub mod config;
 pub mod consumers;
