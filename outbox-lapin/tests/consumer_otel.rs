@@ -27,9 +27,13 @@ use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData
 use outbox_core::testing::{InMemoryInbox, InboxTx};
 use outbox_core::trace_context::{self, TraceParent};
 use outbox_core::{EventEnvelope, Headers};
+use outbox_diesel::{Outbox, PgInbox, PgInboxDatabase, PgTransaction};
 use outbox_lapin::consumer_metrics::{HANDLER_DURATION_SECONDS, RAISE_TO_HANDLED_SECONDS};
 use outbox_lapin::{EventHandler, HandlerError, IncomingEvent, handler_fn, wire};
 use outbox_testkit::eventually::eventually;
+use outbox_testkit::names;
+use outbox_testkit::pg::TestSchema;
+use outbox_testkit::urls::database_url;
 use tracing_subscriber::layer::SubscriberExt;
 
 use common::{Broker, Placed, Running, WAIT, placed};
@@ -244,6 +248,82 @@ async fn the_process_span_is_a_child_of_the_producer_and_recorded_events_carry_i
         raised[0] > 0.0 && raised[0] <= since_raised,
         "{} s, raised {since_raised} s ago",
         raised[0]
+    );
+}
+
+/// With PostgreSQL: the event the handler records on the consumer's
+/// transaction (`Outbox::record`) is stored with the `process` span's
+/// context.
+#[tokio::test]
+async fn an_event_recorded_in_postgres_by_the_handler_carries_the_process_span() {
+    let traces = Traces::install();
+    let broker = Broker::new("test_cotel", "pg", &["order.*"]).await;
+    let schema = TestSchema::reserve(&database_url(), names::unique("t_cotel", "pg"));
+    let mut conn = outbox_diesel::connect(&database_url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    outbox_diesel::migrate(&mut conn, schema.name())
+        .await
+        .unwrap();
+    let pool = outbox_diesel::pool(&database_url(), 2).unwrap();
+    let db = PgInboxDatabase::new(pool, PgInbox::new(schema.name()).unwrap());
+    let outbox = Arc::new(Outbox::new(schema.name()).unwrap());
+    let handler = handler_fn(move |tx: &mut PgTransaction, event: &IncomingEvent| {
+        let outbox = outbox.clone();
+        let order = format!("{}-next", event.aggregate_id);
+        Box::pin(async move {
+            outbox
+                .record(tx, &Placed { order, n: 0 })
+                .await
+                .map_err(HandlerError::new)?;
+            Ok(())
+        })
+    });
+    let consumer = broker.consumer(db, handler).build().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(consumer.run(async {
+        let _ = stopped.await;
+    }));
+
+    let incoming = placed("o-pg", 1);
+    publish_with(
+        &broker,
+        &incoming,
+        &[
+            (Headers::TRACEPARENT, PRODUCER),
+            (Headers::CORRELATION_ID, "req-pg"),
+        ],
+    )
+    .await;
+    let spans = traces.named(&process_name(&broker), 1).await;
+    let _ = stop.send(());
+    tokio::time::timeout(WAIT, running)
+        .await
+        .expect("the consumer stops")
+        .unwrap()
+        .expect("run returns Ok after shutdown");
+
+    let span = &spans[0];
+    assert_eq!(span.status, Status::Unset, "handled");
+    let producer = TraceParent::parse(PRODUCER).unwrap();
+    assert_eq!(span.parent_span_id.to_string(), producer.span_id());
+    let expected = format!(
+        "00-{}-{}-01",
+        span.span_context.trace_id(),
+        span.span_context.span_id()
+    );
+    assert_eq!(
+        schema
+            .count(&format!(
+                "SELECT count(*) AS n FROM {{schema}}.outbox_events \
+                 WHERE headers->>'traceparent' = '{expected}' \
+                 AND headers->>'causation_id' = '{}' \
+                 AND headers->>'correlation_id' = 'req-pg'",
+                incoming.id
+            ))
+            .await,
+        1,
+        "the recorded row carries the process span's context, causation and correlation"
     );
 }
 
