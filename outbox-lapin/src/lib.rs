@@ -31,7 +31,9 @@
 //! `outbox-diesel`, the database is `PgInboxDatabase` and handlers get a
 //! `PgTransaction` (a `&mut AsyncPgConnection`) on which they can also record
 //! new outbox events: those inherit `causation_id` = the incoming event id,
-//! and its correlation id and trace context.
+//! and its correlation id and trace context (with the `opentelemetry`
+//! feature, the context of the consumer's `process` span, a child of the
+//! producer's; see [`InboxConsumer`]'s *Observability*).
 //!
 //! Each delivery is one transaction (inbox entry, handler, commit) and then
 //! an ack, so a consumer applies at most about as many events per second as
