@@ -203,3 +203,75 @@ async fn a_failed_publish_ends_its_span_with_an_error_status() {
     }
     assert_eq!(publish.parent_span_id.to_string(), RECORDED_SPAN);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_span_stays_open_across_narrowing_and_ends_once_per_message() {
+    let (_guard, exporter, _provider) = install();
+    let kit = TestBroker::new(names::unique("test", "otel-narrowing")).await;
+    let exchange = kit.topic_exchange(&kit.named("x")).await;
+    let queue = kit.queue(&kit.named("q")).await;
+    kit.bind(&queue, &exchange, "#").await;
+    let missing = format!("{exchange}.does-not-exist");
+    let ghost_exchange = missing.clone();
+    let publisher = LapinPublisher::builder(amqp_url())
+        .exchange(&exchange)
+        .exchange_for(move |e| (e.aggregate_id == "ghost").then(|| ghost_exchange.clone()))
+        .connection_name("outbox-test-otel-narrowing")
+        .build()
+        .unwrap();
+    // A channel closed by the broker (404 on the ghost's exchange) is
+    // narrowed down over several rounds. (lapin may take the connection
+    // down with the channel, see the publisher docs: then try afresh.)
+    for _ in 0..20 {
+        exporter.reset();
+        let envs: Vec<EventEnvelope> = (0..6)
+            .map(|n| {
+                let mut env = envelope(RECORDED);
+                if n == 3 {
+                    env.aggregate_id = "ghost".into();
+                }
+                env
+            })
+            .collect();
+        let refs: Vec<&EventEnvelope> = envs.iter().collect();
+        let outcomes = publisher
+            .publish(&refs, None)
+            .instrument(tracing::info_span!("outbox.relay.batch"))
+            .await;
+        if outcomes.iter().any(|o| {
+            matches!(
+                o,
+                PublishOutcome::ConnectionLost { .. } | PublishOutcome::ConnectionDied { .. }
+            )
+        }) {
+            continue;
+        }
+        let spans = exporter.get_finished_spans().unwrap();
+        for (n, env) in envs.iter().enumerate() {
+            let id = string(&env.id.to_string());
+            let mine: Vec<&SpanData> = spans
+                .iter()
+                .filter(|s| attribute(s, "messaging.message.id") == id.as_ref())
+                .collect();
+            assert_eq!(mine.len(), 1, "one publish span for event {n}: {mine:#?}");
+            if n == 3 {
+                assert!(
+                    matches!(&outcomes[n], PublishOutcome::Rejected { reason } if reason.contains("404")),
+                    "{:?}",
+                    outcomes[n]
+                );
+                assert_eq!(mine[0].name, format!("publish {missing}"));
+                assert!(
+                    matches!(&mine[0].status, Status::Error { description } if description.contains("404")),
+                    "{:?}",
+                    mine[0].status
+                );
+            } else {
+                assert_eq!(outcomes[n], PublishOutcome::Acked, "event {n}");
+                assert_eq!(mine[0].status, Status::Unset, "event {n}");
+            }
+        }
+        return;
+    }
+    panic!("every try lost the connection");
+}
