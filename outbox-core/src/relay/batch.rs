@@ -225,7 +225,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                                             if self.settings.unroutable.should_warn(destination) {
                                                 warn!(
                                                     %destination,
+                                                    event_id = %record.id(),
                                                     event_type = %record.envelope.event_type,
+                                                    trace_id = trace_id(&record.envelope.headers)
+                                                        .as_deref(),
                                                     %reason,
                                                     "outbox relay: unroutable events are held (no \
                                                      attempt spent) until a queue is bound for \
