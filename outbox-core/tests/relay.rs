@@ -1055,3 +1055,104 @@ async fn an_always_ready_wakeup_stream_does_not_starve_the_relay() {
         .expect("the relay stops")
         .unwrap();
 }
+
+/// A `metrics` recorder that keeps the values of one histogram.
+#[derive(Default)]
+struct HistogramRecorder {
+    name: &'static str,
+    values: Arc<RecordedValues>,
+}
+
+#[derive(Default)]
+struct RecordedValues(Mutex<Vec<f64>>);
+
+impl metrics::HistogramFn for RecordedValues {
+    fn record(&self, value: f64) {
+        self.0.lock().unwrap().push(value);
+    }
+}
+
+impl metrics::Recorder for HistogramRecorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        if key.name() == self.name {
+            metrics::Histogram::from_arc(self.values.clone())
+        } else {
+            metrics::Histogram::noop()
+        }
+    }
+}
+
+/// Raise-to-confirm is recorded once per confirmed event, measured from
+/// when the event was raised; a rejected event records nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn raise_to_confirm_is_recorded_for_each_confirmed_event() {
+    let recorder = HistogramRecorder {
+        name: outbox_core::relay::metric_names::RAISE_TO_CONFIRM_SECONDS,
+        ..HistogramRecorder::default()
+    };
+    // Thread-local, and the relay's tasks run on this (current) thread.
+    let _installed = metrics::set_default_local_recorder(&recorder);
+    let store = InMemoryStore::new();
+    let raised_early = |aggregate: &str| {
+        let mut envelope =
+            EventEnvelope::from_event(&outbox_core::testing::TestEvent::new(aggregate)).unwrap();
+        envelope.occurred_at -= chrono::Duration::seconds(30);
+        store.record_envelope(envelope.clone()).unwrap();
+        envelope.id
+    };
+    raised_early("a");
+    raised_early("b");
+    let rejected = raised_early("c");
+    let publisher = RecordingPublisher::with_behaviour(move |envelope| {
+        if envelope.id == rejected {
+            PublishOutcome::rejected("refused")
+        } else {
+            PublishOutcome::Acked
+        }
+    });
+    let (relay, _) = new_relay(&store, &publisher, RetryPolicy::default().max_attempts(1));
+    run_until(relay, &store, |s| {
+        s.records()
+            .iter()
+            .all(|r| matches!(r.status, EventStatus::Sent | EventStatus::Dead))
+    })
+    .await
+    .unwrap();
+
+    let values = recorder.values.0.lock().unwrap().clone();
+    assert_eq!(values.len(), 2, "one value per confirmed event: {values:?}");
+    for value in values {
+        assert!((30.0..90.0).contains(&value), "raised 30 s before: {value}");
+    }
+}

@@ -158,11 +158,19 @@ fn baggage_is_captured_only_when_carried_and_capped() {
 
         trace_context::carry_baggage(100);
         let envelope = record_in_scope(Headers::new());
-        trace_context::carry_baggage(0);
         assert_eq!(
             envelope.headers.get(Headers::BAGGAGE),
             Some("tenant=acme%20corp"),
             "percent-encoded; the member past the cap is dropped, not the event"
         );
+
+        // Headers that fit only without the baggage: the event is recorded
+        // without it.
+        trace_context::carry_baggage(trace_context::MAX_BAGGAGE_LEN);
+        let filler = "f".repeat(EventEnvelope::MAX_HEADERS_BYTES - 100);
+        let envelope = record_in_scope(Headers::new().with("filler", filler.clone()));
+        trace_context::carry_baggage(0);
+        assert_eq!(envelope.headers.get("filler"), Some(filler.as_str()));
+        assert_eq!(envelope.headers.get(Headers::BAGGAGE), None);
     });
 }

@@ -31,7 +31,9 @@
 //! `outbox-diesel`, the database is `PgInboxDatabase` and handlers get a
 //! `PgTransaction` (a `&mut AsyncPgConnection`) on which they can also record
 //! new outbox events: those inherit `causation_id` = the incoming event id,
-//! and its correlation id and trace context.
+//! and its correlation id and trace context (with the `opentelemetry`
+//! feature, the context of the consumer's `process` span, a child of the
+//! producer's; see [`InboxConsumer`]'s *Observability*).
 //!
 //! Each delivery is one transaction (inbox entry, handler, commit) and then
 //! an ack, so a consumer applies at most about as many events per second as
@@ -103,10 +105,47 @@
 //!
 //! The wire format is in [`wire`].
 //!
+//! # Tracing (feature `opentelemetry`)
+//! With an OpenTelemetry layer (`tracing-opentelemetry`) installed, the
+//! relay and the publisher make one trace of each event, from the request
+//! that recorded it to the broker:
+//!
+//! ```text
+//! POST /orders (the request; its context is recorded with the event)
+//! └── publish shop.events        producer, one per message, child of the recorded context
+//!                                 links: the recorded context, the relay's batch span
+//! send                            client, the relay's batch (outbox.relay.batch), a trace of its own
+//! ```
+//!
+//! - **`publish {exchange}`** (kind producer): opened when the relay hands
+//!   the message over, closed when its outcome is known (across the
+//!   narrowing rounds of a channel error); any outcome but a confirm sets
+//!   `otel.status_code = ERROR` with the reason. Its parent is the context
+//!   recorded with the event, so sampling follows the request's decision;
+//!   it is linked to that context and to the relay's batch span (current
+//!   while the relay publishes). Attributes: `messaging.system = rabbitmq`,
+//!   `messaging.operation.name = publish`, `messaging.operation.type = send`,
+//!   `messaging.destination.name` (the exchange),
+//!   `messaging.rabbitmq.destination.routing_key`, `messaging.message.id`
+//!   (the event id) and `messaging.message.conversation_id` (the correlation
+//!   id, when set).
+//! - **The message carries the `publish` span's context** (`traceparent`,
+//!   `tracestate`; the recorded baggage), not the recorded one, so the
+//!   consumer's span is a child of the publish.
+//! - **`send`** (kind client): the relay's `outbox.relay.batch` span, with
+//!   `messaging.operation.type = send` and `messaging.batch.message_count`.
+//!
+//! Without an OpenTelemetry layer (or without the feature) the recorded
+//! trace context is forwarded unchanged, and without the feature nothing of
+//! OpenTelemetry is compiled and no span is opened per message. With or
+//! without it, a malformed `traceparent`, `tracestate` or `baggage` is never
+//! forwarded (see [`wire`]).
+//!
 //! # Feature flags
 //! | feature | default | enables |
 //! |---|---|---|
 //! | `tls` | no | `amqps://` with rustls and the `ring` provider |
+//! | `opentelemetry` | no | a `publish` span per message (see above), its context sent with the message (`outbox-core/opentelemetry`) |
 
 mod connection;
 mod consumer;

@@ -13,15 +13,21 @@
 //! | header `aggregate_type`, `aggregate_id` | long strings |
 //! | header `aggregate_version` | signed 64-bit, only when set |
 //! | header `schema_version` | signed 64-bit |
-//! | headers `traceparent`, `tracestate`, `correlation_id`, `causation_id` | long strings, when set |
+//! | headers `traceparent`, `tracestate` | long strings, when set and well formed (W3C Trace Context); with the `opentelemetry` feature and an OpenTelemetry layer, the context of the message's `publish` span (a child of the recorded one) |
+//! | header `baggage` | long string, when set and well formed (W3C Baggage): the baggage recorded with the event (opt-in, see `outbox_core::trace_context::carry_baggage`) |
+//! | headers `correlation_id`, `causation_id` | long strings, when set |
 //! | headers `cloudEvents:id`, `cloudEvents:type`, `cloudEvents:source`, `cloudEvents:subject`, `cloudEvents:time`, `cloudEvents:specversion` | the CloudEvents AMQP binding: event id, event type, the configured source URI, aggregate id, occurred-at in RFC 3339, `1.0` |
 //!
 //! Other headers of the envelope travel as long strings under their own names.
+//! A malformed `traceparent`, `tracestate` or `baggage` (one that
+//! [`outbox_core::trace_context::is_well_formed`] refuses: stored by another
+//! writer, or before they were checked) is never forwarded: the publisher
+//! leaves it out, with a warning naming the event.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use outbox_core::{EventEnvelope, Headers};
+use outbox_core::{EventEnvelope, Headers, trace_context};
 use uuid::Uuid;
 
 /// Header: aggregate type.
@@ -52,12 +58,74 @@ fn long(value: &str) -> AMQPValue {
 }
 
 /// The AMQP properties (and headers) of `envelope`, with `source` as
-/// `cloudEvents:source`.
+/// `cloudEvents:source`. A malformed `traceparent`, `tracestate` or
+/// `baggage` is left out.
 pub fn properties(envelope: &EventEnvelope, source: &str) -> BasicProperties {
+    properties_with(envelope, source, None)
+}
+
+/// The envelope headers a message carries: those
+/// [`is_well_formed`](trace_context::is_well_formed) accepts, with `trace`
+/// (the `traceparent`, `tracestate` and, when carried, `baggage` of the
+/// message's `publish` span) in place of the recorded trace context.
+pub(crate) fn forwarded<'a>(
+    envelope: &'a EventEnvelope,
+    trace: Option<&'a Headers>,
+) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+    let replaced = move |key: &str| {
+        trace.is_some_and(|trace| {
+            key == Headers::TRACEPARENT
+                || key == Headers::TRACESTATE
+                || (key == Headers::BAGGAGE && trace.get(Headers::BAGGAGE).is_some())
+        })
+    };
+    envelope
+        .headers
+        .iter()
+        .filter(move |(key, _)| !replaced(key))
+        .chain(trace.into_iter().flat_map(Headers::iter))
+        .filter(|(key, value)| trace_context::is_well_formed(key, value))
+}
+
+/// The size of the [`forwarded`] headers as an AMQP field table: what
+/// [`EventEnvelope::MAX_HEADERS_BYTES`] limits.
+pub(crate) fn forwarded_bytes(envelope: &EventEnvelope, trace: Option<&Headers>) -> usize {
+    forwarded(envelope, trace)
+        .map(|(key, value)| key.len() + value.len() + EventEnvelope::HEADER_ENTRY_OVERHEAD)
+        .sum()
+}
+
+/// Warns (once for the message) about the trace headers of `envelope` that
+/// are malformed and so not forwarded.
+pub(crate) fn warn_malformed(envelope: &EventEnvelope) {
+    let mut malformed = envelope
+        .headers
+        .iter()
+        .filter(|(key, value)| !trace_context::is_well_formed(key, value))
+        .map(|(key, _)| key)
+        .peekable();
+    if malformed.peek().is_some() {
+        let headers: Vec<&str> = malformed.collect();
+        tracing::warn!(
+            event_id = %envelope.id,
+            trace_id = trace_context::trace_id(&envelope.headers).as_deref(),
+            ?headers,
+            "outbox: malformed trace context headers (not W3C) are not forwarded"
+        );
+    }
+}
+
+/// [`properties`], with `trace` in place of the recorded trace context
+/// (see [`forwarded`]).
+pub(crate) fn properties_with(
+    envelope: &EventEnvelope,
+    source: &str,
+    trace: Option<&Headers>,
+) -> BasicProperties {
     let id = envelope.id.to_string();
     let mut headers = FieldTable::default();
     // Envelope headers first, so the fixed ones below cannot be overridden.
-    for (key, value) in envelope.headers.iter() {
+    for (key, value) in forwarded(envelope, trace) {
         headers.insert(ShortString::from(key), long(value));
     }
     headers.insert(AGGREGATE_TYPE.into(), long(&envelope.aggregate_type));
@@ -255,6 +323,8 @@ pub fn decode(
 mod tests {
     use super::*;
 
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
     fn envelope() -> EventEnvelope {
         EventEnvelope {
             id: Uuid::now_v7(),
@@ -267,7 +337,7 @@ mod tests {
             headers: Headers::new()
                 .with(Headers::CORRELATION_ID, "c-1")
                 .with(Headers::CAUSATION_ID, "e-0")
-                .with(Headers::TRACEPARENT, "00-abc-def-01"),
+                .with(Headers::TRACEPARENT, TRACEPARENT),
             occurred_at: DateTime::parse_from_rfc3339("2026-11-29T08:00:00.123456Z")
                 .unwrap()
                 .with_timezone(&Utc),
@@ -304,8 +374,58 @@ mod tests {
         assert_eq!(header_str(h, CE_SUBJECT), Some("o-1"));
         assert_eq!(header_str(h, CE_TIME), Some("2026-11-29T08:00:00.123456Z"));
         assert_eq!(header_str(h, CE_SPECVERSION), Some("1.0"));
-        assert_eq!(header_str(h, "traceparent"), Some("00-abc-def-01"));
+        assert_eq!(header_str(h, "traceparent"), Some(TRACEPARENT));
         assert_eq!(header_str(h, "causation_id"), Some("e-0"));
+    }
+
+    #[test]
+    fn malformed_trace_context_is_not_forwarded_nor_counted() {
+        let mut env = envelope();
+        let well_formed = env.encoded_headers_bytes();
+        env.headers.insert(Headers::TRACEPARENT, "00-abc-def-01");
+        env.headers.insert(Headers::TRACESTATE, "Not=A,State");
+        env.headers.insert(Headers::BAGGAGE, "no equals sign");
+        env.headers.insert("other", "00-abc-def-01");
+        let p = properties(&env, "/shop");
+        let h = p.headers().as_ref().unwrap();
+        for key in [Headers::TRACEPARENT, Headers::TRACESTATE, Headers::BAGGAGE] {
+            assert!(h.inner().get(key).is_none(), "{key} forwarded");
+        }
+        assert_eq!(header_str(h, "other"), Some("00-abc-def-01"));
+        assert_eq!(header_str(h, Headers::CORRELATION_ID), Some("c-1"));
+        // The size checks count what is sent.
+        assert_eq!(
+            env.encoded_headers_bytes(),
+            well_formed - (Headers::TRACEPARENT.len() + TRACEPARENT.len() + 6)
+                + ("other".len() + "00-abc-def-01".len() + 6)
+        );
+        assert_eq!(forwarded_bytes(&env, None), env.encoded_headers_bytes());
+    }
+
+    #[test]
+    fn a_publish_span_context_replaces_the_recorded_one() {
+        let mut env = envelope();
+        env.headers.insert(Headers::TRACESTATE, "rojo=1");
+        env.headers.insert(Headers::BAGGAGE, "user=1");
+        let sent = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
+        let trace = Headers::new().with(Headers::TRACEPARENT, sent);
+        let p = properties_with(&env, "/shop", Some(&trace));
+        let h = p.headers().as_ref().unwrap();
+        assert_eq!(header_str(h, Headers::TRACEPARENT), Some(sent));
+        assert_eq!(
+            header_str(h, Headers::TRACESTATE),
+            None,
+            "the span has none"
+        );
+        assert_eq!(
+            header_str(h, Headers::BAGGAGE),
+            Some("user=1"),
+            "as recorded"
+        );
+        assert_eq!(
+            forwarded_bytes(&env, Some(&trace)),
+            env.encoded_headers_bytes() - ("tracestate".len() + "rojo=1".len() + 6)
+        );
     }
 
     #[test]

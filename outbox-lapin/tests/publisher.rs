@@ -503,3 +503,31 @@ async fn an_unreachable_broker_is_connection_lost_and_connect_says_how_to_fix() 
     assert!(err.contains("scripts/dev-services"), "{err}");
     assert!(!err.contains("secret"), "password redacted: {err}");
 }
+
+#[tokio::test]
+async fn malformed_trace_context_is_never_forwarded_and_never_counted() {
+    let broker = Broker::new("malformed-trace").await;
+    let publisher = broker.publisher("outbox-test-malformed-trace");
+    // Stored by another writer: the record-time checks never saw it. The
+    // baggage alone is over the headers limit; left out, it costs nothing.
+    let mut env = envelope("o-1", 1)
+        .with_correlation_id("corr-1")
+        .with_header(Headers::TRACEPARENT, "00-abc-def-01")
+        .with_header(Headers::TRACESTATE, "Not a state")
+        .with_header(
+            Headers::BAGGAGE,
+            format!("no equals sign {}", "b".repeat(80 * 1024)),
+        );
+    env.headers.insert("note", "kept");
+    let outcomes = publisher.publish(&[&env], None).await;
+    assert_eq!(outcomes, [PublishOutcome::Acked]);
+
+    let messages = broker.drain().await;
+    assert_eq!(messages.len(), 1);
+    let h = messages[0].delivery.properties.headers().as_ref().unwrap();
+    for key in [Headers::TRACEPARENT, Headers::TRACESTATE, Headers::BAGGAGE] {
+        assert!(h.inner().get(key).is_none(), "{key} was forwarded");
+    }
+    assert_eq!(header_str(h, "note"), Some("kept"));
+    assert_eq!(header_str(h, Headers::CORRELATION_ID), Some("corr-1"));
+}

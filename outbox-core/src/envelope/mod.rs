@@ -104,7 +104,17 @@ impl EventEnvelope {
             occurred_at: Utc::now(),
         };
         crate::context::apply(&mut envelope.headers);
-        envelope.validate()?;
+        if let Err(error) = envelope.validate() {
+            // Carried baggage never fails a record: without it the event
+            // may fit.
+            if envelope.headers.remove(Headers::BAGGAGE).is_none() || envelope.validate().is_err() {
+                return Err(error);
+            }
+            tracing::warn!(
+                event_type,
+                "outbox: baggage dropped from an event whose headers would not fit with it"
+            );
+        }
         Ok(envelope)
     }
 

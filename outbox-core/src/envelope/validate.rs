@@ -29,10 +29,14 @@ impl EventEnvelope {
     /// The encoded size of the headers as an AMQP field table (names,
     /// values and [`HEADER_ENTRY_OVERHEAD`](Self::HEADER_ENTRY_OVERHEAD)
     /// per entry), the figure [`MAX_HEADERS_BYTES`](Self::MAX_HEADERS_BYTES)
-    /// limits.
+    /// limits. Only the headers a publisher forwards count: a malformed
+    /// `traceparent`, `tracestate` or `baggage`
+    /// ([`trace_context::is_well_formed`](crate::trace_context::is_well_formed))
+    /// is never sent.
     pub fn encoded_headers_bytes(&self) -> usize {
         self.headers
             .iter()
+            .filter(|(k, v)| crate::trace_context::is_well_formed(k, v))
             .map(|(k, v)| k.len() + v.len() + Self::HEADER_ENTRY_OVERHEAD)
             .sum()
     }

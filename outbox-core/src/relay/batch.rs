@@ -11,6 +11,7 @@ use super::suspect::publish_calls;
 use super::waves::Waves;
 use super::{Relay, UnroutablePolicy};
 use crate::failpoints;
+use crate::trace_context::trace_id;
 use crate::{Claim, FailedAttempt, NextStep, OutboxStore, PublishOutcome, Publisher};
 
 /// What one batch did.
@@ -166,6 +167,9 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         report.lapsed = true;
                         break 'waves;
                     };
+                    // One clock reading per call: what the confirms of this
+                    // call are measured against.
+                    let confirmed_at = Utc::now();
                     let mut outcomes = outcomes.into_iter();
                     let mut unconfirmed: Vec<(usize, &str, String)> = Vec::new();
                     for (i, destination) in &sending {
@@ -179,6 +183,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         let (reason, hopeless) = match outcome {
                             PublishOutcome::Acked => {
                                 self.breakers.confirmed(destination);
+                                raise_to_confirm(&record.envelope, confirmed_at);
                                 sent.push(record.seq);
                                 if record.status == crate::EventStatus::Retry {
                                     report.sent_retries += 1;
@@ -220,7 +225,10 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                                             if self.settings.unroutable.should_warn(destination) {
                                                 warn!(
                                                     %destination,
+                                                    event_id = %record.id(),
                                                     event_type = %record.envelope.event_type,
+                                                    trace_id = trace_id(&record.envelope.headers)
+                                                        .as_deref(),
                                                     %reason,
                                                     "outbox relay: unroutable events are held (no \
                                                      attempt spent) until a queue is bound for \
@@ -264,6 +272,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                         warn!(
                             event_id = %record.id(),
                             event_type = %record.envelope.event_type,
+                            trace_id = trace_id(&record.envelope.headers).as_deref(),
                             attempts,
                             next = ?next,
                             %reason,
@@ -378,6 +387,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             warn!(
                 event_id = %record.id(),
                 event_type = %record.envelope.event_type,
+                trace_id = trace_id(&record.envelope.headers).as_deref(),
                 %destination,
                 retry_at = %at,
                 %reason,
@@ -392,6 +402,16 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             waves.block(i);
         }
     }
+}
+
+/// Records [`RAISE_TO_CONFIRM_SECONDS`](metric_names::RAISE_TO_CONFIRM_SECONDS)
+/// for a confirmed event: from when it was raised (`occurred_at`) to
+/// `confirmed_at` (0 when the clocks disagree).
+fn raise_to_confirm(envelope: &crate::EventEnvelope, confirmed_at: chrono::DateTime<Utc>) {
+    let seconds = (confirmed_at - envelope.occurred_at)
+        .to_std()
+        .map_or(0.0, |elapsed| elapsed.as_secs_f64());
+    ::metrics::histogram!(metric_names::RAISE_TO_CONFIRM_SECONDS).record(seconds);
 }
 
 /// Releases `record` until `at` without spending an attempt.

@@ -164,8 +164,18 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             failpoints::hit(failpoints::AFTER_CLAIM);
             chase_empty = true;
             let claimed = claim.records().len();
+            // OpenTelemetry (with `tracing-opentelemetry`): a client span
+            // for the batch send (messaging semantic conventions); each
+            // message's `publish` span links to it.
             let span = tracing::info_span!(
                 "outbox.relay.batch",
+                otel.name = "send",
+                otel.kind = "client",
+                messaging.operation.name = "send",
+                messaging.operation.type = "send",
+                // An integer attribute (`tracing-opentelemetry` records a
+                // `usize` as text).
+                messaging.batch.message_count = i64::try_from(claimed).unwrap_or(i64::MAX),
                 claimed,
                 sent = tracing::field::Empty,
                 failed = tracing::field::Empty,

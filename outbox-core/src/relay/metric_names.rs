@@ -24,6 +24,13 @@ pub const STORE_ERRORS_TOTAL: &str = "outbox_store_errors_total";
 pub const BATCH_SIZE: &str = "outbox_batch_size";
 /// Histogram: seconds from claim to finished marks, per batch.
 pub const BATCH_DURATION_SECONDS: &str = "outbox_batch_duration_seconds";
+/// Histogram: seconds from when an event was raised (its `occurred_at`,
+/// set when the application raised it, before its transaction committed)
+/// to the broker's confirm of its message, per confirmed event. It spans
+/// the application's transaction, the wait in the outbox and the publish;
+/// it compares the raising host's clock with the relay's (0 when the
+/// relay's is behind).
+pub const RAISE_TO_CONFIRM_SECONDS: &str = "outbox_raise_to_confirm_seconds";
 /// Gauge: unsent events (`Pending`, `Retry` and `Held`).
 pub const BACKLOG: &str = "outbox_backlog";
 /// Gauge: age of the oldest unsent event in seconds (0 when none).
@@ -84,6 +91,11 @@ pub fn describe() {
         BATCH_DURATION_SECONDS,
         Unit::Seconds,
         "Claim-to-mark time per batch"
+    );
+    describe_histogram!(
+        RAISE_TO_CONFIRM_SECONDS,
+        Unit::Seconds,
+        "Time from when an event was raised to the broker's confirm of its message"
     );
     describe_gauge!(BACKLOG, Unit::Count, "Unsent events");
     describe_gauge!(

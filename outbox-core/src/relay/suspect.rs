@@ -9,6 +9,7 @@ use tracing::{info, warn};
 use super::Relay;
 use super::batch::BatchReport;
 use super::metric_names;
+use crate::trace_context::trace_id;
 use crate::{EventEnvelope, FailedAttempt, NextStep, OutboxStore, PublishOutcome, Publisher};
 
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
@@ -30,6 +31,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             for record in batch {
                 info!(
                     event_id = %record.id(),
+                    trace_id = trace_id(&record.envelope.headers).as_deref(),
                     suspect_count = record.suspect_count,
                     suspect_limit = self.settings.suspect_limit,
                     "outbox relay: publishing a suspect event alone (the broker connection died \
@@ -75,6 +77,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 warn!(
                     event_id = %record.id(),
                     event_type = %record.envelope.event_type,
+                    trace_id = trace_id(&record.envelope.headers).as_deref(),
                     suspect_count = count,
                     suspect_limit = limit,
                     %reason,
@@ -93,6 +96,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 warn!(
                     event_id = %record.id(),
                     event_type = %record.envelope.event_type,
+                    trace_id = trace_id(&record.envelope.headers).as_deref(),
                     suspect_count = count,
                     suspect_limit = limit,
                     alone,

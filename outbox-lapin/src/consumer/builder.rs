@@ -26,6 +26,7 @@ const MAX_BATCH_WAIT: Duration = Duration::from_secs(60);
 /// | [`reconnect_backoff`](Self::reconnect_backoff) | 100 ms, doubling up to 10 s |
 /// | [`declare`](Self::declare) | nothing: the queue and dead-letter exchange must exist |
 /// | [`batch`](Self::batch) | off: one transaction per delivery |
+/// | [`trace_links`](Self::trace_links) | off: the `process` span is a child of the producer's |
 #[must_use]
 pub struct InboxConsumerBuilder<D, H> {
     urls: AmqpUrls,
@@ -43,6 +44,7 @@ pub struct InboxConsumerBuilder<D, H> {
     reconnect_max: Duration,
     topology: Option<QueueTopology>,
     batch: Option<(usize, Duration)>,
+    trace_links: bool,
 }
 
 impl<D, H> fmt::Debug for InboxConsumerBuilder<D, H> {
@@ -59,6 +61,7 @@ impl<D, H> fmt::Debug for InboxConsumerBuilder<D, H> {
             .field("confirm_timeout", &self.confirm_timeout)
             .field("topology", &self.topology)
             .field("batch", &self.batch)
+            .field("trace_links", &self.trace_links)
             .finish_non_exhaustive()
     }
 }
@@ -85,6 +88,7 @@ where
             reconnect_max: Duration::from_secs(10),
             topology: None,
             batch: None,
+            trace_links: false,
         }
     }
 
@@ -227,6 +231,25 @@ where
         self
     }
 
+    /// Whether each event's `process` span starts a new trace *linked* to
+    /// the producer's context the message carries (`true`), instead of
+    /// continuing that trace as its child (`false`, the default).
+    ///
+    /// A child keeps one business flow (an order, say) in one trace and
+    /// follows the producer's sampling decision; a link suits consumers
+    /// whose work is not part of the producer's request (a nightly import
+    /// fed by many producers, a fan-out to many services that would make
+    /// one trace huge). In [batch mode](Self::batch) a linked `process`
+    /// span is a child of its batch's span. Either way the span carries the
+    /// incoming trace id in its `trace_id` field, for log lines.
+    ///
+    /// Only with the `opentelemetry` feature (and a `tracing-opentelemetry`
+    /// layer installed); without the feature this setting does nothing.
+    pub fn trace_links(mut self, link: bool) -> Self {
+        self.trace_links = link;
+        self
+    }
+
     /// Checks the settings and builds the consumer. Nothing connects yet.
     ///
     /// # Errors
@@ -356,6 +379,7 @@ where
                 reconnect_max: self.reconnect_max,
                 topology: self.topology,
                 batch,
+                trace_links: self.trace_links,
             },
             db: self.db,
             handler: self.handler,

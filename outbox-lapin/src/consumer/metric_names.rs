@@ -43,6 +43,23 @@ pub const BATCH_SIZE: &str = "outbox_consumer_batch_size";
 /// Each cost one rolled-back transaction; the failing delivery's own retry
 /// or dead letter is counted by [`RETRIED_TOTAL`] or [`DEAD_LETTERED_TOTAL`].
 pub const BATCH_FAILURES_TOTAL: &str = "outbox_consumer_batch_failures_total";
+/// Histogram: seconds the handler took, per call (the [`EventHandler`]
+/// future from its first poll to its result: an error or panic included,
+/// the inbox entry and the commit not).
+///
+/// [`EventHandler`]: crate::EventHandler
+pub const HANDLER_DURATION_SECONDS: &str = "outbox_consumer_handler_duration_seconds";
+/// Histogram: seconds from when an event was raised (its `occurred_at`, set
+/// by the producer when the event was recorded, before its commit) to when
+/// this consumer committed its handling, recorded once per event, when it
+/// is handled for the first time (not for duplicates).
+///
+/// It compares the clocks of two hosts: clock skew shifts it (a producer
+/// clock ahead reads as 0). Redeliveries after a lost ack, retries and
+/// replayed dead letters (an event handled for the first time long after
+/// it was raised) lengthen its tail: read it as end-to-end latency of the
+/// whole chain (commit, relay, broker, queueing, retries), not of one hop.
+pub const RAISE_TO_HANDLED_SECONDS: &str = "outbox_consumer_raise_to_handled_seconds";
 
 /// Registers descriptions of every metric above with the installed
 /// recorder. Optional; call it once after installing your recorder.
@@ -85,5 +102,16 @@ pub fn describe() {
     describe_counter!(
         BATCH_FAILURES_TOTAL,
         "Batches an inbox consumer rolled back and applied again one delivery at a time"
+    );
+    describe_histogram!(
+        HANDLER_DURATION_SECONDS,
+        Unit::Seconds,
+        "Time an inbox consumer's handler took per call"
+    );
+    describe_histogram!(
+        RAISE_TO_HANDLED_SECONDS,
+        Unit::Seconds,
+        "Time from an event being raised (producer clock) to its first handling committed by an \
+         inbox consumer (consumer clock)"
     );
 }

@@ -106,8 +106,13 @@ use crate::QueueTopology;
 ///    handler.
 /// 4. **First time**: run the [`EventHandler`] on the transaction, inside
 ///    [`outbox_core::context::scope`] with `causation_id` = the incoming
-///    event id plus its `correlation_id`, `traceparent` and `tracestate`, so
-///    events the handler records carry them. Then **commit**, and only then
+///    event id plus its `correlation_id`, `traceparent` and `tracestate`
+///    (and `baggage` when this process [carries
+///    baggage](outbox_core::trace_context::carry_baggage)), so events the
+///    handler records carry them; with the `opentelemetry` feature they carry
+///    the `process` span's context instead (see *Observability*). A malformed
+///    incoming `traceparent` or `tracestate` is dropped with a warning:
+///    neither a parent nor carried on. Then **commit**, and only then
 ///    **ack**. With `outbox_diesel::PgInboxDatabase` the commit is a real
 ///    top-level `COMMIT` of a healthy transaction or an error
 ///    (`outbox_diesel::commit_top_level`): a handler that returned `Ok`
@@ -229,12 +234,59 @@ use crate::QueueTopology;
 ///
 /// # Observability
 /// Each delivery runs in a `tracing` span `outbox.consume` (consumer, event
-/// id and type, aggregate, attempt); in batch mode those spans are inside
+/// id and type, aggregate, attempt, and `trace_id`: the trace id of the
+/// incoming `traceparent`, so every log line of the handling shows it); in
+/// batch mode each handler call has its own `outbox.consume` span, inside
 /// one `outbox.consume_batch` span (consumer, deliveries) per batch, whose
-/// size is the histogram [`BATCH_SIZE`](metric_names::BATCH_SIZE). Counters are listed in [`metrics`], as
-/// is the gauge [`DEAD_LETTERS`](metric_names::DEAD_LETTERS): the depth of the
+/// size is the histogram [`BATCH_SIZE`](metric_names::BATCH_SIZE). Counters
+/// and histograms are listed in [`metrics`], among them the handler's
+/// duration ([`HANDLER_DURATION_SECONDS`](metric_names::HANDLER_DURATION_SECONDS))
+/// and the time from raise to handled
+/// ([`RAISE_TO_HANDLED_SECONDS`](metric_names::RAISE_TO_HANDLED_SECONDS),
+/// which compares the producer's clock with the consumer's), as is the gauge
+/// [`DEAD_LETTERS`](metric_names::DEAD_LETTERS): the depth of the
 /// dead-letter queue, read every 15 s when the consumer
 /// [declares](InboxConsumerBuilder::declare) a topology with one.
+///
+/// ## OpenTelemetry
+/// With the `opentelemetry` feature and a `tracing-opentelemetry` layer, the
+/// `outbox.consume` span is the OpenTelemetry `process` span of the
+/// messaging semantic conventions:
+///
+/// | | |
+/// |---|---|
+/// | name | `process {queue}` |
+/// | kind | consumer |
+/// | `messaging.system` | `rabbitmq` |
+/// | `messaging.operation.name`, `messaging.operation.type` | `process` |
+/// | `messaging.destination.name` | the exchange the message first arrived through |
+/// | `messaging.destination.subscription.name` | the queue |
+/// | `messaging.rabbitmq.destination.routing_key` | the routing key it first arrived with |
+/// | `messaging.message.id` | the event id |
+/// | `messaging.message.conversation_id` | the correlation id, when set |
+/// | `messaging.consumer.group.name` | the consumer name |
+/// | status | error when the handler (or the commit) failed, with the error as description |
+///
+/// By default it is a child of the producer's context the message carries
+/// (`traceparent`, `tracestate`, and `baggage` when carried), so one order
+/// is one trace from the HTTP request through the relay's `publish` span to
+/// this span and the events the handler records, and sampling follows the
+/// producer's decision. With [`trace_links`](InboxConsumerBuilder::trace_links)
+/// it starts a new trace linked to that context instead. In batch mode the
+/// batch has its own span `outbox.consume_batch` (kind consumer,
+/// `messaging.batch.message_count`): each `process` span is a child of its
+/// producer linked to the batch's span (a message without a trace context:
+/// a child of the batch's span); with `trace_links` each is a child of the
+/// batch's span, linked to its producer. Without the feature
+/// `trace_links` does nothing, and the spans carry none of these fields.
+///
+/// ```text
+/// POST /orders                        (the producer's request span)
+/// └─ publish shop                     (the relay, kind producer)
+///    └─ process loyalty.orders        (this consumer, kind consumer)
+///       └─ publish shop               (an event the handler recorded, relayed)
+///          └─ process …
+/// ```
 ///
 /// [`wire::decode`]: crate::wire::decode
 pub struct InboxConsumer<D, H> {
@@ -264,6 +316,10 @@ pub(crate) struct Settings {
     /// Batch mode ([`InboxConsumerBuilder::batch`]); `None`: one delivery
     /// per transaction.
     pub(crate) batch: Option<Batching>,
+    /// [`InboxConsumerBuilder::trace_links`]: the `process` span links to
+    /// the producer's context instead of continuing its trace.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
+    pub(crate) trace_links: bool,
 }
 
 /// How a worker gathers deliveries into one transaction in batch mode.
@@ -290,6 +346,7 @@ impl<D, H> fmt::Debug for InboxConsumer<D, H> {
             .field("dead_letter_exchange", &s.dead_letter_exchange)
             .field("dead_letter_queue", &s.dead_letter_queue)
             .field("batch", &s.batch)
+            .field("trace_links", &s.trace_links)
             .finish_non_exhaustive()
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use futures_util::FutureExt;
 use lapin::options::BasicPublishOptions;
 use lapin::{Channel, Confirmation, ConnectionStatus, PublisherConfirm};
-use outbox_core::{EventEnvelope, PublishOutcome};
+use outbox_core::{EventEnvelope, Headers, PublishOutcome};
 use tokio::time::Instant;
 
 use super::LapinPublisher;
@@ -22,7 +22,9 @@ pub(super) enum Round {
 }
 
 impl LapinPublisher {
-    /// Sends `events` pipelined on `channel`; returns each publish's
+    /// Sends `events` pipelined on `channel` (each with its `traces` entry,
+    /// its `publish` span's trace context, in place of the recorded one);
+    /// returns each publish's
     /// confirm (or the error of sending it), and whether it may have been
     /// partly on the wire: only the first publish that fails, and only if
     /// it began on an open channel (lapin resolves a publish once its last
@@ -38,6 +40,7 @@ impl LapinPublisher {
         channel: &Channel,
         events: &[&EventEnvelope],
         targets: &[&(String, String)],
+        traces: &[Option<&Headers>],
         deadline: Instant,
     ) -> Vec<(lapin::Result<PublisherConfirm>, bool)> {
         let options = BasicPublishOptions {
@@ -46,14 +49,14 @@ impl LapinPublisher {
         };
         let mut pending = Vec::with_capacity(events.len());
         let mut failed = false;
-        for (envelope, (exchange, routing_key)) in events.iter().zip(targets) {
+        for ((envelope, (exchange, routing_key)), trace) in events.iter().zip(targets).zip(traces) {
             let began_open = !failed && channel.status().connected();
             let publishing = channel.basic_publish(
                 exchange.as_str().into(),
                 routing_key.as_str().into(),
                 options,
                 envelope.payload.as_bytes(),
-                wire::properties(envelope, &self.inner.settings.source),
+                wire::properties_with(envelope, &self.inner.settings.source, *trace),
             );
             match tokio::time::timeout_at(deadline, publishing).await {
                 Ok(sent) => {

@@ -14,7 +14,8 @@
 //! - `classify.rs`: sorting a lapin error (connection lost, connection died
 //!   under a message, channel closed by a message);
 //! - `publish.rs`: the `Publisher` impl: a batch published in rounds,
-//!   narrowed down (bisected) on channel errors to the message at fault.
+//!   narrowed down (bisected) on channel errors to the message at fault;
+//! - `span.rs`: each message's `publish` span (feature `opentelemetry`).
 
 mod builder;
 mod classify;
@@ -22,6 +23,7 @@ mod confirm;
 mod pool;
 mod publish;
 mod settings;
+mod span;
 mod target;
 
 use std::fmt;

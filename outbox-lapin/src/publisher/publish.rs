@@ -3,12 +3,29 @@
 //! messages in question are narrowed down (bisected) on fresh channels
 //! until only the one at fault is rejected.
 
-use outbox_core::{EventEnvelope, PublishOutcome, Publisher, failpoints};
+use outbox_core::{EventEnvelope, Headers, PublishOutcome, Publisher, failpoints, trace_context};
 use tokio::time::Instant;
 
 use super::LapinPublisher;
 use super::confirm::Round;
+use super::span::Spans;
 use super::target::header_frame_fits;
+use crate::wire;
+
+/// A batch's outcomes so far, and the `publish` spans of its messages
+/// still awaiting theirs.
+struct Settled {
+    outcomes: Vec<Option<PublishOutcome>>,
+    spans: Spans,
+}
+
+impl Settled {
+    /// Message `i`'s outcome is known: its span ends with it.
+    fn set(&mut self, i: usize, outcome: PublishOutcome) {
+        self.spans.end(i, &outcome);
+        self.outcomes[i] = Some(outcome);
+    }
+}
 
 impl Publisher for LapinPublisher {
     async fn publish(
@@ -19,19 +36,29 @@ impl Publisher for LapinPublisher {
         // Confirms are awaited until the confirm timeout, or the claim's
         // deadline if that comes first (past it, nothing could be marked).
         let claim_deadline = deadline.map(Instant::from_std);
-        let mut outcomes: Vec<Option<PublishOutcome>> = vec![None; events.len()];
+        let mut settled = Settled {
+            outcomes: vec![None; events.len()],
+            spans: Spans::new(events.len()),
+        };
         // What cannot go on the wire at all is rejected without sending.
         let mut targets: Vec<(String, String)> = Vec::with_capacity(events.len());
         let mut sendable: Vec<usize> = Vec::with_capacity(events.len());
         for (i, envelope) in events.iter().enumerate() {
+            wire::warn_malformed(envelope);
             match self.target(envelope) {
                 Ok(target) => {
+                    settled.spans.start(i, envelope, &target.0, &target.1);
                     targets.push(target);
                     sendable.push(i);
                 }
                 Err(reason) => {
-                    tracing::warn!(event_id = %envelope.id, %reason, "event cannot be published");
-                    outcomes[i] = Some(PublishOutcome::unpublishable(reason));
+                    tracing::warn!(
+                        event_id = %envelope.id,
+                        trace_id = trace_context::trace_id(&envelope.headers).as_deref(),
+                        %reason,
+                        "event cannot be published"
+                    );
+                    settled.outcomes[i] = Some(PublishOutcome::unpublishable(reason));
                     targets.push(Default::default());
                 }
             }
@@ -54,7 +81,7 @@ impl Publisher for LapinPublisher {
                 Ok(checkout) => checkout,
                 Err(reason) => {
                     for i in groups.iter().flatten().chain(&group) {
-                        outcomes[*i] = Some(PublishOutcome::connection_lost(reason.clone()));
+                        settled.set(*i, PublishOutcome::connection_lost(reason.clone()));
                     }
                     break;
                 }
@@ -65,11 +92,17 @@ impl Publisher for LapinPublisher {
             let frame_max = checkout.connection.configuration().frame_max();
             let mut fitting = Vec::with_capacity(group.len());
             for i in group {
-                match header_frame_fits(events[i], &self.inner.settings.source, frame_max) {
+                let source = &self.inner.settings.source;
+                match header_frame_fits(events[i], source, settled.spans.trace(i), frame_max) {
                     Ok(()) => fitting.push(i),
                     Err(reason) => {
-                        tracing::warn!(event_id = %events[i].id, %reason, "event cannot be published");
-                        outcomes[i] = Some(PublishOutcome::unpublishable(reason));
+                        tracing::warn!(
+                            event_id = %events[i].id,
+                            trace_id = trace_context::trace_id(&events[i].headers).as_deref(),
+                            %reason,
+                            "event cannot be published"
+                        );
+                        settled.set(i, PublishOutcome::unpublishable(reason));
                     }
                 }
             }
@@ -81,13 +114,21 @@ impl Publisher for LapinPublisher {
             let batch: Vec<&EventEnvelope> = group.iter().map(|&i| events[i]).collect();
             let batch_targets: Vec<&(String, String)> =
                 group.iter().map(|&i| &targets[i]).collect();
+            let batch_traces: Vec<Option<&Headers>> =
+                group.iter().map(|&i| settled.spans.trace(i)).collect();
             // Sending and confirming share one deadline.
             let deadline = claim_deadline.map_or(
                 Instant::now() + self.inner.settings.confirm_timeout,
                 |claim| claim.min(Instant::now() + self.inner.settings.confirm_timeout),
             );
             let pending = self
-                .send(&checkout.channel, &batch, &batch_targets, deadline)
+                .send(
+                    &checkout.channel,
+                    &batch,
+                    &batch_targets,
+                    &batch_traces,
+                    deadline,
+                )
                 .await;
             failpoints::hit(failpoints::AFTER_PUBLISH_BEFORE_CONFIRM);
             let sent = pending.len();
@@ -120,7 +161,7 @@ impl Publisher for LapinPublisher {
             let mut closed_reason = String::new();
             for (&i, round) in group.iter().zip(rounds) {
                 match round {
-                    Round::Done(outcome) => outcomes[i] = Some(outcome),
+                    Round::Done(outcome) => settled.set(i, outcome),
                     Round::ChannelClosed(reason) => {
                         closed.push(i);
                         closed_reason = reason;
@@ -134,7 +175,7 @@ impl Publisher for LapinPublisher {
                     // culprit. (On a reused channel, try it once more on a
                     // fresh one.)
                     if group.len() == 1 && fresh {
-                        outcomes[closed[0]] = Some(PublishOutcome::rejected(closed_reason));
+                        settled.set(closed[0], PublishOutcome::rejected(closed_reason));
                     } else {
                         groups.push(closed);
                     }
@@ -146,9 +187,15 @@ impl Publisher for LapinPublisher {
                 }
             }
         }
-        outcomes
-            .into_iter()
-            .map(|o| o.unwrap_or_else(|| PublishOutcome::connection_lost("not published")))
+        (0..events.len())
+            .map(|i| match settled.outcomes[i].take() {
+                Some(outcome) => outcome,
+                None => {
+                    let outcome = PublishOutcome::connection_lost("not published");
+                    settled.spans.end(i, &outcome);
+                    outcome
+                }
+            })
             .collect()
     }
 

@@ -2,7 +2,7 @@
 //! go on the wire at all (short strings, the header frame against
 //! `frame_max`): what cannot is unpublishable, never sent.
 
-use outbox_core::EventEnvelope;
+use outbox_core::{EventEnvelope, Headers};
 
 use super::LapinPublisher;
 use crate::wire;
@@ -29,6 +29,8 @@ impl LapinPublisher {
     /// [`EventEnvelope::validate_wire`] (an envelope stored by another
     /// writer, or before the limits were enforced), or its exchange name or
     /// routing key is longer than an AMQP short string holds (255 bytes).
+    /// `validate_wire` counts the headers as they are sent (a malformed
+    /// trace context header is left out).
     pub(super) fn target(
         &self,
         envelope: &EventEnvelope,
@@ -53,13 +55,28 @@ impl LapinPublisher {
 }
 
 /// Checks that `envelope`'s content header frame (its properties, headers
-/// included, exactly as they are sent) fits `frame_max`.
+/// included, exactly as they are sent: with `trace`, its `publish` span's
+/// trace context, in place of the recorded one) fits `frame_max`, and, when
+/// `trace` is sent, that the headers still fit
+/// [`EventEnvelope::MAX_HEADERS_BYTES`] (without it,
+/// [`EventEnvelope::validate_wire`] checked them as they are sent).
 pub(super) fn header_frame_fits(
     envelope: &EventEnvelope,
     source: &str,
+    trace: Option<&Headers>,
     frame_max: u32,
 ) -> std::result::Result<(), String> {
-    let properties = wire::properties(envelope, source);
+    if trace.is_some() {
+        let bytes = wire::forwarded_bytes(envelope, trace);
+        if bytes > EventEnvelope::MAX_HEADERS_BYTES {
+            return Err(format!(
+                "its headers, with the publish span's trace context, are {bytes} bytes long \
+                 encoded; at most {} are allowed",
+                EventEnvelope::MAX_HEADERS_BYTES
+            ));
+        }
+    }
+    let properties = wire::properties_with(envelope, source, trace);
     let encoded = lapin::protocol::basic::gen_properties(&properties)(Vec::new().into())
         .map(|written| written.position)
         .map_err(|err| format!("its properties cannot be encoded: {err}"))?;

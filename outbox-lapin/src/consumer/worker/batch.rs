@@ -9,6 +9,7 @@
 
 use std::collections::HashSet;
 
+use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
 use outbox_core::{InboxDatabase, InboxOutcome};
 use tokio::sync::{mpsc, watch};
@@ -16,7 +17,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::ack::{ack, requeue};
-use super::{Job, Prepared, Ready, Shared, admit, database, stopping};
+use super::{Job, Prepared, Ready, Shared, admit, database, mark_failed, stopping};
 use crate::consumer::{Batching, EventHandler, HandlerError, metric_names};
 
 /// Runs one worker in batch mode until its queue closes.
@@ -76,6 +77,8 @@ struct Committed {
     processed: u64,
     /// Deliveries the inbox knew, or that repeated an event of the batch.
     duplicates: u64,
+    /// When the events handled for the first time were raised.
+    raised: Vec<DateTime<Utc>>,
 }
 
 impl<D, H> Shared<D, H>
@@ -112,18 +115,36 @@ where
                 if stopping(stop) {
                     requeue(&ready.delivery).await;
                 } else {
-                    self.apply(ready, stop).await;
+                    self.apply(ready, None, stop).await;
                 }
             }
             return;
         }
+        #[cfg(not(feature = "opentelemetry"))]
         let span = tracing::info_span!("outbox.consume_batch", consumer, deliveries = batch.len());
+        #[cfg(feature = "opentelemetry")]
+        let span = tracing::info_span!(
+            "outbox.consume_batch",
+            consumer,
+            deliveries = batch.len(),
+            otel.kind = "consumer",
+            messaging.system = "rabbitmq",
+            messaging.operation.name = "process",
+            messaging.operation.type = "process",
+            messaging.destination.subscription.name = %self.settings.queue,
+            messaging.batch.message_count = batch.len(),
+            messaging.consumer.group.name = consumer,
+        );
         match self.try_batch(&batch, stop).instrument(span.clone()).await {
             Ok(Committed {
                 processed,
                 duplicates,
+                raised,
             }) => {
                 tracing::debug!(parent: &span, processed, duplicates, "batch committed");
+                for occurred_at in raised {
+                    self.handled(occurred_at);
+                }
                 ::metrics::counter!(metric_names::PROCESSED_TOTAL, "consumer" => consumer.to_owned())
                     .increment(processed);
                 if duplicates > 0 {
@@ -166,7 +187,7 @@ where
                     } else if stopping(stop) {
                         requeue(&ready.delivery).await;
                     } else {
-                        self.apply(ready, stop).await;
+                        self.apply(ready, Some(&span), stop).await;
                     }
                 }
             }
@@ -194,6 +215,7 @@ where
         let mut done = Committed {
             processed: 0,
             duplicates: 0,
+            raised: Vec::with_capacity(batch.len()),
         };
         for ready in batch {
             if seen.insert(ready.event.id) {
@@ -201,7 +223,7 @@ where
             } else {
                 done.duplicates += 1;
                 tracing::info!(
-                    parent: &self.span(ready),
+                    parent: &self.span(ready, Some(&tracing::Span::current())),
                     "the same event twice in one batch: applied once, both deliveries acknowledged"
                 );
             }
@@ -227,7 +249,7 @@ where
             }
         };
         for (ready, outcome) in events.into_iter().zip(outcomes) {
-            let span = self.span(ready);
+            let span = self.span(ready, Some(&tracing::Span::current()));
             if outcome == InboxOutcome::Duplicate {
                 done.duplicates += 1;
                 tracing::info!(
@@ -242,9 +264,10 @@ where
             }
             let handled = self
                 .call_handler(&mut tx, &ready.event)
-                .instrument(span)
+                .instrument(span.clone())
                 .await;
             if let Err(failure) = handled {
+                mark_failed(&span, &failure.error);
                 if failure.panicked {
                     // Possibly mid-statement: dropped, which rolls back.
                     drop(tx);
@@ -254,6 +277,7 @@ where
                 return Err(Unfinished::Failed(failure.error));
             }
             done.processed += 1;
+            done.raised.push(ready.event.occurred_at);
         }
         db.commit(tx)
             .await

@@ -4,7 +4,7 @@
 
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
-use outbox_core::{EventEnvelope, Headers};
+use outbox_core::{EventEnvelope, Headers, trace_context};
 
 use crate::IncomingEvent;
 use crate::consumer::republish::text;
@@ -45,14 +45,23 @@ pub(super) fn origin_headers(
 }
 
 /// Headers the handler's recorded events inherit: causation = this event,
-/// plus its correlation id and trace context.
+/// plus its correlation id, trace context and (when this process carries
+/// baggage) baggage. At record, the `process` span's OpenTelemetry context,
+/// when there is one, replaces this trace context; without one the events
+/// continue the producer's (`event`'s headers are sanitized: a malformed
+/// trace context was dropped).
 pub(super) fn inherited_headers(event: &IncomingEvent) -> Headers {
     let mut headers = Headers::new().with(Headers::CAUSATION_ID, event.id.to_string());
+    let baggage = (trace_context::baggage_limit() > 0).then_some(Headers::BAGGAGE);
     for key in [
-        Headers::CORRELATION_ID,
-        Headers::TRACEPARENT,
-        Headers::TRACESTATE,
-    ] {
+        Some(Headers::CORRELATION_ID),
+        Some(Headers::TRACEPARENT),
+        Some(Headers::TRACESTATE),
+        baggage,
+    ]
+    .into_iter()
+    .flatten()
+    {
         if let Some(value) = event.headers.get(key) {
             if key == Headers::CORRELATION_ID && value.len() > EventEnvelope::MAX_SHORT_BYTES {
                 // Events recorded with it would be refused: carry none.

@@ -19,21 +19,23 @@ mod retry;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Instant;
 
+use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
 use lapin::message::Delivery;
 use lapin::options::BasicNackOptions;
-use outbox_core::{EventEnvelope, Headers, InboxDatabase, InboxOutcome, context};
+use outbox_core::{EventEnvelope, Headers, InboxDatabase, InboxOutcome, context, trace_context};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use super::republish::{Republisher, text, with_headers};
 use super::{EventHandler, HandlerError, Settings, metric_names};
 use crate::headers::{
-    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
-    QUEUE_HEADER,
+    ATTEMPT_HEADER, DEAD_LETTER_ID_HEADER, DEAD_REASON_HEADER, ORIGINAL_EXCHANGE_HEADER,
+    ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER,
 };
-use crate::wire::header_i64;
+use crate::wire::{header_i64, header_str};
 use crate::{DecodeError, IncomingEvent};
 use ack::{ack, requeue};
 use headers::{inherited_headers, origin_headers, original_routing_key};
@@ -139,6 +141,9 @@ struct Ready {
     event: IncomingEvent,
     /// The routing key it first arrived with.
     routing_key: String,
+    /// The exchange it first arrived through.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
+    exchange: String,
     /// Which attempt this is (1-based).
     attempt: i64,
     republisher: Arc<Republisher>,
@@ -179,7 +184,7 @@ where
     /// if it is not an event.
     async fn process_prepared(&self, prepared: Prepared, stop: &mut watch::Receiver<bool>) {
         match prepared {
-            Prepared::Ready(ready) => self.apply(&ready, stop).await,
+            Prepared::Ready(ready) => self.apply(&ready, None, stop).await,
             Prepared::Undecodable {
                 delivery,
                 routing_key,
@@ -227,6 +232,15 @@ where
             }
         };
         event.routing_key.clone_from(&routing_key);
+        // The producer's baggage, for the handler's events (kept only when
+        // this process carries baggage: `sanitize` below).
+        if event.headers.get(Headers::BAGGAGE).is_none()
+            && let Some(baggage) = header_str(headers, Headers::BAGGAGE)
+        {
+            event.headers.insert(Headers::BAGGAGE, baggage);
+        }
+        // A malformed trace context is neither a parent nor carried on.
+        trace_context::sanitize(&mut event.headers);
         if event.headers.get(Headers::CORRELATION_ID).is_none()
             && let Some(correlation) = delivery.properties.correlation_id()
         {
@@ -235,10 +249,15 @@ where
                 .insert(Headers::CORRELATION_ID, correlation.as_str());
         }
         let attempt = header_i64(headers, ATTEMPT_HEADER).unwrap_or(1).max(1);
+        let exchange = header_str(headers, ORIGINAL_EXCHANGE_HEADER)
+            .filter(|_| original.is_some())
+            .unwrap_or(delivery.exchange.as_str())
+            .to_owned();
         Prepared::Ready(Ready {
             delivery,
             event,
             routing_key,
+            exchange,
             attempt,
             republisher,
         })
@@ -291,10 +310,18 @@ where
         .await;
     }
 
-    /// The span of one event's handling: `outbox.consume`.
-    fn span(&self, ready: &Ready) -> tracing::Span {
+    /// The span of one event's handling: `outbox.consume`, with the
+    /// incoming trace id for log lines. With the `opentelemetry` feature it
+    /// is also the OpenTelemetry `process` span (kind consumer, messaging
+    /// attributes): a child of the context the message carries, or linked
+    /// to it ([`Settings::trace_links`]); in batch mode linked to `batch`.
+    fn span(&self, ready: &Ready, batch: Option<&tracing::Span>) -> tracing::Span {
         let event = &ready.event;
-        tracing::info_span!(
+        let trace_id = trace_context::trace_id(&event.headers);
+        #[cfg(not(feature = "opentelemetry"))]
+        let _ = batch;
+        #[cfg(not(feature = "opentelemetry"))]
+        let span = tracing::info_span!(
             "outbox.consume",
             consumer = %self.settings.name,
             event_id = %event.id,
@@ -302,26 +329,80 @@ where
             aggregate_type = %event.aggregate_type,
             aggregate_id = %event.aggregate_id,
             attempt = ready.attempt,
-        )
+            trace_id = trace_id.as_deref(),
+        );
+        #[cfg(feature = "opentelemetry")]
+        let span = {
+            let span = tracing::info_span!(
+                "outbox.consume",
+                consumer = %self.settings.name,
+                event_id = %event.id,
+                event_type = %event.event_type,
+                aggregate_type = %event.aggregate_type,
+                aggregate_id = %event.aggregate_id,
+                attempt = ready.attempt,
+                trace_id = trace_id.as_deref(),
+                otel.name = %format_args!("process {}", self.settings.queue),
+                otel.kind = "consumer",
+                otel.status_code = tracing::field::Empty,
+                otel.status_description = tracing::field::Empty,
+                messaging.system = "rabbitmq",
+                messaging.operation.name = "process",
+                messaging.operation.type = "process",
+                messaging.destination.name = %ready.exchange,
+                messaging.destination.subscription.name = %self.settings.queue,
+                messaging.rabbitmq.destination.routing_key = %ready.routing_key,
+                messaging.message.id = %event.id,
+                messaging.message.conversation_id = event.headers.get(Headers::CORRELATION_ID),
+                messaging.consumer.group.name = %self.settings.name,
+            );
+            // Before the span is entered: its parent cannot change after.
+            let parented = if self.settings.trace_links {
+                // A new trace (in batch mode: the batch's), linked to the
+                // producer's.
+                trace_context::add_link(&span, &event.headers);
+                false
+            } else {
+                trace_context::set_parent(&span, &event.headers)
+            };
+            // Linked to its batch unless the batch's span is its parent
+            // already (no producer context, or a link): a delivery
+            // applied alone after its batch failed is outside that span.
+            if let Some(batch) = batch
+                && (parented || tracing::Span::current().id() != batch.id())
+            {
+                trace_context::link_span(&span, batch);
+            }
+            span
+        };
+        span
     }
 
     /// One delivery in its own transaction: handled and acked, acked as a
     /// duplicate, retried in place while the database is unavailable,
     /// retried or dead-lettered after a failure.
-    async fn apply(&self, ready: &Ready, stop: &mut watch::Receiver<bool>) {
+    async fn apply(
+        &self,
+        ready: &Ready,
+        batch: Option<&tracing::Span>,
+        stop: &mut watch::Receiver<bool>,
+    ) {
         let Ready {
             delivery,
             event,
             routing_key,
             attempt,
             republisher,
+            ..
         } = ready;
-        let (attempt, span) = (*attempt, self.span(ready));
+        let (attempt, span) = (*attempt, self.span(ready, batch));
+        let failed_span = span.clone();
         async {
             loop {
                 match self.handle(event).await {
                     Ok(InboxOutcome::FirstTime) => {
                         self.count(metric_names::PROCESSED_TOTAL);
+                        self.handled(event.occurred_at);
                         tracing::debug!("handled and committed");
                         ack(delivery).await;
                     }
@@ -355,6 +436,7 @@ where
                         }
                     }
                     Err(Failure::Failed(error)) => {
+                        mark_failed(&failed_span, &error);
                         let failure = Attempt {
                             event,
                             routing_key,
@@ -421,12 +503,18 @@ where
         tx: &mut D::Tx,
         event: &IncomingEvent,
     ) -> Result<(), HandlerFailure> {
+        let started = Instant::now();
         let handled = AssertUnwindSafe(context::scope(
             inherited_headers(event),
             self.handler.handle(tx, event),
         ))
         .catch_unwind()
         .await;
+        ::metrics::histogram!(
+            metric_names::HANDLER_DURATION_SECONDS,
+            "consumer" => self.settings.name.clone()
+        )
+        .record(started.elapsed().as_secs_f64());
         match handled {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => Err(HandlerFailure {
@@ -461,6 +549,28 @@ where
     fn count(&self, counter: &'static str) {
         ::metrics::counter!(counter, "consumer" => self.settings.name.clone()).increment(1);
     }
+
+    /// Records the raise-to-handled time of an event just handled for the
+    /// first time and committed (0 when the producer's clock is ahead).
+    fn handled(&self, occurred_at: DateTime<Utc>) {
+        let elapsed = (Utc::now() - occurred_at).to_std().unwrap_or_default();
+        ::metrics::histogram!(
+            metric_names::RAISE_TO_HANDLED_SECONDS,
+            "consumer" => self.settings.name.clone()
+        )
+        .record(elapsed.as_secs_f64());
+    }
+}
+
+/// Marks `span` (an event's `process` span) failed, for OpenTelemetry.
+fn mark_failed(span: &tracing::Span, error: &HandlerError) {
+    #[cfg(feature = "opentelemetry")]
+    {
+        span.record("otel.status_code", "ERROR");
+        span.record("otel.status_description", tracing::field::display(error));
+    }
+    #[cfg(not(feature = "opentelemetry"))]
+    let _ = (span, error);
 }
 
 /// A failed attempt at an event.
