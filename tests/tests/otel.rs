@@ -299,33 +299,22 @@ impl Shop {
     }
 
     /// The message of event `id` the tap queue received (waiting for it).
-    async fn message(&self, id: Uuid) -> IncomingEvent {
-        let queue = &self.pipeline.queue;
-        eventually(format!("event {id} on the tap queue"))
-            .within(WAIT)
-            .some(|| async {
-                self.pipeline
-                    .broker
-                    .peek(queue)
-                    .await
-                    .into_iter()
-                    .filter_map(|m| {
-                        wire::decode(
-                            &m.delivery.properties,
-                            m.delivery.routing_key.as_str(),
-                            &m.delivery.data,
-                        )
-                        .ok()
-                    })
-                    .find(|e| e.id == id)
-            })
+    async fn message(&self, id: Uuid) -> Received {
+        self.received(&format!("event {id} on the tap queue"), |e| e.id == id)
             .await
     }
 
     /// The event of type `event_type` on the tap queue (waiting for it).
-    async fn message_of_type(&self, event_type: &str) -> IncomingEvent {
+    async fn message_of_type(&self, event_type: &str) -> Received {
+        self.received(&format!("an {event_type} on the tap queue"), |e| {
+            e.event_type == event_type
+        })
+        .await
+    }
+
+    async fn received(&self, what: &str, pred: impl Fn(&IncomingEvent) -> bool) -> Received {
         let queue = &self.pipeline.queue;
-        eventually(format!("an {event_type} on the tap queue"))
+        eventually(what.to_owned())
             .within(WAIT)
             .some(|| async {
                 self.pipeline
@@ -334,14 +323,21 @@ impl Shop {
                     .await
                     .into_iter()
                     .filter_map(|m| {
-                        wire::decode(
-                            &m.delivery.properties,
+                        let properties = &m.delivery.properties;
+                        let event = wire::decode(
+                            properties,
                             m.delivery.routing_key.as_str(),
                             &m.delivery.data,
                         )
-                        .ok()
+                        .ok()?;
+                        let baggage = properties
+                            .headers()
+                            .as_ref()
+                            .and_then(|h| wire::header_str(h, Headers::BAGGAGE))
+                            .map(str::to_owned);
+                        Some(Received { event, baggage })
                     })
-                    .find(|e| e.event_type == event_type)
+                    .find(|r| pred(&r.event))
             })
             .await
     }
@@ -357,6 +353,14 @@ impl Shop {
                 .unwrap();
         }
     }
+}
+
+/// A message on the tap queue: the event as a consumer decodes it, and its
+/// AMQP `baggage` header (`IncomingEvent::headers` holds the trace context
+/// and the ids only).
+struct Received {
+    event: IncomingEvent,
+    baggage: Option<String>,
 }
 
 fn baggage_members(value: &str) -> Vec<String> {
@@ -419,7 +423,7 @@ async fn one_order_is_one_trace_from_the_request_through_the_relay_and_the_consu
     // The message carries the publish span's context.
     let message = shop.message(placed).await;
     assert_eq!(
-        message.headers.get(Headers::TRACEPARENT),
+        message.event.headers.get(Headers::TRACEPARENT),
         Some(format!("00-{TRACE}-{}-01", publish.span_context.span_id()).as_str())
     );
 
@@ -430,7 +434,10 @@ async fn one_order_is_one_trace_from_the_request_through_the_relay_and_the_consu
 
     // The chained event: recorded in the `process` span, published and
     // processed in the same trace.
-    let chained = shop.message_of_type("order.acknowledged").await;
+    let Received {
+        event: chained,
+        baggage: chained_baggage,
+    } = shop.message_of_type("order.acknowledged").await;
     let chained_publish = messaging_span("publish", chained.id).await;
     assert_child_of(&chained_publish, &process, "chained publish ← process");
     let chained_process = messaging_span("process", chained.id).await;
@@ -447,7 +454,7 @@ async fn one_order_is_one_trace_from_the_request_through_the_relay_and_the_consu
 
     // Baggage (opted in): from the request to the chained event's message.
     assert_eq!(
-        chained.headers.get(Headers::BAGGAGE).map(baggage_members),
+        chained_baggage.as_deref().map(baggage_members),
         Some(vec!["tier=gold".to_owned(), "user=alice".to_owned()]),
         "the request's baggage on the chained event's message"
     );
@@ -507,6 +514,7 @@ async fn a_malformed_traceparent_is_refused_and_the_request_succeeds() {
     let message = shop.message(placed).await;
     assert_eq!(
         message
+            .event
             .headers
             .get(Headers::TRACEPARENT)
             .and_then(|tp| tp.get(3..35)),
