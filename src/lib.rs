@@ -58,9 +58,9 @@
 //! crate only), one order is one trace. An event records the context of the
 //! span that raised it; the relay publishes it in a `publish` span whose
 //! parent is that context, and the inbox consumer handles it in a `process`
-//! span whose parent is the `publish` span (or a new trace linked to it, by
-//! a setting of the consumer), so the events a handler records continue the
-//! trace:
+//! span whose parent is the `publish` span (or a new trace linked to it:
+//! `rabbitmq::InboxConsumerBuilder::trace_links`), so the events a handler
+//! records continue the trace:
 //!
 //! ```text
 //! POST /orders                      the request's span (kind server), child of the caller's traceparent
@@ -73,8 +73,8 @@
 //!          └─ process shop.payments …
 //! ```
 //!
-//! The relay's batch span is a trace of its own (a batch holds events of
-//! many traces), linked from each `publish` span. The spans follow the
+//! The relay's batch span (`send`) is a trace of its own (a batch holds
+//! events of many traces), linked from each `publish` span. The spans follow the
 //! OpenTelemetry messaging conventions (`messaging.system = rabbitmq`,
 //! `messaging.destination.name`, `messaging.message.id` = the event id,
 //! `messaging.message.conversation_id` = the correlation id). The request's
