@@ -205,8 +205,11 @@ pub struct IncomingEvent {
     pub schema_version: i32,
     /// The JSON payload, as sent.
     pub payload: String,
-    /// Trace context and correlation/causation ids (and any other string
-    /// headers the producer attached).
+    /// `traceparent`, `tracestate`, `baggage`, `correlation_id` and
+    /// `causation_id`, when the message carries them (the inbox consumer
+    /// drops a malformed trace context, and the baggage unless this process
+    /// [carries](outbox_core::trace_context::carry_baggage) it). Other
+    /// headers are in the delivery's AMQP properties.
     pub headers: Headers,
     /// When the event occurred (`cloudEvents:time`, else `timestamp`).
     pub occurred_at: DateTime<Utc>,
@@ -298,6 +301,7 @@ pub fn decode(
     for key in [
         Headers::TRACEPARENT,
         Headers::TRACESTATE,
+        Headers::BAGGAGE,
         Headers::CORRELATION_ID,
         Headers::CAUSATION_ID,
     ] {

@@ -232,14 +232,8 @@ where
             }
         };
         event.routing_key.clone_from(&routing_key);
-        // The producer's baggage, for the handler's events (kept only when
-        // this process carries baggage: `sanitize` below).
-        if event.headers.get(Headers::BAGGAGE).is_none()
-            && let Some(baggage) = header_str(headers, Headers::BAGGAGE)
-        {
-            event.headers.insert(Headers::BAGGAGE, baggage);
-        }
-        // A malformed trace context is neither a parent nor carried on.
+        // The producer's baggage stays only when this process carries
+        // baggage; a malformed trace context is neither a parent nor carried on.
         trace_context::sanitize(&mut event.headers);
         if event.headers.get(Headers::CORRELATION_ID).is_none()
             && let Some(correlation) = delivery.properties.correlation_id()
