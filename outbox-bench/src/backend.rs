@@ -680,7 +680,7 @@ async fn w2_relay(
             .await?,
         );
     }
-    let mut drain = drain::receive_all(&mut rx, &expected, started).await;
+    let mut drain = drain::receive_all(&mut rx, expected, started).await;
     drain.cpu = meter.stop().await?;
     for (handle, _) in &running {
         handle.shutdown();

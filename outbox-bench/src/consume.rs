@@ -29,8 +29,7 @@ use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions, QueuePurgeOptions,
 };
 use lapin::types::FieldTable;
 use outbox::postgres::{PgInbox, PgInboxDatabase, PgTransaction};
@@ -41,7 +40,8 @@ use outbox::{EventEnvelope, InboxDatabase, InboxOutcome, admin::DeadLetter};
 use outbox_testkit::amqp::TestBroker;
 use uuid::Uuid;
 
-use crate::setup::{self, BoxError, Env, OrderPlaced, Prepared, amqp_url, database_url};
+use crate::cpu::{self, Cpu};
+use crate::setup::{self, BoxError, Env, OrderPlaced, Prepared, amqp_url};
 
 /// Unacknowledged deliveries the broker sends ahead, the same for the
 /// consumer and the broker ceiling at every concurrency: 8 per worker at
@@ -61,6 +61,10 @@ const CONSUMER: &str = "bench.w5";
 /// The database ceiling's inbox consumer name.
 const CEILING_CONSUMER: &str = "bench.w5.ceiling";
 
+/// The backlog is published in batches of this many, each batch's
+/// confirms awaited before the next.
+const FILL_BATCH: usize = 500;
+
 /// How long one run may take before it is given up as failed.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -77,6 +81,12 @@ pub(crate) struct Rig {
     applied_sql: String,
     /// The library's inbox `INSERT`, for the database ceiling.
     inbox_sql: String,
+    /// The database URL of every connection W5's runs open, with an
+    /// `application_name` of their own ([`Rig::cpu_db`]).
+    db_url: String,
+    /// Where W5's PostgreSQL CPU is counted: the backends of those
+    /// connections, found by that name (as W2 counts the relay pool's).
+    cpu_db: cpu::Db,
 }
 
 impl Rig {
@@ -111,7 +121,10 @@ impl Rig {
             .map(EventEnvelope::from_event)
             .collect::<Result<_, _>>()?;
         let expected = envelopes.iter().map(|e| e.id).collect();
+        let application_name = format!("{}_w5", env.schema);
         Ok(Rig {
+            db_url: cpu::url_with_application_name(&env.url, &application_name),
+            cpu_db: cpu::Db::Postgres { application_name },
             broker,
             exchange,
             queue,
@@ -178,31 +191,9 @@ impl Rig {
         publisher
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
-        for chunk in self.envelopes.chunks(500) {
-            let mut confirms = Vec::with_capacity(chunk.len());
-            for envelope in chunk {
-                confirms.push(
-                    publisher
-                        .basic_publish(
-                            self.exchange.as_str().into(),
-                            envelope.event_type.as_str().into(),
-                            BasicPublishOptions {
-                                mandatory: true,
-                                ..Default::default()
-                            },
-                            envelope.payload.as_bytes(),
-                            wire::properties(envelope, "/bench"),
-                        )
-                        .await?,
-                );
-            }
-            for confirm in confirms {
-                let confirmation = confirm.await?;
-                if !confirmation.is_ack() || confirmation.take_message().is_some() {
-                    return Err("W5 backlog: a message was not taken by the queue".into());
-                }
-            }
-        }
+        crate::raw::publish_all(&publisher, &self.exchange, &self.envelopes, FILL_BATCH)
+            .await
+            .map_err(|e| format!("W5 backlog: {e}"))?;
         let _ = publisher.close(200, "done".into()).await;
         let ready = self.declare_passive().await?.message_count() as usize;
         if ready != self.events() {
@@ -216,18 +207,7 @@ impl Rig {
     }
 
     async fn declare_passive(&self) -> Result<lapin::Queue, BoxError> {
-        Ok(self
-            .broker
-            .channel()
-            .queue_declare(
-                self.queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?)
+        setup::declare_passive(self.broker.channel(), &self.queue).await
     }
 }
 
@@ -243,8 +223,10 @@ pub(crate) struct Apply {
     pub(crate) duplicates: usize,
     /// Messages left in the queue after the run (not acked).
     pub(crate) left: usize,
-    /// CPU used during the run.
-    pub(crate) cpu: CpuUsed,
+    /// CPU used during the run: the bench process, the PostgreSQL backends
+    /// of the run's connections ([`Rig::cpu_db`]), RabbitMQ and how busy
+    /// the machine was.
+    pub(crate) cpu: Cpu,
     /// From the run's start to the first delivery in a worker's hands
     /// (connecting, subscribing; consumer and raw runs).
     pub(crate) startup: Duration,
@@ -266,9 +248,9 @@ impl Apply {
     pub(crate) fn cpu_us(&self) -> [f64; 3] {
         let per_event = |d: Duration| d.as_secs_f64() * 1e6 / self.events.max(1) as f64;
         [
-            per_event(self.cpu.bench),
-            per_event(self.cpu.postgres),
-            per_event(self.cpu.rabbit),
+            per_event(self.cpu.process),
+            per_event(self.cpu.db.unwrap_or_default()),
+            per_event(self.cpu.broker),
         ]
     }
 }
@@ -283,115 +265,6 @@ pub(crate) fn median(runs: &[Apply]) -> Apply {
     median.duplicates = runs.iter().map(|r| r.duplicates).sum();
     median.left = runs.iter().map(|r| r.left).sum();
     median
-}
-
-/// CPU time used so far, in clock ticks: this process, PostgreSQL's and
-/// RabbitMQ's processes (user + system, from `/proc/<pid>/stat`; for
-/// PostgreSQL also the exited backends its postmaster reaped), and the
-/// whole machine's busy and total time (from `/proc/stat`). Zero where
-/// `/proc` is not readable (the servers on another machine, say). Other
-/// clients of the same servers (another bench, another helper) count
-/// too: a figure for a quiet machine.
-#[derive(Debug, Clone, Copy, Default)]
-struct Cpu {
-    process: u64,
-    postgres: u64,
-    rabbit: u64,
-    busy: u64,
-    total: u64,
-}
-
-/// `USER_HZ`: the unit of `/proc`'s CPU times, 100 on every Linux
-/// architecture the bench runs on (reading `sysconf(_SC_CLK_TCK)` would
-/// need `libc` for a constant).
-const TICKS_PER_SECOND: u64 = 100;
-
-/// (command name, own user + system ticks, reaped children's ticks) of a
-/// `/proc/<pid>/stat` line.
-fn stat_ticks(stat: &str) -> Option<(&str, u64, u64)> {
-    let (head, rest) = stat.rsplit_once(')')?;
-    let comm = head.split_once('(')?.1;
-    // Fields after the command name: utime, stime, cutime and cstime are
-    // fields 14 to 17 of the line, so the 12th to 15th of these.
-    let mut fields = rest.split_whitespace().skip(11);
-    let mut next = || fields.next().and_then(|f| f.parse::<u64>().ok());
-    let own = next()? + next()?;
-    let children = next()? + next()?;
-    Some((comm, own, children))
-}
-
-impl Cpu {
-    fn now() -> Cpu {
-        let mut cpu = Cpu {
-            process: std::fs::read_to_string("/proc/self/stat")
-                .ok()
-                .and_then(|stat| stat_ticks(&stat).map(|(_, own, _)| own))
-                .unwrap_or(0),
-            ..Cpu::default()
-        };
-        if let Ok(dir) = std::fs::read_dir("/proc") {
-            for entry in dir.flatten() {
-                let name = entry.file_name();
-                if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-                    continue;
-                }
-                let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                    continue;
-                };
-                match stat_ticks(&stat) {
-                    Some(("postgres", own, children)) => cpu.postgres += own + children,
-                    Some(("beam.smp", own, _)) => cpu.rabbit += own,
-                    _ => {}
-                }
-            }
-        }
-        if let Some((busy, total)) = std::fs::read_to_string("/proc/stat").ok().and_then(|stat| {
-            let line = stat.lines().next()?;
-            let ticks: Vec<u64> = line
-                .split_whitespace()
-                .skip(1)
-                .filter_map(|n| n.parse().ok())
-                .collect();
-            // user nice system idle iowait irq softirq steal …
-            let total: u64 = ticks.iter().take(8).sum();
-            let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
-            Some((total - idle.min(total), total))
-        }) {
-            cpu.busy = busy;
-            cpu.total = total;
-        }
-        cpu
-    }
-
-    /// What was used from `self` to `later`.
-    fn since(self, later: Cpu) -> CpuUsed {
-        let time =
-            |a: u64, b: u64| Duration::from_millis(b.saturating_sub(a) * 1000 / TICKS_PER_SECOND);
-        let total = later.total.saturating_sub(self.total);
-        CpuUsed {
-            bench: time(self.process, later.process),
-            postgres: time(self.postgres, later.postgres),
-            rabbit: time(self.rabbit, later.rabbit),
-            busy: if total == 0 {
-                f64::NAN
-            } else {
-                later.busy.saturating_sub(self.busy) as f64 / total as f64
-            },
-        }
-    }
-}
-
-/// CPU used during a run.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct CpuUsed {
-    /// The bench process.
-    pub(crate) bench: Duration,
-    /// PostgreSQL's processes.
-    pub(crate) postgres: Duration,
-    /// RabbitMQ's (`beam.smp`).
-    pub(crate) rabbit: Duration,
-    /// Share of the machine's CPU time busy (every process).
-    pub(crate) busy: f64,
 }
 
 /// Time the consumer's deliveries spent in each phase, summed over all
@@ -578,7 +451,7 @@ impl EventHandler<PgTransaction> for ApplyOrder {
 /// The inbox consumer applying the backlog with `concurrency` workers.
 pub(crate) async fn consumer(env: &Env, rig: &Rig, concurrency: usize) -> Result<Apply, BoxError> {
     rig.fill(env).await?;
-    let pool = outbox::postgres::pool(&database_url(), concurrency)?;
+    let pool = outbox::postgres::pool(&rig.db_url, concurrency)?;
     // Connections open before the clock starts, as a running service's
     // pool would have them.
     let mut warm = Vec::with_capacity(concurrency);
@@ -601,14 +474,14 @@ pub(crate) async fn consumer(env: &Env, rig: &Rig, concurrency: usize) -> Result
         .concurrency(concurrency)
         .build()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let cpu = Cpu::now();
+    let meter = cpu::Meter::start(&rig.cpu_db).await?;
     let started = Instant::now();
     let running = tokio::spawn(consumer.run(async {
         let _ = stopped.await;
     }));
     let all = tokio::time::timeout(RUN_TIMEOUT, phases.all_committed.notified()).await;
     let elapsed = started.elapsed();
-    let cpu = cpu.since(Cpu::now());
+    let cpu = meter.stop().await?;
     let _ = stop.send(());
     running.await??;
     if all.is_err() {
@@ -650,7 +523,7 @@ pub(crate) async fn batched(
     batch: usize,
 ) -> Result<Apply, BoxError> {
     rig.fill(env).await?;
-    let pool = outbox::postgres::pool(&database_url(), concurrency)?;
+    let pool = outbox::postgres::pool(&rig.db_url, concurrency)?;
     let mut warm = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         warm.push(pool.get().await?);
@@ -675,7 +548,7 @@ pub(crate) async fn batched(
         n: i64,
     }
     let mut counting = env.conn().await?;
-    let cpu = Cpu::now();
+    let meter = cpu::Meter::start(&rig.cpu_db).await?;
     let started = Instant::now();
     let running = tokio::spawn(consumer.run(async {
         let _ = stopped.await;
@@ -692,7 +565,7 @@ pub(crate) async fn batched(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let elapsed = started.elapsed();
-    let cpu = cpu.since(Cpu::now());
+    let cpu = meter.stop().await?;
     let _ = stop.send(());
     running.await??;
     let (missing, duplicates) = check_applied(env, rig).await?;
@@ -779,9 +652,13 @@ async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Ap
     rig.fill(env).await?;
     let mut conns = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
-        conns.push(if apply { Some(env.conn().await?) } else { None });
+        conns.push(if apply {
+            Some(outbox::postgres::connect(&rig.db_url).await?)
+        } else {
+            None
+        });
     }
-    let cpu = Cpu::now();
+    let meter = cpu::Meter::start(&rig.cpu_db).await?;
     let started = Instant::now();
     let connection =
         outbox_testkit::amqp::connect(&amqp_url(), &format!("{}.w5.raw", env.schema)).await;
@@ -866,7 +743,7 @@ async fn raw(env: &Env, rig: &Rig, concurrency: usize, apply: bool) -> Result<Ap
         }
     }
     let elapsed = started.elapsed();
-    let cpu = cpu.since(Cpu::now());
+    let cpu = meter.stop().await?;
     let _ = channel.close(200, "done".into()).await;
     dispatch.abort();
     for worker in workers {
@@ -907,7 +784,7 @@ pub(crate) async fn database(env: &Env, rig: &Rig, concurrency: usize) -> Result
     rig.fill(env).await?;
     let mut conns = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
-        conns.push(env.conn().await?);
+        conns.push(outbox::postgres::connect(&rig.db_url).await?);
     }
     let work: Arc<Vec<(Uuid, Order)>> = Arc::new(
         rig.envelopes
@@ -915,7 +792,7 @@ pub(crate) async fn database(env: &Env, rig: &Rig, concurrency: usize) -> Result
             .map(|e| Ok((e.id, serde_json::from_str(&e.payload)?)))
             .collect::<Result<_, serde_json::Error>>()?,
     );
-    let cpu = Cpu::now();
+    let meter = cpu::Meter::start(&rig.cpu_db).await?;
     let started = Instant::now();
     let mut writers = Vec::with_capacity(concurrency);
     for (index, mut conn) in conns.into_iter().enumerate() {
@@ -925,14 +802,18 @@ pub(crate) async fn database(env: &Env, rig: &Rig, concurrency: usize) -> Result
             for (id, order) in work.iter().skip(index).step_by(concurrency) {
                 apply_by_hand(&mut conn, &inbox_sql, &applied_sql, *id, order, None).await?;
             }
-            Ok::<(), BoxError>(())
+            // Open until the CPU is read: a backend that has exited is no
+            // longer found by its name.
+            Ok::<_, BoxError>(conn)
         }));
     }
+    let mut done = Vec::with_capacity(concurrency);
     for writer in writers {
-        writer.await??;
+        done.push(writer.await??);
     }
     let elapsed = started.elapsed();
-    let cpu = cpu.since(Cpu::now());
+    let cpu = meter.stop().await?;
+    drop(done);
     let (missing, duplicates) = check_applied(env, rig).await?;
     Ok(Apply {
         events: rig.events(),

@@ -23,6 +23,11 @@
 //!     thread per connection): anything else that uses the server at the
 //!     same time is counted too.
 //!   - SQLite: none apart, the database runs inside the bench process.
+//! - **broker**: RabbitMQ's server process (`beam.smp`) on this machine,
+//!   all of it (W5 reports it): other clients of the broker count too.
+//! - **busy**: the share of the whole machine's CPU time (`/proc/stat`,
+//!   every process, every core) that was not idle, for telling a quiet
+//!   machine's figures from a loaded one's.
 //!
 //! The unit is the kernel's clock tick (`getconf CLK_TCK`, 100 per second
 //! on Linux), so a drain of a few seconds is measured to a few per cent;
@@ -70,6 +75,12 @@ pub(crate) struct Cpu {
     pub(crate) process: Duration,
     /// The database's share ([`Db`]); `None` where it has none apart.
     pub(crate) db: Option<Duration>,
+    /// RabbitMQ's server process (`beam.smp`); zero where it does not run
+    /// on this machine.
+    pub(crate) broker: Duration,
+    /// Share of the machine's CPU time busy (every process); NaN where
+    /// `/proc/stat` cannot be read.
+    pub(crate) busy: f64,
 }
 
 impl Cpu {
@@ -86,6 +97,10 @@ pub(crate) struct Meter {
     process: u64,
     /// (pid, ticks) of each database process read at the start.
     db_start: Vec<(u32, u64)>,
+    /// (pid, ticks) of each broker process read at the start.
+    broker_start: Vec<(u32, u64)>,
+    /// (busy, total) ticks of the machine at the start.
+    machine_start: Option<(u64, u64)>,
 }
 
 impl Meter {
@@ -96,48 +111,59 @@ impl Meter {
             db: db.clone(),
             process: ticks("self").unwrap_or(0),
             db_start,
+            broker_start: named_ticks(&["beam.smp"]),
+            machine_start: machine_ticks(),
         })
     }
 
     /// The CPU used since [`Meter::start`].
     pub(crate) async fn stop(self) -> Result<Cpu, BoxError> {
         let process = ticks("self").unwrap_or(0).saturating_sub(self.process);
+        let machine_end = machine_ticks();
+        let broker = used_since(&self.broker_start, &named_ticks(&["beam.smp"]));
         let db = match self.db {
             Db::InProcess | Db::None => None,
             Db::Postgres { .. } | Db::Mariadb => {
                 let end = db_ticks(&self.db).await?;
-                let used: u64 = end
-                    .iter()
-                    .map(|&(pid, t)| {
-                        let before = self
-                            .db_start
-                            .iter()
-                            .find(|(p, _)| *p == pid)
-                            .map_or(0, |&(_, b)| b);
-                        t.saturating_sub(before)
-                    })
-                    .sum();
                 // No process found (a database on another machine): no figure.
-                (!end.is_empty()).then(|| from_ticks(used))
+                (!end.is_empty()).then(|| from_ticks(used_since(&self.db_start, &end)))
             }
+        };
+        let busy = match (self.machine_start, machine_end) {
+            (Some((busy, total)), Some((busy_end, total_end))) if total_end > total => {
+                busy_end.saturating_sub(busy) as f64 / (total_end - total) as f64
+            }
+            _ => f64::NAN,
         };
         Ok(Cpu {
             process: from_ticks(process),
             db,
+            broker: from_ticks(broker),
+            busy,
         })
     }
 }
 
-/// `database_url()` with `application_name` set to `name`, so the
-/// backends of a pool built on it can be found in `pg_stat_activity`.
-pub(crate) fn url_with_application_name(name: &str) -> String {
-    let url = database_url();
+/// `url` with `application_name` set to `name`, so the backends of a pool
+/// built on it can be found in `pg_stat_activity`.
+pub(crate) fn url_with_application_name(url: &str, name: &str) -> String {
     if url.contains("://") {
         let separator = if url.contains('?') { '&' } else { '?' };
         format!("{url}{separator}application_name={name}")
     } else {
         format!("{url} application_name={name}")
     }
+}
+
+/// Ticks the processes of `end` used since `start` (a process that
+/// appeared in between counts from zero).
+fn used_since(start: &[(u32, u64)], end: &[(u32, u64)]) -> u64 {
+    end.iter()
+        .map(|&(pid, t)| {
+            let before = start.iter().find(|(p, _)| *p == pid).map_or(0, |&(_, b)| b);
+            t.saturating_sub(before)
+        })
+        .sum()
 }
 
 fn from_ticks(ticks: u64) -> Duration {
@@ -200,18 +226,44 @@ async fn db_ticks(db: &Db) -> Result<Vec<(u32, u64)>, BoxError> {
                 })
                 .collect()
         }
-        Db::Mariadb => std::fs::read_dir("/proc")?
-            .filter_map(|entry| {
-                let entry = entry.ok()?;
-                let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-                let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
-                if !matches!(comm.trim(), "mariadbd" | "mysqld") {
-                    return None;
-                }
-                Some((pid, ticks(&pid.to_string())?))
-            })
-            .collect(),
+        Db::Mariadb => named_ticks(&["mariadbd", "mysqld"]),
     })
+}
+
+/// (pid, ticks) of each process whose command name (`/proc/<pid>/comm`) is
+/// one of `names`; none where `/proc` cannot be read.
+fn named_ticks(names: &[&str]) -> Vec<(u32, u64)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|entry| {
+        let entry = entry.ok()?;
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+        if !names.contains(&comm.trim()) {
+            return None;
+        }
+        Some((pid, ticks(&pid.to_string())?))
+    })
+    .collect()
+}
+
+/// (busy, total) clock ticks of the whole machine, from the first line of
+/// `/proc/stat` (user nice system idle iowait irq softirq steal …; idle
+/// and iowait are not busy).
+fn machine_ticks() -> Option<(u64, u64)> {
+    parse_machine_ticks(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn parse_machine_ticks(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let total: u64 = ticks.iter().take(8).sum();
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    Some((total - idle.min(total), total))
 }
 
 #[cfg(test)]
@@ -229,6 +281,14 @@ mod tests {
     #[test]
     fn a_truncated_line_is_no_figure() {
         assert_eq!(parse_ticks("4242 (postgres) S 1 4242"), None);
+    }
+
+    #[test]
+    fn the_machine_is_busy_outside_idle_and_iowait() {
+        // user 10, nice 1, system 4, idle 80, iowait 5, irq 0, softirq 0,
+        // steal 0; guest fields after the eighth are in user already.
+        let stat = "cpu  10 1 4 80 5 0 0 0 3 0\ncpu0 5 0 2 40 3 0 0 0 0 0\n";
+        assert_eq!(super::parse_machine_ticks(stat), Some((15, 100)));
     }
 
     #[test]

@@ -72,33 +72,85 @@ pub(crate) fn median(drains: &[Drain]) -> Drain {
     median
 }
 
-pub(crate) async fn receive_all(
+/// How [`receive`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Received {
+    /// Every expected id came.
+    All,
+    /// The deadline passed first.
+    Deadline,
+    /// Nothing came for the stall limit (a stalled relay), or the consumer
+    /// stopped.
+    Stalled,
+}
+
+/// The consumer's side of every drain: receives from `rx` until every id
+/// of `pending` came (each removed as it comes, so what is left is
+/// missing), `deadline` passed, or nothing came for `stall`. Calls
+/// `on_event` with the count of expected ids received so far after each
+/// one; returns how it ended and the duplicates (ids received again, or
+/// not in the backlog).
+pub(crate) async fn receive(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Uuid, i64, Vec<u8>)>,
-    expected: &HashSet<Uuid>,
-    started: Instant,
-) -> Drain {
-    let mut seen = HashSet::with_capacity(expected.len());
+    pending: &mut HashSet<Uuid>,
+    deadline: tokio::time::Instant,
+    stall: Duration,
+    mut on_event: impl FnMut(usize),
+) -> (Received, usize) {
+    let mut received = 0;
     let mut duplicates = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-    while seen.len() < expected.len() {
-        match tokio::time::timeout_at(deadline, rx.recv()).await {
+    while !pending.is_empty() {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return (Received::Deadline, duplicates);
+        }
+        let wait = stall.min(deadline - now);
+        match tokio::time::timeout(wait, rx.recv()).await {
             Ok(Some((id, _, _))) => {
-                if !seen.insert(id) {
+                if pending.remove(&id) {
+                    received += 1;
+                    on_event(received);
+                } else {
                     duplicates += 1;
                 }
             }
-            _ => break,
+            Err(_) if tokio::time::Instant::now() >= deadline => {
+                return (Received::Deadline, duplicates);
+            }
+            _ => return (Received::Stalled, duplicates),
         }
     }
-    let elapsed = started.elapsed();
-    // Anything arriving shortly after is a duplicate.
+    (Received::All, duplicates)
+}
+
+/// Messages arriving within 200 ms after a drain: each is a duplicate.
+pub(crate) async fn late_duplicates(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Uuid, i64, Vec<u8>)>,
+) -> usize {
+    let mut duplicates = 0;
     while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
         duplicates += 1;
     }
+    duplicates
+}
+
+/// A drain of `expected` clocked from `started` until the consumer had
+/// them all (or 300 s passed), then watched 200 ms more for duplicates.
+pub(crate) async fn receive_all(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Uuid, i64, Vec<u8>)>,
+    mut expected: HashSet<Uuid>,
+    started: Instant,
+) -> Drain {
+    let events = expected.len();
+    let limit = Duration::from_secs(300);
+    let deadline = tokio::time::Instant::now() + limit;
+    let (_, mut duplicates) = receive(rx, &mut expected, deadline, limit, |_| {}).await;
+    let elapsed = started.elapsed();
+    duplicates += late_duplicates(rx).await;
     Drain {
-        events: expected.len(),
+        events,
         elapsed,
-        missing: expected.difference(&seen).count(),
+        missing: expected.len(),
         duplicates,
         cpu: Cpu::default(),
     }
@@ -159,7 +211,7 @@ pub(crate) async fn relay(
     for relay in relays_built {
         tasks.push(tokio::spawn(relay.run()));
     }
-    let mut drain = receive_all(&mut rx, &expected, started).await;
+    let mut drain = receive_all(&mut rx, expected, started).await;
     drain.cpu = meter.stop().await?;
     for handle in &handles {
         handle.shutdown();

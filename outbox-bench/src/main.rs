@@ -89,8 +89,12 @@
 //!   `--quick`), filled in SQL, drained by the ordered relay (1 relay, batch
 //!   100, sent rows kept) with no `VACUUM` but autovacuum's: the rate of
 //!   every tenth against a 20,000-event drain of the same run, the outbox
-//!   table's dead tuples, the claim's buffers and the bench's peak resident
-//!   memory as it goes. It takes 3–5 minutes at full size (see `scale`).
+//!   table's dead tuples and autovacuum runs, the claim's buffers and the
+//!   bench's peak resident memory as it goes. It runs on a private
+//!   PostgreSQL cluster with autovacuum on (`initdb` on a port of its own,
+//!   removed at the end), so the migrations' autovacuum settings act
+//!   whatever the shared server says; `-- --w6-shared` runs it on the
+//!   shared server. It takes 5–8 minutes at full size (see `scale`).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod backend;
@@ -421,7 +425,13 @@ async fn workloads(
     let w6_asked = std::env::args().any(|a| a == "--w6")
         || only.is_some_and(|o| o.split(',').any(|x| x == "w6"));
     if w6_asked {
-        let scale = scale::run(env, p.w6_events).await?;
+        // On a private cluster with autovacuum on unless `--w6-shared` asks
+        // for the shared server as it is set up (see `scale`).
+        let scale = if std::env::args().any(|a| a == "--w6-shared") {
+            scale::run(env, p.w6_events, "the shared server (DATABASE_URL)".into()).await?
+        } else {
+            scale::run_private(p.w6_events).await?
+        };
         w6 = scale::report(&scale);
     }
 
@@ -554,7 +564,10 @@ async fn w5_rows(env: &Env, p: &Params, rig: &consume::Rig) -> Result<serde_json
          consumer's run",
         p.w5_rounds.max(1)
     );
-    println!("  CPU us per event, bench / PostgreSQL / RabbitMQ (all their clients count):");
+    println!(
+        "  CPU us per event, bench / PostgreSQL (the run's backends, by application_name) / \
+         RabbitMQ (all its clients count):"
+    );
     println!(
         "  {:<18} {:>18} {:>18} {:>18} {:>18}",
         "", "consumer", "broker", "database", "by hand"

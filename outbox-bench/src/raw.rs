@@ -148,7 +148,7 @@ pub(crate) async fn drain(
         let _ = channel.close(200, "done".into()).await;
     }
     published?;
-    let mut drain = drain::receive_all(&mut rx, &expected, started).await;
+    let mut drain = drain::receive_all(&mut rx, expected, started).await;
     drain.cpu = meter.stop().await?;
     Ok(drain)
 }
@@ -193,23 +193,43 @@ async fn acked(confirm: PublisherConfirm) -> Result<(), BoxError> {
     }
 }
 
-/// Publishes `items` (indexes into `envelopes`) on `channel` in batches of
-/// `batch`, each batch's confirms awaited before the next.
-async fn batches(
+/// Publishes `envelopes` on `channel` (in confirm mode) to `exchange` as
+/// the relay does (`wire::properties`, `mandatory`), in batches of `batch`,
+/// each batch's confirms awaited before the next: every message must be
+/// a plain `Ack`, neither nacked nor returned. W2's stop-and-wait ceiling,
+/// and how W5 fills its queue.
+pub(crate) async fn publish_all(
     channel: &Channel,
-    target: &Target,
+    exchange: &str,
     envelopes: &[EventEnvelope],
-    items: &[usize],
     batch: usize,
 ) -> Result<(), BoxError> {
+    let target = Target {
+        exchange: Arc::from(exchange),
+    };
+    batches(channel, &target, envelopes, batch).await
+}
+
+/// Publishes `envelopes` on `channel` in batches of `batch`, each batch's
+/// confirms awaited before the next.
+async fn batches<'a>(
+    channel: &Channel,
+    target: &Target,
+    envelopes: impl IntoIterator<Item = &'a EventEnvelope>,
+    batch: usize,
+) -> Result<(), BoxError> {
+    let batch = batch.max(1);
     let mut confirms = Vec::with_capacity(batch);
-    for chunk in items.chunks(batch.max(1)) {
-        for &i in chunk {
-            confirms.push(target.publish(channel, &envelopes[i]).await?);
+    for envelope in envelopes {
+        confirms.push(target.publish(channel, envelope).await?);
+        if confirms.len() == batch {
+            for confirm in confirms.drain(..) {
+                acked(confirm).await?;
+            }
         }
-        for confirm in confirms.drain(..) {
-            acked(confirm).await?;
-        }
+    }
+    for confirm in confirms {
+        acked(confirm).await?;
     }
     Ok(())
 }
@@ -222,21 +242,17 @@ async fn publish(
 ) -> Result<(), BoxError> {
     let first = channels.first().ok_or("raw publish: no channel")?;
     match strategy {
-        Strategy::StopAndWait { batch } => {
-            let all: Vec<usize> = (0..envelopes.len()).collect();
-            batches(first, target, envelopes, &all, batch).await
-        }
+        Strategy::StopAndWait { batch } => batches(first, target, envelopes.iter(), batch).await,
         Strategy::Channels { batch, .. } => {
             // Each channel takes a contiguous share, in the backlog's order.
             let share = envelopes.len().div_ceil(channels.len());
             let mut tasks = Vec::with_capacity(channels.len());
             for (n, channel) in channels.iter().enumerate() {
-                let items: Vec<usize> =
-                    (n * share..((n + 1) * share).min(envelopes.len())).collect();
                 let (channel, target, envelopes) =
                     (channel.clone(), target.clone(), Arc::clone(envelopes));
                 tasks.push(tokio::spawn(async move {
-                    batches(&channel, &target, &envelopes, &items, batch).await
+                    let items = envelopes.iter().skip(n * share).take(share);
+                    batches(&channel, &target, items, batch).await
                 }));
             }
             for task in tasks {

@@ -24,10 +24,17 @@
 //!   autovacuum's analyze, at 2 % of the table, would do before long) and a
 //!   `CHECKPOINT` writes the fill's pages out, so neither lands in the
 //!   drain; from there only autovacuum, with the migrations' settings (at
-//!   1 % of the table plus 1,000 dead tuples), cleans the table. Whether the server runs
-//!   autovacuum at all is read (`SHOW autovacuum`) and printed: with it off,
-//!   the shipped settings do nothing and the figures are those of a table
-//!   never vacuumed.
+//!   1 % of the table plus 1,000 dead tuples), cleans the table.
+//! - **A PostgreSQL cluster of its own** ([`run_private`]): a shared
+//!   server may run with autovacuum off (this project's CI machine does),
+//!   and then the shipped settings do nothing and the figures are those of
+//!   a table never vacuumed. So W6 starts a throwaway `initdb` cluster with
+//!   `autovacuum = on` and `fsync = on` (otherwise `initdb`'s defaults);
+//!   the broker is the shared one. `--w6-shared` runs it on the shared
+//!   server instead. Either way the server's `autovacuum` setting is read
+//!   (`SHOW autovacuum`) and printed, with a warning when it is off, and
+//!   each tenth shows the table's autovacuum runs and when the last one
+//!   was (`last_autovacuum`, seconds into the drain).
 //! - **The consumer's memory is allocated before the drain.** The expected
 //!   ids (a million `Uuid`s in a `HashSet`, about 40 MB) are loaded first,
 //!   and each received id is removed from that set (a second set of seen ids
@@ -92,6 +99,9 @@ pub(crate) struct DbSample {
     pub(crate) dead_tuples: i64,
     pub(crate) live_tuples: i64,
     pub(crate) autovacuums: i64,
+    /// `last_autovacuum` of the outbox table, Unix seconds; `None` before
+    /// the first.
+    pub(crate) last_autovacuum: Option<f64>,
     pub(crate) heap_bytes: i64,
     pub(crate) pending_index_bytes: i64,
     /// Shared buffers the claim touched (hit + read), from its `EXPLAIN`.
@@ -113,6 +123,8 @@ pub(crate) struct Run {
     pub(crate) fill: Duration,
     /// `VmRSS` when the drain started (the expected ids loaded), kB.
     pub(crate) rss_start_kb: u64,
+    /// When the relay started, Unix seconds (for `last_autovacuum`).
+    pub(crate) started_unix: f64,
     /// The first sample is the drain's start (0 drained).
     pub(crate) samples: Vec<Sample>,
     pub(crate) missing: usize,
@@ -144,6 +156,11 @@ impl Run {
 /// W6's figures.
 #[derive(Debug)]
 pub(crate) struct Scale {
+    /// Which PostgreSQL server the run used (see [`run_private`]).
+    pub(crate) server: String,
+    /// That server's commit (flush) latency, ms (see
+    /// [`crate::claim::commit_ms`]).
+    pub(crate) commit_ms: f64,
     /// The server's `autovacuum` setting.
     pub(crate) autovacuum: String,
     /// `jit` and `jit_above_cost` as the run's sessions see them.
@@ -157,8 +174,48 @@ pub(crate) struct Scale {
     pub(crate) large: Run,
 }
 
-/// Runs W6: the baselines and the drain of `events`.
-pub(crate) async fn run(env: &Env, events: usize) -> Result<Scale, BoxError> {
+/// Settings of W6's private cluster, given after `PrivatePostgres`'s own
+/// (which turn `fsync` off): autovacuum on whatever the installation's
+/// `postgresql.conf` says, and commits flushed as on the shared server and
+/// in production. Everything else is `initdb`'s defaults (128 MB of shared
+/// buffers, `max_wal_size` 1 GB, autovacuum's naptime of 1 min), as on the
+/// shared server of this machine apart from its `autovacuum = off`.
+const PRIVATE_SETTINGS: [(&str, &str); 2] = [("autovacuum", "on"), ("fsync", "on")];
+
+/// Runs W6 on a PostgreSQL cluster of its own ([`PrivatePostgres`]:
+/// `initdb`, its own port, removed at the end) with autovacuum on, so that
+/// the migrations' per-table autovacuum settings act as they would in
+/// production, whatever the shared server is set to. The broker is the
+/// shared one.
+///
+/// [`PrivatePostgres`]: outbox_testkit::servers::PrivatePostgres
+pub(crate) async fn run_private(events: usize) -> Result<Scale, BoxError> {
+    let pg = tokio::task::spawn_blocking(|| {
+        outbox_testkit::servers::PrivatePostgres::start_with_settings(&PRIVATE_SETTINGS)
+    })
+    .await
+    .map_err(|e| format!("W6: cannot start a private PostgreSQL cluster: {e}"))?;
+    let env = Env::at(pg.url()).await?;
+    let server = format!(
+        "a private cluster (initdb, port {}; {})",
+        pg.port(),
+        PRIVATE_SETTINGS
+            .iter()
+            .map(|(name, value)| format!("{name} = {value}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let result = run(&env, events, server).await;
+    env.cleanup().await;
+    // Stops the cluster and removes its directory.
+    tokio::task::spawn_blocking(move || drop(pg)).await?;
+    result
+}
+
+/// Runs W6 on `env`'s server, described as `server`: the baselines and the
+/// drain of `events`.
+pub(crate) async fn run(env: &Env, events: usize, server: String) -> Result<Scale, BoxError> {
+    let commit_ms = crate::claim::commit_ms(env).await?;
     let autovacuum = show(env, "autovacuum").await?;
     let jit = (show(env, "jit").await?, show(env, "jit_above_cost").await?);
     let mut small = Vec::new();
@@ -180,6 +237,8 @@ pub(crate) async fn run(env: &Env, events: usize) -> Result<Scale, BoxError> {
         .into());
     }
     Ok(Scale {
+        server,
+        commit_ms,
         autovacuum,
         jit,
         baseline: median.map_or(f64::NAN, Run::rate),
@@ -260,41 +319,35 @@ async fn drain(env: &Env, events: usize, step: usize, sample_db: bool) -> Result
             }
         };
     let rss_start_kb = memory().0;
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     samples.push(sample_at(0, Duration::ZERO, &mut samplers));
     reset_peak();
     let started = Instant::now();
     let task = tokio::spawn(relay.run());
-    let mut received = 0;
-    let mut duplicates = 0;
-    let mut over_budget = false;
-    while !expected.is_empty() {
-        if sample_db && started.elapsed() > BUDGET {
-            over_budget = true;
-            let at = started.elapsed();
-            samples.push(sample_at(received, at, &mut samplers));
-            break;
-        }
-        match tokio::time::timeout(STALL, rx.recv()).await {
-            Ok(Some((id, _, _))) => {
-                if !expected.remove(&id) {
-                    duplicates += 1;
-                    continue;
-                }
-                received += 1;
-                if received % step == 0 || received == total {
-                    let at = started.elapsed();
-                    samples.push(sample_at(received, at, &mut samplers));
-                    reset_peak();
-                }
+    // The baselines have no budget: they are short, and their rate is the
+    // yardstick.
+    let deadline = if sample_db {
+        tokio::time::Instant::now() + BUDGET
+    } else {
+        tokio::time::Instant::now() + Duration::from_secs(24 * 3600)
+    };
+    let (ended, mut duplicates) =
+        crate::drain::receive(&mut rx, &mut expected, deadline, STALL, |received| {
+            if received % step == 0 || received == total {
+                let at = started.elapsed();
+                samples.push(sample_at(received, at, &mut samplers));
+                reset_peak();
             }
-            _ => break,
-        }
-    }
-    // Anything arriving shortly after is a duplicate.
-    while !over_budget
-        && let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await
-    {
-        duplicates += 1;
+        })
+        .await;
+    let over_budget = ended == crate::drain::Received::Deadline;
+    if over_budget {
+        let received = total - expected.len();
+        samples.push(sample_at(received, started.elapsed(), &mut samplers));
+    } else {
+        duplicates += crate::drain::late_duplicates(&mut rx).await;
     }
     handle.shutdown();
     task.await?;
@@ -305,6 +358,7 @@ async fn drain(env: &Env, events: usize, step: usize, sample_db: bool) -> Result
         events: total,
         fill,
         rss_start_kb,
+        started_unix,
         samples,
         missing: if over_budget { 0 } else { expected.len() },
         duplicates,
@@ -388,6 +442,8 @@ async fn db_sample(
         live: i64,
         #[diesel(sql_type = diesel::sql_types::BigInt)]
         autovacuums: i64,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Double>)]
+        last_autovacuum: Option<f64>,
         #[diesel(sql_type = diesel::sql_types::BigInt)]
         heap: i64,
         #[diesel(sql_type = diesel::sql_types::BigInt)]
@@ -397,6 +453,7 @@ async fn db_sample(
         let mut conn = pool.get().await?;
         diesel::sql_query(
             "SELECT n_dead_tup AS dead, n_live_tup AS live, autovacuum_count AS autovacuums, \
+               extract(epoch FROM last_autovacuum)::float8 AS last_autovacuum, \
                pg_relation_size(relid) AS heap, \
                pg_relation_size(format('%I.%I', schemaname, 'outbox_events_pending')::regclass) \
                  AS pending \
@@ -412,6 +469,7 @@ async fn db_sample(
         dead_tuples: stats.dead,
         live_tuples: stats.live,
         autovacuums: stats.autovacuums,
+        last_autovacuum: stats.last_autovacuum,
         heap_bytes: stats.heap,
         pending_index_bytes: stats.pending,
         claim_buffers: buffers(top),
@@ -492,9 +550,9 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
     let r = &s.large;
     println!(
         "\nW6 scale: {} events ({AGGREGATES} aggregates, interleaved) drained by the ordered relay \
-         (1 relay, batch 100 growing to 400, sent rows kept), no VACUUM; server autovacuum = {}, jit = {} \
-         (above cost {})",
-        r.events, s.autovacuum, s.jit.0, s.jit.1
+         (1 relay, batch 100 growing to 400, sent rows kept), no VACUUM; on {} (commit {:.2} ms): \
+         autovacuum = {}, jit = {} (above cost {})",
+        r.events, s.server, s.commit_ms, s.autovacuum, s.jit.0, s.jit.1
     );
     if s.autovacuum != "on" {
         println!(
@@ -516,12 +574,13 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
         crate::setup::secs(r.fill)
     );
     println!(
-        "  {:<12} {:>9} {:>6} {:>10} {:>6} {:>8} {:>8} {:>9} {:>8} {:>7} {:>8} {:>8}",
+        "  {:<12} {:>9} {:>6} {:>10} {:>6} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7} {:>8} {:>8}",
         "drained",
         "events/s",
         "vs 20k",
         "dead tup",
         "autovac",
+        "last av",
         "heap MB",
         "pend MB",
         "claim buf",
@@ -539,13 +598,17 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
             |p| format!("{}-{}", short(p.drained), short(sample.drained)),
         );
         let db = sample.db.clone().unwrap_or_default();
+        // The last autovacuum of the table, seconds into the drain
+        // (negative: before it started).
+        let last_autovacuum = db.last_autovacuum.map(|t| t - r.started_unix);
         println!(
-            "  {:<12} {:>9.0} {:>6.2} {:>10} {:>6} {:>8.1} {:>8.1} {:>9.0} {:>8.2} {:>7.1} {:>8.1} {:>8.1}",
+            "  {:<12} {:>9.0} {:>6.2} {:>10} {:>6} {:>8} {:>8.1} {:>8.1} {:>9.0} {:>8.2} {:>7.1} {:>8.1} {:>8.1}",
             label,
             rate,
             rate / s.baseline,
             db.dead_tuples,
             db.autovacuums,
+            last_autovacuum.map_or_else(|| "-".to_string(), |t| format!("{t:.0} s")),
             db.heap_bytes as f64 / 1_048_576.0,
             db.pending_index_bytes as f64 / 1_048_576.0,
             db.claim_buffers,
@@ -562,6 +625,7 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
             "dead_tuples": db.dead_tuples,
             "live_tuples": db.live_tuples,
             "autovacuums": db.autovacuums,
+            "last_autovacuum_s": last_autovacuum,
             "heap_bytes": db.heap_bytes,
             "pending_index_bytes": db.pending_index_bytes,
             "claim_buffers": db.claim_buffers,
@@ -650,6 +714,8 @@ pub(crate) fn report(s: &Scale) -> serde_json::Value {
     json!({
         "events": r.events,
         "aggregates": AGGREGATES,
+        "server": s.server,
+        "commit_ms": s.commit_ms,
         "server_autovacuum": s.autovacuum,
         "jit": s.jit.0,
         "jit_above_cost": s.jit.1,

@@ -112,17 +112,7 @@ impl Bus {
         // other message (round robin) and drop it: wait until it is gone.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let queue = self
-                .channel
-                .queue_declare(
-                    self.queue.as_str().into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await?;
+            let queue = declare_passive(&self.channel, &self.queue).await?;
             if queue.consumer_count() == 0 {
                 break;
             }
@@ -177,11 +167,32 @@ impl Bus {
     }
 }
 
+/// Queue `queue` as the broker has it now (its messages and consumers),
+/// by a passive declare.
+pub(crate) async fn declare_passive(
+    channel: &Channel,
+    queue: &str,
+) -> Result<lapin::Queue, BoxError> {
+    Ok(channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?)
+}
+
 /// A schema (outbox tables + `bench_orders`) private to this run, removed by
 /// [`Env::cleanup`], and the run's [`Bus`] (its fields and methods are the
 /// `Env`'s through `Deref`).
 pub(crate) struct Env {
     pub(crate) schema: String,
+    /// The PostgreSQL server's URL: the shared one ([`database_url`]), or
+    /// W6's private cluster.
+    pub(crate) url: String,
     pub(crate) pool: Pool<AsyncPgConnection>,
     bus: Bus,
 }
@@ -195,9 +206,15 @@ impl std::ops::Deref for Env {
 }
 
 impl Env {
+    /// The run's schema on the shared PostgreSQL ([`database_url`]).
     pub(crate) async fn new() -> Result<Env, BoxError> {
+        Env::at(database_url()).await
+    }
+
+    /// The run's schema on the PostgreSQL server at `url`.
+    pub(crate) async fn at(url: String) -> Result<Env, BoxError> {
         let schema = names::unique("bench", "run");
-        let mut conn = outbox::postgres::connect(&database_url()).await?;
+        let mut conn = outbox::postgres::connect(&url).await?;
         outbox::postgres::migrate(&mut conn, &schema).await?;
         conn.batch_execute(&format!(
             "CREATE TABLE \"{schema}\".bench_orders (
@@ -209,8 +226,12 @@ impl Env {
         Ok(Env {
             // Named after the run, so W2 finds the relays' backends in
             // `pg_stat_activity` to count their CPU.
-            pool: outbox::postgres::pool(&crate::cpu::url_with_application_name(&schema), 12)?,
+            pool: outbox::postgres::pool(
+                &crate::cpu::url_with_application_name(&url, &schema),
+                12,
+            )?,
             schema,
+            url,
             bus,
         })
     }
@@ -227,7 +248,7 @@ impl Env {
     }
 
     pub(crate) async fn conn(&self) -> Result<AsyncPgConnection, BoxError> {
-        Ok(outbox::postgres::connect(&database_url()).await?)
+        Ok(outbox::postgres::connect(&self.url).await?)
     }
 
     pub(crate) async fn exec(&self, sql: &str) -> Result<(), BoxError> {

@@ -71,6 +71,8 @@ pub struct PrivatePostgres {
     bin: PathBuf,
     port: u16,
     tls: bool,
+    /// `-c name=value` given after the defaults (so they override them).
+    settings: Vec<(String, String)>,
 }
 
 impl PrivatePostgres {
@@ -78,7 +80,17 @@ impl PrivatePostgres {
     /// `postgres` on 127.0.0.1 only; `fsync` off, since only the server
     /// process (never the machine) goes down in these tests.
     pub fn start() -> PrivatePostgres {
-        Self::start_with(None)
+        Self::start_with(None, &[])
+    }
+
+    /// As [`PrivatePostgres::start`], with server settings (`-c name=value`)
+    /// given after the defaults, so they override them: `("fsync", "on")`
+    /// for a cluster that flushes as a production one does,
+    /// `("autovacuum", "on")` to make sure autovacuum runs whatever the
+    /// installation's `postgresql.conf` says. They hold across
+    /// [`PrivatePostgres::crash_restart`].
+    pub fn start_with_settings(settings: &[(&str, &str)]) -> PrivatePostgres {
+        Self::start_with(None, settings)
     }
 
     /// As [`PrivatePostgres::start`], with `ssl = on` serving `pki`'s server
@@ -86,10 +98,10 @@ impl PrivatePostgres {
     /// rejected (`hostnossl ... reject`), so a client that connects at all
     /// connected encrypted.
     pub fn start_tls(pki: &crate::pki::TestPki) -> PrivatePostgres {
-        Self::start_with(Some(pki))
+        Self::start_with(Some(pki), &[])
     }
 
-    fn start_with(pki: Option<&crate::pki::TestPki>) -> PrivatePostgres {
+    fn start_with(pki: Option<&crate::pki::TestPki>, settings: &[(&str, &str)]) -> PrivatePostgres {
         let bin = postgres_bin();
         let dir = server_dir("pg", "postgres");
         let data = dir.join("data");
@@ -121,6 +133,10 @@ impl PrivatePostgres {
             bin,
             port: free_port(),
             tls: pki.is_some(),
+            settings: settings
+                .iter()
+                .map(|&(name, value)| (name.to_owned(), value.to_owned()))
+                .collect(),
         };
         pg.pg_ctl_start();
         pg
@@ -154,6 +170,9 @@ impl PrivatePostgres {
                 self.dir.join("server.crt").display(),
                 self.dir.join("server.key").display()
             ));
+        }
+        for (name, value) in &self.settings {
+            options.push_str(&format!(" -c {name}={value}"));
         }
         run(
             self.pg_ctl()
