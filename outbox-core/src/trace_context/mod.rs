@@ -187,16 +187,31 @@ fn baggage_members(value: &str) -> Option<Vec<&str>> {
         if member.is_empty() {
             return None;
         }
-        let pair = member.split(';').next().unwrap_or_default();
+        let mut parts = member.split(';');
+        let pair = parts.next().unwrap_or_default();
         let (key, val) = pair.split_once('=')?;
-        let key = key.trim_matches([' ', '\t']);
-        let val = val.trim_matches([' ', '\t']);
-        if key.is_empty() || !key.bytes().all(is_token_char) || !val.bytes().all(is_baggage_octet) {
+        if !baggage_pair_ok(key, val) {
             return None;
+        }
+        // Properties: `key` or `key=value`, as strict as the member (they
+        // are forwarded and handed on too).
+        for property in parts {
+            let (key, val) = property.split_once('=').unwrap_or((property, ""));
+            if !baggage_pair_ok(key, val) {
+                return None;
+            }
         }
         out.push(member);
     }
     (out.len() <= MAX_BAGGAGE_MEMBERS).then_some(out)
+}
+
+/// A baggage member's or property's key (a token) and value (baggage
+/// octets), optional whitespace around each.
+fn baggage_pair_ok(key: &str, val: &str) -> bool {
+    let key = key.trim_matches([' ', '\t']);
+    let val = val.trim_matches([' ', '\t']);
+    !key.is_empty() && key.bytes().all(is_token_char) && val.bytes().all(is_baggage_octet)
 }
 
 /// RFC 7230 `tchar`.
@@ -357,6 +372,24 @@ mod tests {
             .collect::<Vec<_>>()
             .join(",");
         assert!(!valid_tracestate(&many));
+    }
+
+    #[test]
+    fn baggage_properties_are_checked_too() {
+        for ok in ["a=1;p", "a=1;p=v", "a=1 ; p = v ;q, b=2"] {
+            assert!(is_well_formed(Headers::BAGGAGE, ok), "{ok}");
+        }
+        for bad in [
+            "a=1;\r\nx-injected: yes",
+            "a=1;p=\u{7f}",
+            "a=1;p=caf\u{e9}",
+            "a=1;p=a,b",
+            "a=1;",
+            "a=1;=v",
+            "a=1;p=\"quoted\"",
+        ] {
+            assert!(!is_well_formed(Headers::BAGGAGE, bad), "{bad:?}");
+        }
     }
 
     #[test]
