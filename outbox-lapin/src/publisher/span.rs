@@ -49,6 +49,16 @@ impl Spans {
         None
     }
 
+    /// Message `i` is sent with its recorded trace context, not its span's
+    /// (which would not fit). The span still ends with its outcome.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(clippy::unused_self))]
+    pub(super) fn send_recorded(&mut self, _i: usize) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(span) = self.spans.get_mut(_i).and_then(Option::as_mut) {
+            span.send_recorded();
+        }
+    }
+
     /// Closes message `i`'s span with its outcome.
     #[cfg_attr(not(feature = "opentelemetry"), allow(clippy::unused_self))]
     pub(super) fn end(&mut self, _i: usize, _outcome: &PublishOutcome) {
@@ -107,6 +117,10 @@ mod otel {
 
         pub(super) fn trace(&self) -> Option<&Headers> {
             self.trace.as_ref()
+        }
+
+        pub(super) fn send_recorded(&mut self) {
+            self.trace = None;
         }
 
         /// Records a failed outcome as the span's error status, and closes
