@@ -159,12 +159,7 @@ pub fn valid_tracestate(value: &str) -> bool {
         let Some((key, val)) = member.split_once('=') else {
             return false;
         };
-        let key_ok = !key.is_empty()
-            && key.len() <= 256
-            && key
-                .bytes()
-                .all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/' | b'@'))
-            && key.as_bytes()[0].is_ascii_alphanumeric();
+        let key_ok = valid_tracestate_key(key);
         let val_ok = !val.is_empty()
             && val.len() <= 256
             && val
@@ -176,6 +171,25 @@ pub fn valid_tracestate(value: &str) -> bool {
         }
     }
     members <= MAX_TRACESTATE_MEMBERS
+}
+
+/// A W3C `tracestate` key: `simple-key` (at most 256 characters) or
+/// `tenant@system` (a tenant of at most 241, a system of at most 14), each
+/// part starting with a lowercase letter or a digit and made of lowercase
+/// letters, digits and `_-*/`.
+fn valid_tracestate_key(key: &str) -> bool {
+    let part = |part: &str, max: usize| {
+        !part.is_empty()
+            && part.len() <= max
+            && part.as_bytes()[0].is_ascii_alphanumeric()
+            && part
+                .bytes()
+                .all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/'))
+    };
+    match key.split_once('@') {
+        None => part(key, 256),
+        Some((tenant, system)) => part(tenant, 241) && part(system, 14),
+    }
 }
 
 /// The members of a W3C `baggage` value (`key=value` plus `;` properties,
@@ -367,6 +381,17 @@ mod tests {
         assert!(!valid_tracestate("congo"));
         assert!(!valid_tracestate("congo=a=b"));
         assert!(!valid_tracestate(&format!("k={}", "v".repeat(600))));
+        // Multi-tenant keys: one `@`, a system id of at most 14.
+        for bad in [
+            "a@b@c=v",
+            "t@averyveryverylongvendor=v",
+            "t@=v",
+            "@v=x",
+            "t@_v=x",
+        ] {
+            assert!(!valid_tracestate(bad), "{bad}");
+        }
+        assert!(valid_tracestate("0tenant@vendor-1=x"));
         let many = (0..33)
             .map(|i| format!("k{i}=v"))
             .collect::<Vec<_>>()
