@@ -41,6 +41,10 @@ const MAX_TRACESTATE_MEMBERS: usize = 32;
 pub const MAX_BAGGAGE_LEN: usize = 8192;
 /// Most members of a baggage (W3C).
 const MAX_BAGGAGE_MEMBERS: usize = 180;
+/// Most members of a baggage carried: what an OpenTelemetry `Baggage`
+/// holds (it drops the others silently, so a span parented from a larger
+/// one would hand on only some of them).
+const MAX_CARRIED_BAGGAGE_MEMBERS: usize = 64;
 
 /// Bytes of baggage carried per event; 0 (the default) carries none.
 static BAGGAGE_LIMIT: AtomicUsize = AtomicUsize::new(0);
@@ -50,8 +54,9 @@ static BAGGAGE_LIMIT: AtomicUsize = AtomicUsize::new(0);
 ///
 /// Baggage is persisted in the outbox row and sent with the message, and the
 /// inbox consumer hands it on to the events its handlers record, so it
-/// survives the whole chain. Members past `max_bytes` are dropped whole (with
-/// a warning), never the event. Process-wide, like OpenTelemetry's own
+/// survives the whole chain. Members past `max_bytes`, and past the 64th
+/// (what an OpenTelemetry baggage holds), are dropped whole (with a
+/// warning), never the event. Process-wide, like OpenTelemetry's own
 /// propagator settings: set it once at start-up, in every service of the
 /// chain that should carry it on.
 pub fn carry_baggage(max_bytes: usize) {
@@ -239,13 +244,17 @@ fn is_baggage_octet(c: u8) -> bool {
 }
 
 /// `value` as a baggage this crate carries under `limit` bytes: whole
-/// members while they fit; `None` if malformed or nothing fits.
+/// members while they fit, at most [`MAX_CARRIED_BAGGAGE_MEMBERS`] of
+/// them; `None` if malformed or nothing fits.
 fn capped_baggage(value: &str, limit: usize) -> Option<(String, usize)> {
     let members = baggage_members(value)?;
     let total = members.len();
     let mut out = String::new();
     let mut kept = 0;
     for member in members {
+        if kept == MAX_CARRIED_BAGGAGE_MEMBERS {
+            break;
+        }
         let extra = member.len() + usize::from(!out.is_empty());
         if out.len() + extra > limit {
             continue; // a smaller member later may still fit
