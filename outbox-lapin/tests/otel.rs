@@ -315,3 +315,38 @@ async fn an_event_that_fits_as_recorded_is_sent_even_if_the_span_context_would_n
         .unwrap_or_else(|| panic!("no publish span in {spans:#?}"));
     assert_eq!(publish.status, Status::Unset);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_publish_dropped_before_its_outcome_ends_its_span_as_an_error() {
+    let (_guard, exporter, _provider) = install();
+    let kit = TestBroker::new(names::unique("test", "otel-dropped")).await;
+    let exchange = kit.topic_exchange(&kit.named("x")).await;
+    let publisher = LapinPublisher::builder(amqp_url())
+        .exchange(&exchange)
+        .connection_name("outbox-test-otel-dropped")
+        .build()
+        .unwrap();
+    let env = envelope(RECORDED);
+    let batch = [&env];
+    // What the relay does past its shutdown grace: the batch's future is
+    // dropped while it waits (here, for its first connection).
+    let publishing = publisher
+        .publish(&batch, None)
+        .instrument(tracing::info_span!("outbox.relay.batch"));
+    assert!(
+        tokio::time::timeout(std::time::Duration::ZERO, publishing)
+            .await
+            .is_err(),
+        "still connecting"
+    );
+    let spans = exporter.get_finished_spans().unwrap();
+    let publish = spans
+        .iter()
+        .find(|s| s.name == format!("publish {exchange}"))
+        .unwrap_or_else(|| panic!("no publish span in {spans:#?}"));
+    assert!(
+        matches!(&publish.status, Status::Error { description } if description.contains("dropped")),
+        "an abandoned publish is not a success: {:?}",
+        publish.status
+    );
+}
