@@ -132,7 +132,9 @@ where
             messaging.operation.name = "process",
             messaging.operation.type = "process",
             messaging.destination.subscription.name = %self.settings.queue,
-            messaging.batch.message_count = batch.len(),
+            // An integer attribute (`tracing-opentelemetry` records a
+            // `usize` as text).
+            messaging.batch.message_count = i64::try_from(batch.len()).unwrap_or(i64::MAX),
             messaging.consumer.group.name = consumer,
         );
         match self.try_batch(&batch, stop).instrument(span.clone()).await {
