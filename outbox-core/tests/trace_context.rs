@@ -172,5 +172,36 @@ fn baggage_is_captured_only_when_carried_and_capped() {
         trace_context::carry_baggage(0);
         assert_eq!(envelope.headers.get("filler"), Some(filler.as_str()));
         assert_eq!(envelope.headers.get(Headers::BAGGAGE), None);
+
+        // Carried baggage of many members (W3C allows 180): an OpenTelemetry
+        // context holds 64, so 64 are carried, the same ones, whether the
+        // event is recorded in a span parented from it or not.
+        let many = (0..100)
+            .map(|i| format!("k{i}=v{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let carried = Headers::new()
+            .with(Headers::TRACEPARENT, REQUEST)
+            .with(Headers::BAGGAGE, many.clone());
+        trace_context::carry_baggage(trace_context::MAX_BAGGAGE_LEN);
+        let process = tracing::info_span!(parent: None, "process");
+        assert!(trace_context::set_parent(&process, &carried));
+        let in_span = process.in_scope(|| record_in_scope(carried.clone()));
+        let mut injected = Headers::new();
+        assert!(trace_context::inject(&process, &mut injected));
+        let mut sanitized = carried.clone();
+        trace_context::sanitize(&mut sanitized);
+        trace_context::carry_baggage(0);
+        let first_64: std::collections::BTreeSet<String> =
+            (0..64).map(|i| format!("k{i}=v{i}")).collect();
+        for headers in [&in_span.headers, &injected, &sanitized] {
+            let members: std::collections::BTreeSet<String> = headers
+                .get(Headers::BAGGAGE)
+                .unwrap_or_default()
+                .split(',')
+                .map(str::to_owned)
+                .collect();
+            assert_eq!(members, first_64, "{:?}", headers.get(Headers::BAGGAGE));
+        }
     });
 }

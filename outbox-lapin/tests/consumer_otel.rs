@@ -559,8 +559,13 @@ async fn in_batch_mode_each_handler_call_has_a_process_span_linked_to_the_batch(
     assert_eq!(batches.len(), 1, "one batch");
     let batch = &batches[0];
     assert_eq!(
-        attribute(batch, "messaging.batch.message_count").as_deref(),
-        Some("3")
+        batch
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == "messaging.batch.message_count")
+            .map(|kv| &kv.value),
+        Some(&opentelemetry::Value::I64(3)),
+        "an integer attribute, as the conventions say"
     );
     assert_eq!(spans.len(), 3);
     for (envelope, producer) in incoming.iter().zip(producers) {
@@ -698,4 +703,45 @@ impl metrics::Recorder for HistogramRecorder {
             .clone();
         metrics::Histogram::from_arc(Arc::new(Values(values)))
     }
+}
+
+#[tokio::test]
+async fn in_batch_mode_a_handling_rolled_back_with_its_batch_is_not_a_success() {
+    let traces = Traces::install();
+    let broker = Broker::new("test_cotel", "rolledback", &["order.*"]).await;
+    // Handled first in the batch, then rolled back with it (the poison
+    // fails), then applied alone and committed.
+    let first = placed("o-r1", 1);
+    let poison = placed("poison", 1);
+    publish_with(&broker, &first, &[(Headers::TRACEPARENT, PRODUCER)]).await;
+    publish_with(&broker, &poison, &[(Headers::TRACEPARENT, PRODUCER)]).await;
+    broker.wait_ready(broker.queue(), 2).await;
+    let consumer = broker
+        .consumer(InMemoryInbox::new(), recording(&Recorded::default()))
+        .prefetch(10)
+        .batch(10, std::time::Duration::from_millis(500))
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let running = Running::start(consumer);
+    broker.dead_letters(1).await;
+    let spans = traces.named(&process_name(&broker), 4).await;
+    running.stop().await;
+
+    let id = Some(first.id.to_string());
+    let mine: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| attribute(s, "messaging.message.id") == id)
+        .collect();
+    assert_eq!(mine.len(), 2, "in the batch, then alone: {mine:#?}");
+    assert!(
+        mine.iter().any(|s| matches!(&s.status,
+            Status::Error { description } if description.contains("rolled back"))),
+        "its work in the batch was rolled back: {:?}",
+        mine.iter().map(|s| &s.status).collect::<Vec<_>>()
+    );
+    assert!(
+        mine.iter().any(|s| s.status == Status::Unset),
+        "applied alone and committed"
+    );
 }

@@ -275,3 +275,78 @@ async fn a_span_stays_open_across_narrowing_and_ends_once_per_message() {
     }
     panic!("every try lost the connection");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_event_that_fits_as_recorded_is_sent_even_if_the_span_context_would_not_fit() {
+    let (_guard, exporter, _provider) = install();
+    let kit = TestBroker::new(names::unique("test", "otel-fit")).await;
+    let exchange = kit.topic_exchange(&kit.named("x")).await;
+    let queue = kit.queue(&kit.named("q")).await;
+    kit.bind(&queue, &exchange, "#").await;
+    let publisher = LapinPublisher::builder(amqp_url())
+        .exchange(&exchange)
+        .connection_name("outbox-test-otel-fit")
+        .build()
+        .unwrap();
+    // Recorded outside any trace, with headers a few bytes under the limit:
+    // it was valid when recorded and is valid as stored. The publish span
+    // (a root span, no recorded parent) would add a `traceparent`.
+    let mut env = envelope(RECORDED);
+    env.headers.remove(Headers::TRACEPARENT);
+    let room = EventEnvelope::MAX_HEADERS_BYTES - env.encoded_headers_bytes();
+    let filler = "f".repeat(room - "filler".len() - EventEnvelope::HEADER_ENTRY_OVERHEAD - 10);
+    env.headers.insert("filler", filler);
+    assert!(env.validate().is_ok());
+    let outcomes = publisher
+        .publish(&[&env], None)
+        .instrument(tracing::info_span!("outbox.relay.batch"))
+        .await;
+    assert_eq!(
+        outcomes,
+        [PublishOutcome::Acked],
+        "never made unpublishable by its own publish span"
+    );
+    let messages = kit.drain(&queue).await;
+    assert_eq!(messages.len(), 1);
+    let spans = exporter.get_finished_spans().unwrap();
+    let publish = spans
+        .iter()
+        .find(|s| s.name == format!("publish {exchange}"))
+        .unwrap_or_else(|| panic!("no publish span in {spans:#?}"));
+    assert_eq!(publish.status, Status::Unset);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_publish_dropped_before_its_outcome_ends_its_span_as_an_error() {
+    let (_guard, exporter, _provider) = install();
+    let kit = TestBroker::new(names::unique("test", "otel-dropped")).await;
+    let exchange = kit.topic_exchange(&kit.named("x")).await;
+    let publisher = LapinPublisher::builder(amqp_url())
+        .exchange(&exchange)
+        .connection_name("outbox-test-otel-dropped")
+        .build()
+        .unwrap();
+    let env = envelope(RECORDED);
+    let batch = [&env];
+    // What the relay does past its shutdown grace: the batch's future is
+    // dropped while it waits (here, for its first connection).
+    let publishing = publisher
+        .publish(&batch, None)
+        .instrument(tracing::info_span!("outbox.relay.batch"));
+    assert!(
+        tokio::time::timeout(std::time::Duration::ZERO, publishing)
+            .await
+            .is_err(),
+        "still connecting"
+    );
+    let spans = exporter.get_finished_spans().unwrap();
+    let publish = spans
+        .iter()
+        .find(|s| s.name == format!("publish {exchange}"))
+        .unwrap_or_else(|| panic!("no publish span in {spans:#?}"));
+    assert!(
+        matches!(&publish.status, Status::Error { description } if description.contains("dropped")),
+        "an abandoned publish is not a success: {:?}",
+        publish.status
+    );
+}

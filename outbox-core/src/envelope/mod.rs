@@ -372,6 +372,16 @@ mod tests {
         assert!(crowded.encoded_headers_bytes() > EventEnvelope::MAX_HEADERS_BYTES);
         assert!(crowded.validate().is_err(), "counted with its framing");
         assert!(crowded.validate_wire().is_err());
+        // A malformed trace header is never sent, but it is stored: it
+        // counts against the limit all the same.
+        for key in [Headers::TRACEPARENT, Headers::TRACESTATE, Headers::BAGGAGE] {
+            let huge = env().with_header(key, "x".repeat(EventEnvelope::MAX_HEADERS_BYTES));
+            assert!(huge.validate().is_err(), "{key}");
+            assert!(
+                huge.validate_wire().is_ok(),
+                "{key}: not sent, so not refused"
+            );
+        }
         // The aggregate id limit is the store's, not the wire's.
         let mut long_id = env();
         long_id.aggregate_id = "i".repeat(EventEnvelope::MAX_AGGREGATE_ID_BYTES + 1);

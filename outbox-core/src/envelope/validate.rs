@@ -45,8 +45,10 @@ impl EventEnvelope {
     /// aggregate type, aggregate id and event type are not empty and hold no
     /// NUL character (PostgreSQL text cannot hold one); the aggregate id is
     /// at most [`MAX_AGGREGATE_ID_BYTES`](Self::MAX_AGGREGATE_ID_BYTES);
-    /// header names are not empty and no header holds a NUL character; and
-    /// everything [`validate_wire`](Self::validate_wire) checks.
+    /// header names are not empty and no header holds a NUL character; the
+    /// headers as stored (a malformed trace context header, which is never
+    /// sent, included) fit [`MAX_HEADERS_BYTES`](Self::MAX_HEADERS_BYTES);
+    /// and everything [`validate_wire`](Self::validate_wire) checks.
     ///
     /// # Errors
     /// [`Error::InvalidEvent`] naming the offending field.
@@ -69,6 +71,22 @@ impl EventEnvelope {
                 "aggregate_id is {} bytes long; at most {} are allowed",
                 self.aggregate_id.len(),
                 Self::MAX_AGGREGATE_ID_BYTES
+            )));
+        }
+        // What is stored, malformed trace context included (never sent, so
+        // `validate_wire` leaves it out), is bounded all the same.
+        let stored_bytes: usize = self
+            .headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + Self::HEADER_ENTRY_OVERHEAD)
+            .sum();
+        if stored_bytes > Self::MAX_HEADERS_BYTES {
+            return Err(self.invalid(format!(
+                "the headers are {stored_bytes} bytes long encoded ({} headers, {} bytes of \
+                 framing each); at most {} are allowed",
+                self.headers.len(),
+                Self::HEADER_ENTRY_OVERHEAD,
+                Self::MAX_HEADERS_BYTES
             )));
         }
         if let Some((key, _)) = self

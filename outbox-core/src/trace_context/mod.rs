@@ -41,6 +41,10 @@ const MAX_TRACESTATE_MEMBERS: usize = 32;
 pub const MAX_BAGGAGE_LEN: usize = 8192;
 /// Most members of a baggage (W3C).
 const MAX_BAGGAGE_MEMBERS: usize = 180;
+/// Most members of a baggage carried: what an OpenTelemetry `Baggage`
+/// holds (it drops the others silently, so a span parented from a larger
+/// one would hand on only some of them).
+const MAX_CARRIED_BAGGAGE_MEMBERS: usize = 64;
 
 /// Bytes of baggage carried per event; 0 (the default) carries none.
 static BAGGAGE_LIMIT: AtomicUsize = AtomicUsize::new(0);
@@ -50,8 +54,9 @@ static BAGGAGE_LIMIT: AtomicUsize = AtomicUsize::new(0);
 ///
 /// Baggage is persisted in the outbox row and sent with the message, and the
 /// inbox consumer hands it on to the events its handlers record, so it
-/// survives the whole chain. Members past `max_bytes` are dropped whole (with
-/// a warning), never the event. Process-wide, like OpenTelemetry's own
+/// survives the whole chain. Members past `max_bytes`, and past the 64th
+/// (what an OpenTelemetry baggage holds), are dropped whole (with a
+/// warning), never the event. Process-wide, like OpenTelemetry's own
 /// propagator settings: set it once at start-up, in every service of the
 /// chain that should carry it on.
 pub fn carry_baggage(max_bytes: usize) {
@@ -159,12 +164,7 @@ pub fn valid_tracestate(value: &str) -> bool {
         let Some((key, val)) = member.split_once('=') else {
             return false;
         };
-        let key_ok = !key.is_empty()
-            && key.len() <= 256
-            && key
-                .bytes()
-                .all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/' | b'@'))
-            && key.as_bytes()[0].is_ascii_alphanumeric();
+        let key_ok = valid_tracestate_key(key);
         let val_ok = !val.is_empty()
             && val.len() <= 256
             && val
@@ -178,6 +178,25 @@ pub fn valid_tracestate(value: &str) -> bool {
     members <= MAX_TRACESTATE_MEMBERS
 }
 
+/// A W3C `tracestate` key: `simple-key` (at most 256 characters) or
+/// `tenant@system` (a tenant of at most 241, a system of at most 14), each
+/// part starting with a lowercase letter or a digit and made of lowercase
+/// letters, digits and `_-*/`.
+fn valid_tracestate_key(key: &str) -> bool {
+    let part = |part: &str, max: usize| {
+        !part.is_empty()
+            && part.len() <= max
+            && part.as_bytes()[0].is_ascii_alphanumeric()
+            && part
+                .bytes()
+                .all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/'))
+    };
+    match key.split_once('@') {
+        None => part(key, 256),
+        Some((tenant, system)) => part(tenant, 241) && part(system, 14),
+    }
+}
+
 /// The members of a W3C `baggage` value (`key=value` plus `;` properties,
 /// comma-separated) if it is well formed: `None` otherwise.
 fn baggage_members(value: &str) -> Option<Vec<&str>> {
@@ -187,16 +206,31 @@ fn baggage_members(value: &str) -> Option<Vec<&str>> {
         if member.is_empty() {
             return None;
         }
-        let pair = member.split(';').next().unwrap_or_default();
+        let mut parts = member.split(';');
+        let pair = parts.next().unwrap_or_default();
         let (key, val) = pair.split_once('=')?;
-        let key = key.trim_matches([' ', '\t']);
-        let val = val.trim_matches([' ', '\t']);
-        if key.is_empty() || !key.bytes().all(is_token_char) || !val.bytes().all(is_baggage_octet) {
+        if !baggage_pair_ok(key, val) {
             return None;
+        }
+        // Properties: `key` or `key=value`, as strict as the member (they
+        // are forwarded and handed on too).
+        for property in parts {
+            let (key, val) = property.split_once('=').unwrap_or((property, ""));
+            if !baggage_pair_ok(key, val) {
+                return None;
+            }
         }
         out.push(member);
     }
     (out.len() <= MAX_BAGGAGE_MEMBERS).then_some(out)
+}
+
+/// A baggage member's or property's key (a token) and value (baggage
+/// octets), optional whitespace around each.
+fn baggage_pair_ok(key: &str, val: &str) -> bool {
+    let key = key.trim_matches([' ', '\t']);
+    let val = val.trim_matches([' ', '\t']);
+    !key.is_empty() && key.bytes().all(is_token_char) && val.bytes().all(is_baggage_octet)
 }
 
 /// RFC 7230 `tchar`.
@@ -210,13 +244,17 @@ fn is_baggage_octet(c: u8) -> bool {
 }
 
 /// `value` as a baggage this crate carries under `limit` bytes: whole
-/// members while they fit; `None` if malformed or nothing fits.
+/// members while they fit, at most [`MAX_CARRIED_BAGGAGE_MEMBERS`] of
+/// them; `None` if malformed or nothing fits.
 fn capped_baggage(value: &str, limit: usize) -> Option<(String, usize)> {
     let members = baggage_members(value)?;
     let total = members.len();
     let mut out = String::new();
     let mut kept = 0;
     for member in members {
+        if kept == MAX_CARRIED_BAGGAGE_MEMBERS {
+            break;
+        }
         let extra = member.len() + usize::from(!out.is_empty());
         if out.len() + extra > limit {
             continue; // a smaller member later may still fit
@@ -352,11 +390,40 @@ mod tests {
         assert!(!valid_tracestate("congo"));
         assert!(!valid_tracestate("congo=a=b"));
         assert!(!valid_tracestate(&format!("k={}", "v".repeat(600))));
+        // Multi-tenant keys: one `@`, a system id of at most 14.
+        for bad in [
+            "a@b@c=v",
+            "t@averyveryverylongvendor=v",
+            "t@=v",
+            "@v=x",
+            "t@_v=x",
+        ] {
+            assert!(!valid_tracestate(bad), "{bad}");
+        }
+        assert!(valid_tracestate("0tenant@vendor-1=x"));
         let many = (0..33)
             .map(|i| format!("k{i}=v"))
             .collect::<Vec<_>>()
             .join(",");
         assert!(!valid_tracestate(&many));
+    }
+
+    #[test]
+    fn baggage_properties_are_checked_too() {
+        for ok in ["a=1;p", "a=1;p=v", "a=1 ; p = v ;q, b=2"] {
+            assert!(is_well_formed(Headers::BAGGAGE, ok), "{ok}");
+        }
+        for bad in [
+            "a=1;\r\nx-injected: yes",
+            "a=1;p=\u{7f}",
+            "a=1;p=caf\u{e9}",
+            "a=1;p=a,b",
+            "a=1;",
+            "a=1;=v",
+            "a=1;p=\"quoted\"",
+        ] {
+            assert!(!is_well_formed(Headers::BAGGAGE, bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -195,6 +195,26 @@ mod tests {
     }
 
     #[test]
+    fn every_tracestate_carried_is_one_opentelemetry_keeps() {
+        // What this crate accepts must not be dropped by the publish span
+        // (whose parent's state is parsed by OpenTelemetry).
+        for ts in [
+            "congo=t61rcWkgMzE",
+            "rojo=00f067aa0ba902b7, congo=t61rcWkgMzE,",
+            "tenant@vendor=x",
+            "0tenant@vendor-1=x",
+            "a@b@c=v",
+            "t@averyveryverylongvendor=v",
+            "t@=v",
+            "k=a b",
+        ] {
+            if super::super::valid_tracestate(ts) {
+                assert!(ts.parse::<TraceState>().is_ok(), "{ts}");
+            }
+        }
+    }
+
+    #[test]
     fn baggage_values_are_percent_decoded() {
         let members = parse_baggage("user=a%20b;p=1, tier=gold").unwrap();
         let baggage: opentelemetry::baggage::Baggage = members.into_iter().collect();

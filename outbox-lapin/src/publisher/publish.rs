@@ -95,6 +95,24 @@ impl Publisher for LapinPublisher {
                 let source = &self.inner.settings.source;
                 match header_frame_fits(events[i], source, settled.spans.trace(i), frame_max) {
                     Ok(()) => fitting.push(i),
+                    // The span's context can be longer than the recorded one
+                    // (a `traceparent` where none was recorded, a longer
+                    // `tracestate`): an event that fits as recorded is sent
+                    // as recorded rather than refused for its own span.
+                    Err(reason)
+                        if settled.spans.trace(i).is_some()
+                            && header_frame_fits(events[i], source, None, frame_max).is_ok() =>
+                    {
+                        tracing::warn!(
+                            event_id = %events[i].id,
+                            trace_id = trace_context::trace_id(&events[i].headers).as_deref(),
+                            %reason,
+                            "outbox: the publish span's trace context does not fit the message; \
+                             sent with the recorded one"
+                        );
+                        settled.spans.send_recorded(i);
+                        fitting.push(i);
+                    }
                     Err(reason) => {
                         tracing::warn!(
                             event_id = %events[i].id,

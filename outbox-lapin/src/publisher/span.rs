@@ -49,6 +49,16 @@ impl Spans {
         None
     }
 
+    /// Message `i` is sent with its recorded trace context, not its span's
+    /// (which would not fit). The span still ends with its outcome.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(clippy::unused_self))]
+    pub(super) fn send_recorded(&mut self, _i: usize) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(span) = self.spans.get_mut(_i).and_then(Option::as_mut) {
+            span.send_recorded();
+        }
+    }
+
     /// Closes message `i`'s span with its outcome.
     #[cfg_attr(not(feature = "opentelemetry"), allow(clippy::unused_self))]
     pub(super) fn end(&mut self, _i: usize, _outcome: &PublishOutcome) {
@@ -71,6 +81,23 @@ mod otel {
         /// `traceparent`/`tracestate` (and carried baggage) of `span`, when
         /// it has a valid OpenTelemetry context.
         trace: Option<Headers>,
+        /// Whether its outcome was recorded ([`end`](Self::end)).
+        ended: bool,
+    }
+
+    impl Drop for PublishSpan {
+        /// Dropped without an outcome (the batch's future dropped: the
+        /// relay's shutdown grace ran out): not a success, the message may
+        /// or may not have been sent and is published again later.
+        fn drop(&mut self) {
+            if !self.ended {
+                self.span.record("otel.status_code", "ERROR");
+                self.span.record(
+                    "otel.status_description",
+                    "publish dropped before its outcome was known (the batch was cancelled)",
+                );
+            }
+        }
     }
 
     impl PublishSpan {
@@ -94,7 +121,11 @@ mod otel {
                 messaging.message.conversation_id = envelope.headers.get(Headers::CORRELATION_ID),
             );
             if span.is_disabled() {
-                return Self { span, trace: None };
+                return Self {
+                    span,
+                    trace: None,
+                    ended: true,
+                };
             }
             // Before the span's context is first read (which starts it).
             trace_context::set_parent(&span, &envelope.headers);
@@ -102,16 +133,25 @@ mod otel {
             trace_context::link_span(&span, &Span::current());
             let mut trace = Headers::new();
             let trace = trace_context::inject(&span, &mut trace).then_some(trace);
-            Self { span, trace }
+            Self {
+                span,
+                trace,
+                ended: false,
+            }
         }
 
         pub(super) fn trace(&self) -> Option<&Headers> {
             self.trace.as_ref()
         }
 
+        pub(super) fn send_recorded(&mut self) {
+            self.trace = None;
+        }
+
         /// Records a failed outcome as the span's error status, and closes
         /// the span.
-        pub(super) fn end(self, outcome: &PublishOutcome) {
+        pub(super) fn end(mut self, outcome: &PublishOutcome) {
+            self.ended = true;
             let reason = match outcome {
                 PublishOutcome::Acked => None,
                 PublishOutcome::Rejected { reason }

@@ -132,7 +132,9 @@ where
             messaging.operation.name = "process",
             messaging.operation.type = "process",
             messaging.destination.subscription.name = %self.settings.queue,
-            messaging.batch.message_count = batch.len(),
+            // An integer attribute (`tracing-opentelemetry` records a
+            // `usize` as text).
+            messaging.batch.message_count = i64::try_from(batch.len()).unwrap_or(i64::MAX),
             messaging.consumer.group.name = consumer,
         );
         match self.try_batch(&batch, stop).instrument(span.clone()).await {
@@ -248,6 +250,10 @@ where
                 )));
             }
         };
+        // The `process` spans of the handler calls so far: rolled back
+        // with the batch, they are not successes (each delivery is applied
+        // again, in a span of its own).
+        let mut handled = Vec::with_capacity(batch.len());
         for (ready, outcome) in events.into_iter().zip(outcomes) {
             let span = self.span(ready, Some(&tracing::Span::current()));
             if outcome == InboxOutcome::Duplicate {
@@ -259,15 +265,17 @@ where
                 continue;
             }
             if stopping(stop) {
+                rolled_back(&handled, "shutdown began");
                 self.discard(tx).await;
                 return Err(Unfinished::Stopped);
             }
-            let handled = self
+            let called = self
                 .call_handler(&mut tx, &ready.event)
                 .instrument(span.clone())
                 .await;
-            if let Err(failure) = handled {
+            if let Err(failure) = called {
                 mark_failed(&span, &failure.error);
+                rolled_back(&handled, &failure.error);
                 if failure.panicked {
                     // Possibly mid-statement: dropped, which rolls back.
                     drop(tx);
@@ -278,11 +286,12 @@ where
             }
             done.processed += 1;
             done.raised.push(ready.event.occurred_at);
+            handled.push(span);
         }
-        db.commit(tx)
-            .await
-            .map_err(database("commit"))
-            .map_err(Unfinished::Failed)?;
+        if let Err(error) = db.commit(tx).await.map_err(database("commit")) {
+            rolled_back(&handled, &error);
+            return Err(Unfinished::Failed(error));
+        }
         Ok(done)
     }
 
@@ -292,5 +301,19 @@ where
         if let Err(error) = self.db.rollback(tx).await {
             tracing::debug!(%error, "rolling back a batch failed");
         }
+    }
+}
+
+/// Marks the `process` spans of handler calls whose batch rolled back
+/// (because of `cause`) as not successful.
+fn rolled_back(spans: &[tracing::Span], cause: impl std::fmt::Display) {
+    if spans.is_empty() {
+        return;
+    }
+    let error = HandlerError::new(format!(
+        "rolled back with its batch ({cause}); applied again on its own"
+    ));
+    for span in spans {
+        mark_failed(span, &error);
     }
 }

@@ -72,8 +72,58 @@ pub(super) fn inherited_headers(event: &IncomingEvent) -> Headers {
                 );
                 continue;
             }
+            if value.contains('\0') {
+                // Refused by every store (`EventEnvelope::validate`): the
+                // handler's `record` would fail on a header it never set.
+                tracing::warn!(
+                    header = key,
+                    "incoming header with a NUL character: not carried over"
+                );
+                continue;
+            }
             headers.insert(key, value);
         }
     }
     headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_no_event_could_be_recorded_with_are_not_inherited() {
+        let mut event = IncomingEvent {
+            id: uuid::Uuid::now_v7(),
+            event_type: "order.placed".into(),
+            aggregate_type: "order".into(),
+            aggregate_id: "o-1".into(),
+            aggregate_version: None,
+            schema_version: 1,
+            payload: "{}".into(),
+            headers: Headers::new().with(Headers::CORRELATION_ID, "req\0-1"),
+            occurred_at: chrono::Utc::now(),
+            routing_key: "order.placed".into(),
+        };
+        let inherited = inherited_headers(&event);
+        assert_eq!(inherited.get(Headers::CORRELATION_ID), None);
+        let mut recorded = EventEnvelope {
+            id: event.id,
+            aggregate_type: "order".into(),
+            aggregate_id: "o-2".into(),
+            aggregate_version: None,
+            event_type: "order.shipped".into(),
+            schema_version: 1,
+            payload: "{}".into(),
+            headers: inherited,
+            occurred_at: chrono::Utc::now(),
+        };
+        assert!(
+            recorded.validate().is_ok(),
+            "what the handler records is valid"
+        );
+        event.headers.insert(Headers::CORRELATION_ID, "req-1");
+        recorded.headers = inherited_headers(&event);
+        assert_eq!(recorded.headers.get(Headers::CORRELATION_ID), Some("req-1"));
+    }
 }
