@@ -2,7 +2,7 @@
 //! context, taken from the request's HTTP headers.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use outbox_core::Headers;
+use outbox_core::{Headers, trace_context};
 use uuid::Uuid;
 
 /// Longest correlation id taken from a request; longer ones are replaced.
@@ -21,7 +21,7 @@ pub(crate) fn default_correlation_headers() -> Vec<HeaderName> {
 
 /// The event headers for a request with `headers`: the first usable
 /// correlation id among `correlation` (else a new UUID v7), and the
-/// `traceparent` and `tracestate` headers if present.
+/// `traceparent`, `tracestate` and `baggage` headers if present.
 pub(crate) fn event_headers(headers: &HeaderMap, correlation: &[HeaderName]) -> Headers {
     let id = correlation
         .iter()
@@ -32,6 +32,13 @@ pub(crate) fn event_headers(headers: &HeaderMap, correlation: &[HeaderName]) -> 
         if let Some(value) = usable(headers.get(key), MAX_TRACE_LEN) {
             out.insert(key, value);
         }
+    }
+    // Kept at record only where baggage is carried (`carry_baggage`).
+    if let Some(value) = usable(
+        headers.get(Headers::BAGGAGE),
+        trace_context::MAX_BAGGAGE_LEN,
+    ) {
+        out.insert(Headers::BAGGAGE, value);
     }
     out
 }
@@ -100,11 +107,20 @@ mod tests {
     fn trace_context_is_carried_when_present() {
         let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
         let headers = event_headers(
-            &map(&[("traceparent", tp), ("tracestate", "congo=t61rcWkgMzE")]),
+            &map(&[
+                ("traceparent", tp),
+                ("tracestate", "congo=t61rcWkgMzE"),
+                ("baggage", "tenant=acme"),
+            ]),
             &default_correlation_headers(),
         );
         assert_eq!(headers.get(Headers::TRACEPARENT), Some(tp));
         assert_eq!(headers.get(Headers::TRACESTATE), Some("congo=t61rcWkgMzE"));
+        assert_eq!(
+            headers.get(Headers::BAGGAGE),
+            Some("tenant=acme"),
+            "kept at record only where baggage is carried"
+        );
         let none = event_headers(&HeaderMap::new(), &default_correlation_headers());
         assert_eq!(none.len(), 1, "only the generated correlation id");
         let mut binary = HeaderMap::new();

@@ -109,8 +109,9 @@
 //! # What the layer does, per request
 //! 1. Reads the correlation id (`x-request-id`, else `x-correlation-id`, else
 //!    a new UUID v7; see [`OutboxLayer::correlation_header`]) and the W3C
-//!    `traceparent`/`tracestate` headers; every event of the request gets
-//!    them (through [`outbox_core::context`], so `outbox_diesel::record`
+//!    `traceparent`/`tracestate` headers (and `baggage`, kept where
+//!    [`carry_baggage`](outbox_core::trace_context::carry_baggage) is on);
+//!    every event of the request gets them (through [`outbox_core::context`], so `outbox_diesel::record`
 //!    called in the handler gets them too).
 //! 2. Installs the event collector: the [`Events`] extractor, and a tokio
 //!    task-local behind [`raise`] and [`Events::current`], so domain code

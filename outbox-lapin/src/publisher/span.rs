@@ -106,6 +106,12 @@ mod otel {
         /// request's decision), linked to it and to the current span (the
         /// relay's batch span).
         pub(super) fn start(envelope: &EventEnvelope, exchange: &str, routing_key: &str) -> Self {
+            // The messaging conventions name RabbitMQ's default exchange.
+            let exchange = if exchange.is_empty() {
+                "amq.default"
+            } else {
+                exchange
+            };
             let span = tracing::info_span!(
                 "publish",
                 otel.name = %format_args!("publish {exchange}"),
@@ -128,9 +134,12 @@ mod otel {
                 };
             }
             // Before the span's context is first read (which starts it).
-            trace_context::set_parent(&span, &envelope.headers);
-            trace_context::add_link(&span, &envelope.headers);
-            trace_context::link_span(&span, &Span::current());
+            // Without a recorded context the span is the batch span's child
+            // already: no link to the same span.
+            if trace_context::set_parent(&span, &envelope.headers) {
+                trace_context::add_link(&span, &envelope.headers);
+                trace_context::link_span(&span, &Span::current());
+            }
             let mut trace = Headers::new();
             let trace = trace_context::inject(&span, &mut trace).then_some(trace);
             Self {
