@@ -423,8 +423,10 @@ where
                             // broker's consumer timeout): the broker has
                             // requeued it and redelivers it.
                             tracing::debug!("delivery's channel closed during the outage");
+                            mark_failed(&failed_span, &error);
                         } else if stopping(stop) {
                             requeue(delivery).await;
+                            mark_failed(&failed_span, &error);
                         } else {
                             continue;
                         }
