@@ -28,17 +28,24 @@ pub(crate) fn event_headers(headers: &HeaderMap, correlation: &[HeaderName]) -> 
         .find_map(|name| usable(headers.get(name), MAX_ID_LEN))
         .map_or_else(|| Uuid::now_v7().to_string(), str::to_owned);
     let mut out = Headers::new().with(Headers::CORRELATION_ID, id);
-    for key in [Headers::TRACEPARENT, Headers::TRACESTATE] {
-        if let Some(value) = usable(headers.get(key), MAX_TRACE_LEN) {
+    // Baggage is kept at record only where it is carried (`carry_baggage`).
+    for (key, max) in [
+        (Headers::TRACEPARENT, MAX_TRACE_LEN),
+        (Headers::TRACESTATE, MAX_TRACE_LEN),
+        (Headers::BAGGAGE, trace_context::MAX_BAGGAGE_LEN),
+    ] {
+        let Some(value) = usable(headers.get(key), max) else {
+            continue;
+        };
+        if trace_context::is_well_formed(key, value) {
             out.insert(key, value);
+        } else {
+            tracing::warn!(
+                header = key,
+                "outbox: the request's malformed {key} header is dropped: no event of the request \
+                 carries it"
+            );
         }
-    }
-    // Kept at record only where baggage is carried (`carry_baggage`).
-    if let Some(value) = usable(
-        headers.get(Headers::BAGGAGE),
-        trace_context::MAX_BAGGAGE_LEN,
-    ) {
-        out.insert(Headers::BAGGAGE, value);
     }
     out
 }
@@ -127,5 +134,14 @@ mod tests {
         binary.insert("traceparent", HeaderValue::from_bytes(b"\xff\xfe").unwrap());
         let skipped = event_headers(&binary, &default_correlation_headers());
         assert_eq!(skipped.get(Headers::TRACEPARENT), None);
+        let malformed = event_headers(
+            &map(&[
+                ("traceparent", "garbage"),
+                ("tracestate", "Bad=State"),
+                ("baggage", "no equals"),
+            ]),
+            &default_correlation_headers(),
+        );
+        assert_eq!(malformed.len(), 1, "dropped: {malformed:?}");
     }
 }

@@ -9,7 +9,7 @@ use axum::extract::FromRequestParts;
 use std::any::Any;
 
 use http::request::Parts;
-use outbox_core::{DomainEvent, EventEnvelope, Headers};
+use outbox_core::{DomainEvent, EventEnvelope, Headers, trace_context};
 use outbox_diesel::{AsConnection, Connection};
 use uuid::Uuid;
 
@@ -129,12 +129,22 @@ impl Events {
     }
 
     /// Stages a prepared envelope (e.g. with headers of its own). The
-    /// request's headers are added where the envelope has none.
+    /// request's headers are added where the envelope has none (its trace
+    /// context only if the envelope carries none: a `tracestate` belongs
+    /// with its `traceparent`); a malformed trace context is dropped with a
+    /// warning ([`trace_context::sanitize`]).
     ///
     /// # Errors
     /// As [`raise`](Self::raise).
     pub fn raise_envelope(&self, mut envelope: EventEnvelope) -> Result<()> {
-        envelope.headers.merge_missing(&self.shared.headers);
+        let own_trace = envelope.headers.get(Headers::TRACEPARENT).is_some();
+        for (key, value) in self.shared.headers.iter() {
+            let trace = key == Headers::TRACEPARENT || key == Headers::TRACESTATE;
+            if !(own_trace && trace) && envelope.headers.get(key).is_none() {
+                envelope.headers.insert(key, value);
+            }
+        }
+        trace_context::sanitize(&mut envelope.headers);
         envelope.validate()?;
         let mut state = self.lock();
         if state.finished {
@@ -310,12 +320,15 @@ mod tests {
         }
     }
 
+    const REQUEST_TP: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
     fn events() -> Events {
         Events::new(
             None,
             Headers::new()
                 .with(Headers::CORRELATION_ID, "req-1")
-                .with(Headers::TRACEPARENT, "00-aa-bb-01"),
+                .with(Headers::TRACEPARENT, REQUEST_TP)
+                .with(Headers::TRACESTATE, "congo=t61rcWkgMzE"),
         )
     }
 
@@ -337,12 +350,47 @@ mod tests {
         );
         assert_eq!(
             staged[0].headers.get(Headers::TRACEPARENT),
-            Some("00-aa-bb-01")
+            Some(REQUEST_TP)
         );
         assert_eq!(staged[1].headers.get(Headers::CORRELATION_ID), Some("mine"));
         assert_eq!(
             staged[1].headers.get(Headers::TRACEPARENT),
-            Some("00-aa-bb-01")
+            Some(REQUEST_TP)
+        );
+        assert_eq!(
+            staged[1].headers.get(Headers::TRACESTATE),
+            Some("congo=t61rcWkgMzE")
+        );
+    }
+
+    #[tokio::test]
+    async fn an_envelope_s_own_trace_context_is_not_mixed_with_the_request_s_and_malformed_ones_are_dropped()
+     {
+        let events = events();
+        let own_tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let own = EventEnvelope::from_event(&note("a"))
+            .unwrap()
+            .with_traceparent(own_tp);
+        events.raise_envelope(own).unwrap();
+        let malformed = EventEnvelope::from_event(&note("b"))
+            .unwrap()
+            .with_traceparent("garbage");
+        events.raise_envelope(malformed).unwrap();
+        let (staged, _) = events.finish();
+        assert_eq!(staged[0].headers.get(Headers::TRACEPARENT), Some(own_tp));
+        assert_eq!(
+            staged[0].headers.get(Headers::TRACESTATE),
+            None,
+            "the request's tracestate belongs to the request's traceparent"
+        );
+        assert_eq!(
+            staged[1].headers.get(Headers::TRACEPARENT),
+            None,
+            "dropped, not stored"
+        );
+        assert_eq!(
+            staged[1].headers.get(Headers::CORRELATION_ID),
+            Some("req-1")
         );
     }
 

@@ -211,7 +211,12 @@ async fn correlation_id_and_trace_context_come_from_the_request() {
         request_with(
             "/orders",
             &Cmd::named("correlated"),
-            &[("x-correlation-id", "corr-7")],
+            // A malformed trace context is refused, the request served.
+            &[
+                ("x-correlation-id", "corr-7"),
+                ("traceparent", "garbage"),
+                ("tracestate", "congo=t61rcWkgMzE"),
+            ],
         ),
     )
     .await;
@@ -238,6 +243,7 @@ async fn correlation_id_and_trace_context_come_from_the_request() {
         Some("corr-7")
     );
     assert_eq!(events[1].header(Headers::TRACEPARENT), None);
+    assert_eq!(events[1].header(Headers::TRACESTATE), None);
     let generated: uuid::Uuid = events[2]
         .header(Headers::CORRELATION_ID)
         .unwrap()
